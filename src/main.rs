@@ -1,1 +1,328 @@
-fn main() {}
+//! The `canopy` command line: the server (`serve`) and the tools people use against
+//! it (`pub`, `sub`, `config`). Errors end here as one readable message and a
+//! non-zero exit status, never a panic.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use canopy::client::{Client, Received};
+use canopy::config::{Config, DEFAULT_TOML};
+use canopy::server::Server;
+use canopy_protocols::native::HeaderMap;
+use clap::{Args, Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "canopy",
+    version,
+    about = "Pub/sub for devices, browsers and services, with a durable stream per subject",
+    long_about = "Canopy is a pub/sub server. Services connect with any NATS client library, \
+                  people with this command.\n\nStart a server with `canopy serve`, then try \
+                  `canopy sub 'devices.*.temp'` in one terminal and \
+                  `canopy pub devices.42.temp 21.5` in another."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server (no config file or setup needed).
+    Serve(ServeArgs),
+    /// Publish a message, or one message per line of standard input.
+    Pub(PubArgs),
+    /// Print the messages published to subjects matching a pattern.
+    Sub(SubArgs),
+    /// Show or check configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML configuration file (see `canopy config default`).
+    #[arg(short, long, env = "CANOPY_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address of the NATS-compatible listener, e.g. 127.0.0.1:4222 (port 0: any free port).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+    /// Accept anonymous clients on non-loopback addresses.
+    #[arg(long)]
+    allow_anonymous: bool,
+    /// Log filter, e.g. `info`, `debug` or `canopy=debug` (overrides RUST_LOG).
+    #[arg(long, value_name = "FILTER")]
+    log: Option<String>,
+}
+
+#[derive(Args)]
+struct ConnectArgs {
+    /// Server to talk to.
+    #[arg(
+        short,
+        long,
+        env = "CANOPY_SERVER",
+        default_value = "nats://127.0.0.1:4222",
+        value_name = "URL"
+    )]
+    server: String,
+    /// Seconds to wait for the server.
+    #[arg(long, default_value_t = 5, value_name = "SECS")]
+    timeout: u64,
+}
+
+#[derive(Args)]
+struct PubArgs {
+    /// Subject to publish to, e.g. devices.42.temp.
+    subject: String,
+    /// The payload. Without it, every line of standard input is published as a message.
+    data: Option<String>,
+    /// A header `Name: value` (repeatable).
+    #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
+    headers: Vec<String>,
+    #[command(flatten)]
+    connect: ConnectArgs,
+}
+
+#[derive(Args)]
+struct SubArgs {
+    /// Pattern to follow: `*` matches one token, `>` the rest, e.g. 'devices.*.temp'.
+    pattern: String,
+    /// Print one JSON object per message.
+    #[arg(long)]
+    json: bool,
+    /// Exit after this many messages.
+    #[arg(short = 'n', long, value_name = "N")]
+    count: Option<u64>,
+    /// Join a queue group: each message goes to one member of the group.
+    #[arg(short, long, value_name = "GROUP")]
+    queue: Option<String>,
+    #[command(flatten)]
+    connect: ConnectArgs,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the default configuration, with every field explained.
+    Default,
+    /// Check a configuration file (and CANOPY_* variables) and print the result.
+    Check {
+        /// The file to check; without it, the defaults plus environment.
+        file: Option<PathBuf>,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Config(command) => config_command(command),
+        command => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")
+            .and_then(|runtime| runtime.block_on(run(command))),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("canopy: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Serve(args) => serve(args).await,
+        Command::Pub(args) => publish(args).await,
+        Command::Sub(args) => subscribe(args).await,
+        Command::Config(_) => Ok(()),
+    }
+}
+
+fn config_command(command: ConfigCommand) -> Result<()> {
+    match command {
+        ConfigCommand::Default => {
+            print!("{DEFAULT_TOML}");
+            Ok(())
+        }
+        ConfigCommand::Check { file } => {
+            let config = Config::load(file.as_deref(), std::env::vars())?;
+            print!("{}", config.to_toml());
+            Ok(())
+        }
+    }
+}
+
+fn init_logging(filter: Option<&str>) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match filter {
+        Some(f) => EnvFilter::new(f),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    init_logging(args.log.as_deref());
+    let mut config = Config::load(args.config.as_deref(), std::env::vars())?;
+    if let Some(listen) = args.listen {
+        config.native.listen = listen;
+    }
+    if args.allow_anonymous {
+        config.server.allow_anonymous = true;
+    }
+    config.validate()?;
+    let server = Server::bind(config).await?;
+    let shutdown = CancellationToken::new();
+    let signals = shutdown.clone();
+    tokio::spawn(async move {
+        match wait_for_signal().await {
+            Ok(name) => tracing::info!(signal = name, "shutting down: draining connections"),
+            Err(error) => tracing::error!(%error, "cannot listen for signals"),
+        }
+        signals.cancel();
+    });
+    server.run(shutdown).await;
+    Ok(())
+}
+
+#[cfg(unix)]
+async fn wait_for_signal() -> std::io::Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(tokio::select! {
+        _ = interrupt.recv() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
+    })
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signal() -> std::io::Result<&'static str> {
+    tokio::signal::ctrl_c().await?;
+    Ok("ctrl-c")
+}
+
+fn parse_headers(raw: &[String]) -> Result<Option<HeaderMap>> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let mut headers = HeaderMap::default();
+    for header in raw {
+        let Some((name, value)) = header.split_once(':') else {
+            bail!("header `{header}` must look like `Name: value`");
+        };
+        let name = name.trim();
+        if name.is_empty() || name.contains(char::is_whitespace) {
+            bail!("header name in `{header}` must be one word");
+        }
+        headers.append(name, value.trim());
+    }
+    Ok(Some(headers))
+}
+
+async fn connect(args: &ConnectArgs, name: &str) -> Result<(Client, Duration)> {
+    let timeout = Duration::from_secs(args.timeout.max(1));
+    let client = Client::connect(&args.server, name, timeout).await?;
+    Ok((client, timeout))
+}
+
+async fn publish(args: PubArgs) -> Result<()> {
+    let headers = parse_headers(&args.headers)?;
+    let (mut client, timeout) = connect(&args.connect, "canopy pub").await?;
+    match &args.data {
+        Some(data) => {
+            client
+                .publish(&args.subject, headers.as_ref(), data.as_bytes())
+                .await?;
+        }
+        None => {
+            let stdin = std::io::stdin();
+            for line in stdin.lock().lines() {
+                let line = line.context("cannot read standard input")?;
+                client
+                    .publish(&args.subject, headers.as_ref(), line.as_bytes())
+                    .await?;
+            }
+        }
+    }
+    client.flush(timeout).await?;
+    Ok(())
+}
+
+async fn subscribe(args: SubArgs) -> Result<()> {
+    let (mut client, timeout) = connect(&args.connect, "canopy sub").await?;
+    client
+        .subscribe(&args.pattern, args.queue.as_deref())
+        .await?;
+    client.flush(timeout).await?;
+    // On stderr, so scripts reading stdout see only messages; tests wait for it.
+    eprintln!(
+        "canopy: subscribed to '{}' on {}",
+        args.pattern, args.connect.server
+    );
+    let mut stdout = std::io::stdout().lock();
+    let mut seen = 0u64;
+    while args.count.is_none_or(|n| seen < n) {
+        let message = client.next_message().await?;
+        seen += 1;
+        let line = if args.json {
+            json_line(&message)
+        } else {
+            format!(
+                "{} {}",
+                message.subject,
+                String::from_utf8_lossy(&message.payload)
+            )
+        };
+        // A closed pipe (`| head`) ends the command quietly.
+        if writeln!(stdout, "{line}")
+            .and_then(|_| stdout.flush())
+            .is_err()
+        {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn json_line(message: &Received) -> String {
+    let mut object = serde_json::Map::new();
+    object.insert("subject".into(), message.subject.clone().into());
+    if let Some(reply) = &message.reply {
+        object.insert("reply".into(), reply.clone().into());
+    }
+    if let Some(headers) = &message.headers {
+        let mut map = serde_json::Map::new();
+        for (name, value) in &headers.entries {
+            let entry = map
+                .entry(name.clone())
+                .or_insert_with(|| serde_json::Value::Array(Vec::new()));
+            if let serde_json::Value::Array(values) = entry {
+                values.push(value.clone().into());
+            }
+        }
+        object.insert("headers".into(), map.into());
+    }
+    match std::str::from_utf8(&message.payload) {
+        Ok(text) => object.insert("payload".into(), text.into()),
+        Err(_) => object.insert(
+            "payload_hex".into(),
+            message
+                .payload
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+                .into(),
+        ),
+    };
+    serde_json::Value::Object(object).to_string()
+}

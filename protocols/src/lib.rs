@@ -1,1 +1,19 @@
-//! placeholder
+//! Canopy's wire codecs, kept free of I/O.
+//!
+//! Owns: turning bytes into protocol frames and frames into bytes, for every front end Canopy
+//! speaks (today the NATS-compatible native protocol in [`native`]).
+//!
+//! Must never: do I/O, depend on tokio or on any client library, allocate without bound for
+//! input it has not validated, or panic on any input bytes.
+
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )
+)]
+
+pub mod native;

@@ -1,0 +1,74 @@
+//! Counters of what the broker did, shared by every connection.
+//!
+//! Plain relaxed atomics: they are read for reports and `/metrics`, never used to
+//! decide anything, so they must never take a lock or sit behind one.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    connections_total: AtomicU64,
+    connections_open: AtomicU64,
+    msgs_in: AtomicU64,
+    bytes_in: AtomicU64,
+    msgs_out: AtomicU64,
+    bytes_out: AtomicU64,
+    slow_consumers: AtomicU64,
+    stale_connections: AtomicU64,
+}
+
+/// One reading of every counter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetricsSnapshot {
+    pub connections_total: u64,
+    pub connections_open: u64,
+    pub msgs_in: u64,
+    pub bytes_in: u64,
+    pub msgs_out: u64,
+    pub bytes_out: u64,
+    pub slow_consumers: u64,
+    pub stale_connections: u64,
+}
+
+impl Metrics {
+    pub fn connection_opened(&self) {
+        self.connections_total.fetch_add(1, Ordering::Relaxed);
+        self.connections_open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn connection_closed(&self) {
+        self.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn count_in(&self, msgs: u64, bytes: u64) {
+        self.msgs_in.fetch_add(msgs, Ordering::Relaxed);
+        self.bytes_in.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn count_out(&self, msgs: u64, bytes: u64) {
+        self.msgs_out.fetch_add(msgs, Ordering::Relaxed);
+        self.bytes_out.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn count_slow_consumer(&self) {
+        self.slow_consumers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count_stale_connection(&self) {
+        self.stale_connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        MetricsSnapshot {
+            connections_total: get(&self.connections_total),
+            connections_open: get(&self.connections_open),
+            msgs_in: get(&self.msgs_in),
+            bytes_in: get(&self.bytes_in),
+            msgs_out: get(&self.msgs_out),
+            bytes_out: get(&self.bytes_out),
+            slow_consumers: get(&self.slow_consumers),
+            stale_connections: get(&self.stale_connections),
+        }
+    }
+}

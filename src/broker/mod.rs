@@ -1,0 +1,338 @@
+//! Routing: the one place where a publish becomes deliveries.
+//!
+//! Each tenant has its own subscription trie. A publish walks the trie once, encodes
+//! the message into the outbox of every matching subscription (one member of each
+//! queue group), and leaves the wake-ups to the caller's [`Wakes`] so a subscriber is
+//! woken once per inbound batch. Routing never waits for a subscriber, a socket or the
+//! store; a full outbox makes its owner a slow consumer and routing goes on.
+//!
+//! Lock order: a trie write may never be attempted while the same thread is inside a
+//! trie match (the left-right trie would wait for itself), so subscriptions that reach
+//! their UNSUB maximum during a match are removed after it.
+
+pub mod metrics;
+pub mod outbox;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use canopy_protocols::native::{encode_hmsg, encode_msg};
+use canopy_subjects::{Pattern, QueueGroup, SharedTrie};
+use parking_lot::RwLock;
+
+pub use metrics::{Metrics, MetricsSnapshot};
+pub use outbox::{Outbox, Refused, Wakes};
+
+use crate::tenancy::Authorizer;
+
+/// One subscription of one connection.
+pub struct Subscription {
+    id: u64,
+    pub outbox: Arc<Outbox>,
+    /// The client's subscription id, echoed in every MSG.
+    pub sid: Bytes,
+    pub pattern: Pattern,
+    pub queue: Option<Arc<str>>,
+    /// Deliveries after which the subscription ends (UNSUB with a maximum); 0 = none.
+    max_msgs: AtomicU64,
+    delivered: AtomicU64,
+}
+
+impl PartialEq for Subscription {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("id", &self.id)
+            .field("conn", &self.outbox.conn_id)
+            .field("pattern", &self.pattern.to_string())
+            .finish()
+    }
+}
+
+impl Subscription {
+    /// Ends the subscription after `max` deliveries in total. Returns true when it has
+    /// already had that many, so the caller removes it now.
+    pub fn limit(&self, max: u64) -> bool {
+        self.max_msgs.store(max, Ordering::Release);
+        max > 0 && self.delivered.load(Ordering::Acquire) >= max
+    }
+
+    /// Counts one delivery; `None` means the subscription is spent and must not
+    /// deliver, `Some(true)` means this was its last delivery.
+    fn admit(&self) -> Option<bool> {
+        let max = self.max_msgs.load(Ordering::Acquire);
+        if max == 0 {
+            return Some(false);
+        }
+        let n = self.delivered.fetch_add(1, Ordering::AcqRel) + 1;
+        if n > max { None } else { Some(n == max) }
+    }
+}
+
+/// A message as routing sees it: borrowed from the publisher's frame.
+#[derive(Debug, Clone, Copy)]
+pub struct Message<'a> {
+    pub subject: &'a str,
+    pub reply: Option<&'a [u8]>,
+    /// The raw NATS header block, when the message has one.
+    pub headers: Option<&'a [u8]>,
+    pub payload: &'a [u8],
+}
+
+/// Reusable per-connection scratch space, so routing allocates nothing per message.
+#[derive(Default)]
+pub struct RouteScratch {
+    queue_picks: Vec<QueuePick>,
+    spent: Vec<Arc<Subscription>>,
+}
+
+struct QueuePick {
+    seen: u64,
+    chosen: Arc<Subscription>,
+}
+
+/// The routes of one tenant.
+pub struct TenantRoutes {
+    pub name: Arc<str>,
+    trie: SharedTrie<Arc<Subscription>>,
+}
+
+impl TenantRoutes {
+    pub fn subscription_count(&self) -> usize {
+        self.trie.len()
+    }
+}
+
+pub struct Broker {
+    tenants: RwLock<HashMap<Arc<str>, Arc<TenantRoutes>>>,
+    metrics: Arc<Metrics>,
+    authz: Arc<Authorizer>,
+    next_id: AtomicU64,
+}
+
+impl Broker {
+    pub fn new(authz: Arc<Authorizer>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            tenants: RwLock::new(HashMap::new()),
+            metrics,
+            authz,
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn authorizer(&self) -> &Arc<Authorizer> {
+        &self.authz
+    }
+
+    /// A fresh id for a connection or subscription.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The routes of `tenant`, created on first use. Connections look this up once
+    /// and keep it.
+    pub fn tenant(&self, tenant: &str) -> Arc<TenantRoutes> {
+        if let Some(routes) = self.tenants.read().get(tenant) {
+            return Arc::clone(routes);
+        }
+        let mut tenants = self.tenants.write();
+        let routes = tenants.entry(Arc::from(tenant)).or_insert_with(|| {
+            Arc::new(TenantRoutes {
+                name: Arc::from(tenant),
+                trie: SharedTrie::new(),
+            })
+        });
+        Arc::clone(routes)
+    }
+
+    pub fn subscribe(
+        &self,
+        routes: &TenantRoutes,
+        outbox: &Arc<Outbox>,
+        sid: Bytes,
+        pattern: Pattern,
+        queue: Option<&str>,
+    ) -> Arc<Subscription> {
+        let sub = Arc::new(Subscription {
+            id: self.next_id(),
+            outbox: Arc::clone(outbox),
+            sid,
+            pattern,
+            queue: queue.map(Arc::from),
+            max_msgs: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+        });
+        routes
+            .trie
+            .insert(&sub.pattern, sub.queue.as_deref(), Arc::clone(&sub));
+        sub
+    }
+
+    /// Removes a subscription; false when it was already gone.
+    pub fn unsubscribe(&self, routes: &TenantRoutes, sub: &Arc<Subscription>) -> bool {
+        routes.trie.remove(&sub.pattern, sub.queue.as_deref(), sub)
+    }
+
+    /// Delivers `msg` to every matching subscription of the tenant and returns how
+    /// many received it. `from` is the publisher's outbox (for `echo: false`).
+    pub fn publish(
+        &self,
+        routes: &TenantRoutes,
+        from: &Outbox,
+        msg: &Message<'_>,
+        scratch: &mut RouteScratch,
+        wakes: &mut Wakes,
+    ) -> usize {
+        if self.authz.filters_delivery() && !self.authz.may_deliver(msg.subject) {
+            return 0;
+        }
+        let skip_conn = (!from.echo()).then_some(from.conn_id);
+        let mut delivered = 0usize;
+        let RouteScratch { queue_picks, spent } = scratch;
+        queue_picks.clear();
+        routes
+            .trie
+            .for_each_match(msg.subject, &mut |plain, groups| {
+                for sub in plain {
+                    if Some(sub.outbox.conn_id) != skip_conn && deliver(sub, msg, spent, wakes) {
+                        delivered += 1;
+                    }
+                }
+                for group in groups {
+                    pick_member(queue_picks, group, skip_conn);
+                }
+            });
+        for pick in queue_picks.drain(..) {
+            if deliver(&pick.chosen, msg, spent, wakes) {
+                delivered += 1;
+            }
+        }
+        self.remove_spent(routes, spent);
+        if delivered > 0 {
+            let size = msg.payload.len() + msg.headers.map_or(0, <[u8]>::len);
+            self.metrics
+                .count_out(delivered as u64, (delivered * size) as u64);
+        }
+        delivered
+    }
+
+    /// Delivers `msg` only to the subscriptions of `owner`'s own connection that
+    /// match: how a server-generated status (no responders) reaches a requester.
+    pub fn deliver_to_own(
+        &self,
+        routes: &TenantRoutes,
+        owner: &Outbox,
+        msg: &Message<'_>,
+        scratch: &mut RouteScratch,
+        wakes: &mut Wakes,
+    ) -> usize {
+        let mut delivered = 0usize;
+        let spent = &mut scratch.spent;
+        routes
+            .trie
+            .for_each_match(msg.subject, &mut |plain, groups| {
+                let members = groups.iter().flat_map(|g| g.members.iter());
+                for sub in plain.iter().chain(members) {
+                    if sub.outbox.conn_id == owner.conn_id && deliver(sub, msg, spent, wakes) {
+                        delivered += 1;
+                    }
+                }
+            });
+        self.remove_spent(routes, spent);
+        delivered
+    }
+
+    fn remove_spent(&self, routes: &TenantRoutes, spent: &mut Vec<Arc<Subscription>>) {
+        for sub in spent.drain(..) {
+            self.unsubscribe(routes, &sub);
+        }
+    }
+}
+
+/// Chooses one member of a queue group uniformly across every matching node, by
+/// reservoir sampling, so a group spread over several patterns is still one group.
+fn pick_member(
+    picks: &mut Vec<QueuePick>,
+    group: &QueueGroup<Arc<Subscription>>,
+    skip_conn: Option<u64>,
+) {
+    let candidates = group
+        .members
+        .iter()
+        .filter(|s| Some(s.outbox.conn_id) != skip_conn);
+    let pick = picks.iter_mut().find(|p| {
+        p.chosen
+            .queue
+            .as_deref()
+            .is_some_and(|name| name == &*group.name)
+    });
+    match pick {
+        Some(pick) => {
+            for member in candidates {
+                pick.seen += 1;
+                if fastrand::u64(..pick.seen) == 0 {
+                    pick.chosen = Arc::clone(member);
+                }
+            }
+        }
+        None => {
+            let eligible = candidates.clone().count();
+            if let Some(chosen) = candidates.clone().nth(fastrand::usize(..eligible.max(1))) {
+                picks.push(QueuePick {
+                    seen: eligible as u64,
+                    chosen: Arc::clone(chosen),
+                });
+            }
+        }
+    }
+}
+
+/// Queues `msg` for `sub`; true when it was queued.
+fn deliver(
+    sub: &Arc<Subscription>,
+    msg: &Message<'_>,
+    spent: &mut Vec<Arc<Subscription>>,
+    wakes: &mut Wakes,
+) -> bool {
+    match sub.admit() {
+        None => return false,
+        Some(true) => spent.push(Arc::clone(sub)),
+        Some(false) => {}
+    }
+    let headers = msg.headers.filter(|_| sub.outbox.headers());
+    let queued = sub.outbox.push(|out| match headers {
+        Some(h) => encode_hmsg(
+            out,
+            msg.subject.as_bytes(),
+            &sub.sid,
+            msg.reply,
+            h,
+            msg.payload,
+        ),
+        None => encode_msg(
+            out,
+            msg.subject.as_bytes(),
+            &sub.sid,
+            msg.reply,
+            msg.payload,
+        ),
+    });
+    match queued {
+        Ok(()) => {
+            wakes.add(&sub.outbox);
+            true
+        }
+        Err(_) => false,
+    }
+}

@@ -1,0 +1,322 @@
+//! The one typed configuration of a Canopy server: a TOML file, overridden by
+//! `CANOPY_<SECTION>__<FIELD>` environment variables, overridden by flags.
+//!
+//! The defaults live in `config/default.toml` (embedded, printed by
+//! `canopy config default`), so the documentation of every field and the values
+//! the server runs with can never drift apart: a test checks that the file parses
+//! to [`Config::default`]. Loading never panics; a bad file or variable is a
+//! [`ConfigError`] that names the culprit.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The commented default configuration, exactly as `canopy config default` prints it.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+/// Prefix of the environment variables that override configuration fields.
+pub const ENV_PREFIX: &str = "CANOPY_";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid TOML: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("environment variable {name} cannot be used: {reason}")]
+    Env { name: String, reason: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub native: NativeConfig,
+    pub limits: LimitsConfig,
+    pub authz: AuthzConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Name announced to clients and written in logs.
+    pub name: String,
+    /// Accept non-loopback clients although no authentication is configured.
+    pub allow_anonymous: bool,
+    /// How long shutdown waits for connections to flush.
+    pub drain_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NativeConfig {
+    /// Address of the NATS-compatible listener.
+    pub listen: SocketAddr,
+    /// Largest payload (headers included) a client may publish.
+    pub max_payload: usize,
+    /// Longest protocol line accepted.
+    pub max_control_line: usize,
+    /// Bytes that may wait in one connection's outbox before it is a slow consumer.
+    pub max_pending_bytes: usize,
+    /// Seconds one socket write may block before the client is a slow consumer.
+    pub write_deadline_secs: u64,
+    /// Seconds between server PINGs.
+    pub ping_interval_secs: u64,
+    /// Unanswered PINGs before the client is dropped.
+    pub max_pings_outstanding: u32,
+    /// Subscriptions per connection; 0 = no limit.
+    pub max_subscriptions: usize,
+    /// Simultaneous connections.
+    pub max_connections: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    pub max_subject_len: usize,
+    pub max_subject_tokens: usize,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthzConfig {
+    pub deny_publish: Vec<String>,
+    pub deny_subscribe: Vec<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            name: "canopy".into(),
+            allow_anonymous: false,
+            drain_timeout_secs: 5,
+        }
+    }
+}
+
+impl Default for NativeConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 4222)),
+            max_payload: 1024 * 1024,
+            max_control_line: 4096,
+            max_pending_bytes: 64 * 1024 * 1024,
+            write_deadline_secs: 10,
+            ping_interval_secs: 120,
+            max_pings_outstanding: 2,
+            max_subscriptions: 100_000,
+            max_connections: 65_536,
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_subject_len: 1024,
+            max_subject_tokens: 64,
+        }
+    }
+}
+
+impl NativeConfig {
+    pub fn write_deadline(&self) -> Duration {
+        Duration::from_secs(self.write_deadline_secs)
+    }
+
+    pub fn ping_interval(&self) -> Duration {
+        Duration::from_secs(self.ping_interval_secs)
+    }
+}
+
+impl Config {
+    /// Loads the configuration: the file if given (defaults otherwise), then every
+    /// `CANOPY_<SECTION>__<FIELD>` variable of `env`. Flags are applied by the caller.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut table = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                parse_table(&text).map_err(|message| ConfigError::Syntax {
+                    path: path.to_owned(),
+                    message,
+                })?
+            }
+            None => toml::Table::new(),
+        };
+        for (name, value) in env {
+            let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            // CANOPY_SERVER is the CLI's address of the server to talk to, not a section.
+            if !rest.contains("__") {
+                continue;
+            }
+            apply_env(&mut table, &name, rest, &value)?;
+        }
+        // Through text again, so that an error quotes the offending line and key.
+        let text = toml::to_string(&table).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let config: Config =
+            toml::from_str(&text).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the relations between fields that serde cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let n = &self.native;
+        if n.max_payload == 0 {
+            return Err(ConfigError::Invalid(
+                "native.max_payload must be above 0".into(),
+            ));
+        }
+        if n.max_control_line < 64 {
+            return Err(ConfigError::Invalid(
+                "native.max_control_line must be at least 64 bytes".into(),
+            ));
+        }
+        if n.max_pending_bytes < n.max_payload {
+            return Err(ConfigError::Invalid(format!(
+                "native.max_pending_bytes ({}) must be at least native.max_payload ({}), or no \
+                 subscriber could receive a full-size message",
+                n.max_pending_bytes, n.max_payload
+            )));
+        }
+        if n.ping_interval_secs == 0 || n.max_pings_outstanding == 0 {
+            return Err(ConfigError::Invalid(
+                "native.ping_interval_secs and native.max_pings_outstanding must be above 0".into(),
+            ));
+        }
+        if self.limits.max_subject_len == 0 || self.limits.max_subject_tokens == 0 {
+            return Err(ConfigError::Invalid(
+                "limits.max_subject_len and limits.max_subject_tokens must be above 0".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The configuration as TOML (without comments), for `canopy config show`.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    }
+}
+
+fn parse_table(text: &str) -> Result<toml::Table, String> {
+    text.parse::<toml::Table>().map_err(|e| e.to_string())
+}
+
+/// Sets `section.field` from `CANOPY_SECTION__FIELD=value`. The value is read as a
+/// TOML value when it is one (numbers, booleans, arrays) and as a string otherwise,
+/// so `CANOPY_NATIVE__LISTEN=127.0.0.1:5222` needs no quotes.
+fn apply_env(
+    table: &mut toml::Table,
+    name: &str,
+    path: &str,
+    value: &str,
+) -> Result<(), ConfigError> {
+    let keys: Vec<String> = path.split("__").map(str::to_ascii_lowercase).collect();
+    if keys.iter().any(String::is_empty) {
+        return Err(ConfigError::Env {
+            name: name.to_owned(),
+            reason: "expected CANOPY_<SECTION>__<FIELD>".into(),
+        });
+    }
+    let parsed = parse_table(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_owned()));
+    let (last, sections) = keys.split_last().ok_or_else(|| ConfigError::Env {
+        name: name.to_owned(),
+        reason: "empty path".into(),
+    })?;
+    let mut node = table;
+    for key in sections {
+        let entry = node
+            .entry(key.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        node = entry.as_table_mut().ok_or_else(|| ConfigError::Env {
+            name: name.to_owned(),
+            reason: format!("`{key}` is not a section"),
+        })?;
+    }
+    node.insert(last.clone(), parsed);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_defaults_are_the_defaults() {
+        let table = parse_table(DEFAULT_TOML).expect("default.toml parses");
+        let parsed = Config::deserialize(toml::Value::Table(table)).expect("default.toml fits");
+        assert_eq!(parsed, Config::default());
+    }
+
+    #[test]
+    fn env_overrides_file_values() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("canopy.toml");
+        std::fs::write(
+            &path,
+            "[native]\nlisten = \"127.0.0.1:1000\"\nmax_payload = 2048\n",
+        )
+        .expect("write");
+        let env = vec![
+            (
+                "CANOPY_NATIVE__LISTEN".to_owned(),
+                "127.0.0.1:2000".to_owned(),
+            ),
+            (
+                "CANOPY_AUTHZ__DENY_PUBLISH".to_owned(),
+                "[\"a.>\"]".to_owned(),
+            ),
+            (
+                "CANOPY_SERVER".to_owned(),
+                "nats://elsewhere:4222".to_owned(),
+            ),
+            ("HOME".to_owned(), "/root".to_owned()),
+        ];
+        let config = Config::load(Some(&path), env).expect("loads");
+        assert_eq!(
+            config.native.listen,
+            "127.0.0.1:2000".parse().expect("addr")
+        );
+        assert_eq!(config.native.max_payload, 2048);
+        assert_eq!(config.authz.deny_publish, vec!["a.>".to_owned()]);
+    }
+
+    #[test]
+    fn bad_input_is_an_error_that_names_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, "[native]\nlisten = 12\n").expect("write");
+        let err = Config::load(Some(&path), Vec::new()).expect_err("must fail");
+        assert!(err.to_string().contains("invalid"), "{err}");
+
+        std::fs::write(&path, "[native\n").expect("write");
+        let err = Config::load(Some(&path), Vec::new()).expect_err("must fail");
+        assert!(err.to_string().contains("not valid TOML"), "{err}");
+
+        std::fs::write(&path, "[native]\nlistn = \"x\"\n").expect("write");
+        let err = Config::load(Some(&path), Vec::new()).expect_err("must fail");
+        assert!(err.to_string().contains("listn"), "{err}");
+
+        let env = vec![("CANOPY_NATIVE__MAX_PAYLOAD".to_owned(), "0".to_owned())];
+        let err = Config::load(None, env).expect_err("must fail");
+        assert!(err.to_string().contains("max_payload"), "{err}");
+    }
+}

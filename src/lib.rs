@@ -1,0 +1,13 @@
+//! Canopy: a pub/sub server whose every leaf subject is its own durable key stream.
+//!
+//! The library holds the server (config, broker, listeners, tenancy) and the small
+//! native client the CLI uses; `main.rs` is only the command line around it. Layers
+//! import downward only: `server` uses `broker` and `tenancy`, `broker` uses the
+//! `canopy-subjects` trie and the `canopy-protocols` encoders, and nothing below
+//! `server` knows about sockets.
+
+pub mod broker;
+pub mod client;
+pub mod config;
+pub mod server;
+pub mod tenancy;

@@ -1,0 +1,159 @@
+//! Listeners and the life of a server: bind every port first, then serve until the
+//! shutdown token fires, then drain.
+//!
+//! `Server::bind` is where the secure-default rule lives: with no authentication
+//! configured, a listener outside loopback needs `allow_anonymous`. Nothing here
+//! parses protocol bytes or routes messages; connection tasks do the one and the
+//! broker the other.
+
+pub mod native;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::broker::{Broker, Metrics};
+use crate::config::Config;
+use crate::tenancy::Authorizer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(
+        "refusing to listen on {addr} without authentication: anyone who can reach it could \
+         read and write every subject. Listen on a loopback address (127.0.0.1), or pass \
+         --allow-anonymous (server.allow_anonymous = true) to accept anonymous clients"
+    )]
+    AnonymousOutsideLoopback { addr: SocketAddr },
+    #[error("cannot listen on {addr} for {protocol} clients: {source}")]
+    Bind {
+        protocol: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("invalid deny pattern in [authz]: {0}")]
+    Authz(#[from] canopy_subjects::SubjectError),
+}
+
+/// A server whose ports are bound, ready to run.
+pub struct Server {
+    config: Arc<Config>,
+    broker: Arc<Broker>,
+    native: TcpListener,
+    native_addr: SocketAddr,
+}
+
+impl Server {
+    pub async fn bind(config: Config) -> Result<Server, ServerError> {
+        let authz = Arc::new(Authorizer::from_config(&config.authz)?);
+        let addr = config.native.listen;
+        // Authentication arrives with tenancy; until then every client is anonymous.
+        let authentication_configured = false;
+        if !authentication_configured && !addr.ip().is_loopback() && !config.server.allow_anonymous
+        {
+            return Err(ServerError::AnonymousOutsideLoopback { addr });
+        }
+        let native = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServerError::Bind {
+                protocol: "native",
+                addr,
+                source,
+            })?;
+        let native_addr = native.local_addr().map_err(|source| ServerError::Bind {
+            protocol: "native",
+            addr,
+            source,
+        })?;
+        if !authentication_configured {
+            if native_addr.ip().is_loopback() {
+                tracing::info!(
+                    "no authentication configured: listening on loopback only, so only \
+                     this machine can connect"
+                );
+            } else {
+                tracing::warn!(
+                    addr = %native_addr,
+                    "no authentication configured and anonymous access allowed: anyone who \
+                     can reach this address can read and write every subject"
+                );
+            }
+        }
+        let broker = Arc::new(Broker::new(authz, Arc::new(Metrics::default())));
+        Ok(Server {
+            config: Arc::new(config),
+            broker,
+            native,
+            native_addr,
+        })
+    }
+
+    pub fn native_addr(&self) -> SocketAddr {
+        self.native_addr
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(self.broker.metrics())
+    }
+
+    /// Serves until `shutdown` fires, then stops accepting, lets every connection
+    /// flush what it was sent (up to the drain timeout) and returns.
+    pub async fn run(self, shutdown: CancellationToken) {
+        tracing::info!(protocol = "native", addr = %self.native_addr, "listening");
+        let tracker = TaskTracker::new();
+        let drain = Duration::from_secs(self.config.server.drain_timeout_secs);
+        let context = Arc::new(native::NativeContext::new(
+            Arc::clone(&self.config),
+            Arc::clone(&self.broker),
+            self.native_addr,
+        ));
+        native::accept_loop(self.native, context, &tracker, shutdown.clone()).await;
+        tracker.close();
+        if tokio::time::timeout(drain, tracker.wait()).await.is_err() {
+            tracing::warn!(
+                open = tracker.len(),
+                "drain timeout passed; closing the remaining connections"
+            );
+        }
+        tracing::info!("server stopped");
+    }
+
+    /// Runs the server on the current runtime; for tests and embedding.
+    pub fn spawn(self) -> RunningServer {
+        let shutdown = CancellationToken::new();
+        let native_addr = self.native_addr;
+        let metrics = self.metrics();
+        let task = tokio::spawn(self.run(shutdown.clone()));
+        RunningServer {
+            native_addr,
+            metrics,
+            shutdown,
+            task,
+        }
+    }
+}
+
+/// A server running in a task of the current runtime.
+pub struct RunningServer {
+    pub native_addr: SocketAddr,
+    pub metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl RunningServer {
+    /// Stops the server and waits until it has drained.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+
+    /// The URL NATS clients connect to.
+    pub fn native_url(&self) -> String {
+        format!("nats://{}", self.native_addr)
+    }
+}

@@ -1,0 +1,532 @@
+//! The native (NATS-compatible) front end: the accept loop and one task per
+//! connection.
+//!
+//! A connection task owns its socket, its read buffer and its decoder, and runs one
+//! `select!` over shutdown, its outbox's wake-up, the socket and the ping timer. It
+//! turns frames into broker calls and protocol answers; it never touches storage
+//! internals and never blocks on another connection. Everything it writes goes
+//! through its own outbox, so replies and deliveries leave in the order they were
+//! queued.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::{Bytes, BytesMut};
+use canopy_protocols::native::{
+    ClientDecoder, ClientOp, ConnectOptions, Limits, ServerInfo, encode_err, encode_info,
+    encode_ok, encode_ping, encode_pong, no_responders_block,
+};
+use canopy_subjects::{Limits as SubjectLimits, Pattern, validate_native_subject};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::broker::{Broker, Message, Outbox, RouteScratch, Subscription, TenantRoutes, Wakes};
+use crate::config::Config;
+use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
+
+/// The version announced in INFO. Clients gate features (headers, no responders) on
+/// the NATS server version, so Canopy announces the NATS release whose client
+/// protocol it implements.
+pub const NATS_PROTOCOL_VERSION: &str = "2.10.0";
+
+/// Read buffer growth step.
+const READ_CHUNK: usize = 64 * 1024;
+/// A write buffer larger than this is released after a flush instead of kept.
+const KEEP_WRITE_CAPACITY: usize = 1024 * 1024;
+
+/// What every native connection shares.
+pub struct NativeContext {
+    config: Arc<Config>,
+    broker: Arc<Broker>,
+    limits: Limits,
+    subject_limits: SubjectLimits,
+    server_id: String,
+    listen: SocketAddr,
+    open: AtomicUsize,
+}
+
+impl NativeContext {
+    pub fn new(config: Arc<Config>, broker: Arc<Broker>, listen: SocketAddr) -> Self {
+        let limits = Limits {
+            max_control_line: config.native.max_control_line,
+            max_payload: config.native.max_payload,
+        };
+        let subject_limits = SubjectLimits {
+            max_len: config.limits.max_subject_len,
+            max_tokens: config.limits.max_subject_tokens,
+        };
+        Self {
+            config,
+            broker,
+            limits,
+            subject_limits,
+            server_id: server_id(),
+            listen,
+            open: AtomicUsize::new(0),
+        }
+    }
+
+    fn info(&self, client_id: u64, peer: SocketAddr) -> ServerInfo {
+        ServerInfo {
+            server_id: self.server_id.clone(),
+            server_name: self.config.server.name.clone(),
+            version: NATS_PROTOCOL_VERSION.into(),
+            proto: 1,
+            go: concat!("canopy ", env!("CARGO_PKG_VERSION")).into(),
+            host: self.listen.ip().to_string(),
+            port: self.listen.port(),
+            headers: true,
+            max_payload: self.config.native.max_payload,
+            client_id,
+            client_ip: Some(peer.ip().to_string()),
+            auth_required: false,
+            tls_required: false,
+            nonce: None,
+        }
+    }
+}
+
+/// A NATS-style server id: 56 characters of upper-case base32-like text.
+fn server_id() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let mut id = String::from("N");
+    id.extend((0..55).map(|_| ALPHABET[fastrand::usize(..ALPHABET.len())] as char));
+    id
+}
+
+/// Accepts connections until `shutdown` fires; each gets its own task in `tracker`.
+pub async fn accept_loop(
+    listener: TcpListener,
+    context: Arc<NativeContext>,
+    tracker: &TaskTracker,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(error) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let context = Arc::clone(&context);
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            let open = context.open.fetch_add(1, Ordering::AcqRel) + 1;
+            if open > context.config.native.max_connections {
+                refuse(stream, "Maximum Connections Exceeded").await;
+            } else {
+                Connection::new(stream, peer, Arc::clone(&context))
+                    .run(shutdown)
+                    .await;
+            }
+            context.open.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+}
+
+async fn refuse(mut stream: TcpStream, reason: &str) {
+    let mut out = BytesMut::new();
+    encode_err(&mut out, reason);
+    let _ = stream.write_all(&out).await;
+}
+
+/// Why a connection ends.
+#[derive(Debug)]
+enum Close {
+    /// The client closed or the socket failed.
+    Gone,
+    /// A fatal protocol error, already reported to the client.
+    Fatal(&'static str),
+    /// The server is shutting down.
+    Shutdown,
+    /// A write passed its deadline part-way through a frame: nothing more can be
+    /// written that the client could parse.
+    WriteTimeout,
+    /// A slow consumer, already sent its -ERR.
+    SlowConsumer,
+}
+
+struct Connection {
+    id: u64,
+    peer: SocketAddr,
+    context: Arc<NativeContext>,
+    broker: Arc<Broker>,
+    routes: Arc<TenantRoutes>,
+    principal: Principal,
+    stream: Option<TcpStream>,
+    outbox: Arc<Outbox>,
+    decoder: ClientDecoder,
+    subs: HashMap<Bytes, Arc<Subscription>>,
+    scratch: RouteScratch,
+    wakes: Wakes,
+    verbose: bool,
+    no_responders: bool,
+    pings_out: u32,
+    active_since_ping: bool,
+}
+
+impl Connection {
+    fn new(stream: TcpStream, peer: SocketAddr, context: Arc<NativeContext>) -> Self {
+        let broker = Arc::clone(&context.broker);
+        let id = broker.next_id();
+        let outbox = Arc::new(Outbox::new(
+            id,
+            context.config.native.max_pending_bytes,
+            Arc::clone(broker.metrics()),
+        ));
+        let principal = Principal::anonymous(format!("native-{id}"));
+        let routes = broker.tenant(DEFAULT_TENANT);
+        Self {
+            id,
+            peer,
+            decoder: ClientDecoder::new(context.limits),
+            context,
+            broker,
+            routes,
+            principal,
+            stream: Some(stream),
+            outbox,
+            subs: HashMap::new(),
+            scratch: RouteScratch::default(),
+            wakes: Wakes::default(),
+            verbose: false,
+            no_responders: false,
+            pings_out: 0,
+            active_since_ping: false,
+        }
+    }
+
+    async fn run(mut self, shutdown: CancellationToken) {
+        let Some(stream) = self.stream.take() else {
+            return;
+        };
+        self.broker.metrics().connection_opened();
+        tracing::debug!(conn = self.id, peer = %self.peer, "connected");
+        let (mut reader, mut writer) = stream.into_split();
+        let info = self.context.info(self.id, self.peer);
+        self.outbox.push_control(|out| encode_info(out, &info));
+
+        let interval = self.context.config.native.ping_interval();
+        let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
+        let mut wbuf = BytesMut::new();
+
+        let close = loop {
+            if let Err(close) = self.flush(&mut writer, &mut wbuf).await {
+                break close;
+            }
+            // Every arm is cancel-safe: `cancelled` and `woken` keep no state when
+            // dropped (a wake that lands meanwhile stays as a permit), `read_buf` reads
+            // nothing unless it completes, and `tick` does not lose ticks.
+            let step = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => Err(Close::Shutdown),
+                _ = self.outbox.woken() => Ok(()),
+                read = reader.read_buf(&mut rbuf) => match read {
+                    Ok(0) | Err(_) => Err(Close::Gone),
+                    Ok(_) => self.process(&mut rbuf),
+                },
+                _ = ping.tick() => self.ping(),
+            };
+            if rbuf.capacity() - rbuf.len() < 1024 {
+                rbuf.reserve(READ_CHUNK);
+            }
+            if let Err(close) = step {
+                break close;
+            }
+        };
+
+        // Whatever the reason, the client is told what was queued for it (an -ERR
+        // included) before the socket closes.
+        if !matches!(
+            close,
+            Close::Gone | Close::WriteTimeout | Close::SlowConsumer
+        ) {
+            let _ = self.flush(&mut writer, &mut wbuf).await;
+            let _ = writer.shutdown().await;
+        }
+        match close {
+            Close::Fatal(reason) => {
+                tracing::debug!(conn = self.id, peer = %self.peer, reason, "closed by server");
+            }
+            Close::WriteTimeout | Close::SlowConsumer => {
+                tracing::info!(conn = self.id, peer = %self.peer, "slow consumer disconnected");
+            }
+            Close::Gone | Close::Shutdown => {
+                tracing::debug!(conn = self.id, peer = %self.peer, "disconnected");
+            }
+        }
+        self.outbox.close();
+        for sub in self.subs.values() {
+            self.broker.unsubscribe(&self.routes, sub);
+        }
+        self.broker.metrics().connection_closed();
+    }
+
+    /// Writes what the outbox holds. A slow consumer gets its -ERR instead of the
+    /// backlog and is closed.
+    async fn flush(
+        &mut self,
+        writer: &mut OwnedWriteHalf,
+        wbuf: &mut BytesMut,
+    ) -> Result<(), Close> {
+        if self.outbox.is_slow() {
+            self.outbox.take(wbuf);
+            wbuf.clear();
+            // The backlog is dropped: a client that could not keep up with it would
+            // only fall further behind, and it would delay the reason for the close.
+            encode_err(wbuf, "Slow Consumer");
+            let _ = tokio::time::timeout(
+                self.context.config.native.write_deadline(),
+                writer.write_all(wbuf),
+            )
+            .await;
+            return Err(Close::SlowConsumer);
+        }
+        self.outbox.take(wbuf);
+        if wbuf.is_empty() {
+            return Ok(());
+        }
+        let deadline = self.context.config.native.write_deadline();
+        let written = tokio::time::timeout(deadline, writer.write_all(wbuf)).await;
+        wbuf.clear();
+        if wbuf.capacity() > KEEP_WRITE_CAPACITY {
+            *wbuf = BytesMut::new();
+        }
+        match written {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(Close::Gone),
+            Err(_) => {
+                self.outbox.mark_slow();
+                Err(Close::WriteTimeout)
+            }
+        }
+    }
+
+    fn ping(&mut self) -> Result<(), Close> {
+        if std::mem::take(&mut self.active_since_ping) {
+            return Ok(());
+        }
+        if self.pings_out >= self.context.config.native.max_pings_outstanding {
+            self.broker.metrics().count_stale_connection();
+            self.outbox
+                .push_control(|out| encode_err(out, "Stale Connection"));
+            return Err(Close::Fatal("stale connection"));
+        }
+        self.pings_out += 1;
+        self.outbox.push_control(encode_ping);
+        Ok(())
+    }
+
+    /// Handles every complete frame in `rbuf`, then wakes each touched subscriber once.
+    fn process(&mut self, rbuf: &mut BytesMut) -> Result<(), Close> {
+        self.active_since_ping = true;
+        let mut msgs = 0u64;
+        let mut bytes = 0u64;
+        let result = loop {
+            match self.decoder.decode(rbuf) {
+                Ok(Some(op)) => {
+                    if let ClientOp::Pub { payload, .. } | ClientOp::HPub { payload, .. } = &op {
+                        msgs += 1;
+                        bytes += payload.len() as u64;
+                    }
+                    self.handle(op);
+                }
+                Ok(None) => break Ok(()),
+                Err(error) => {
+                    tracing::debug!(conn = self.id, %error, "protocol error");
+                    self.outbox
+                        .push_control(|out| encode_err(out, error.nats_text()));
+                    break Err(Close::Fatal(error.nats_text()));
+                }
+            }
+        };
+        if msgs > 0 {
+            self.broker.metrics().count_in(msgs, bytes);
+        }
+        self.wakes.wake_all();
+        result
+    }
+
+    fn handle(&mut self, op: ClientOp) {
+        match op {
+            ClientOp::Connect(options) => self.connect(&options),
+            ClientOp::Pub {
+                subject,
+                reply,
+                payload,
+            } => self.publish(&subject, reply.as_deref(), None, &payload),
+            ClientOp::HPub {
+                subject,
+                reply,
+                headers,
+                payload,
+            } => self.publish(&subject, reply.as_deref(), Some(&headers), &payload),
+            ClientOp::Sub {
+                subject,
+                queue,
+                sid,
+            } => self.subscribe(&subject, queue.as_deref(), sid),
+            ClientOp::Unsub { sid, max_msgs } => self.unsubscribe(&sid, max_msgs),
+            ClientOp::Ping => self.outbox.push_control(encode_pong),
+            ClientOp::Pong => self.pings_out = 0,
+        }
+    }
+
+    fn ok(&self) {
+        if self.verbose {
+            self.outbox.push_control(encode_ok);
+        }
+    }
+
+    fn error(&self, text: &str) {
+        self.outbox.push_control(|out| encode_err(out, text));
+    }
+
+    fn connect(&mut self, options: &ConnectOptions) {
+        self.verbose = options.verbose;
+        self.no_responders = options.no_responders && options.headers;
+        self.outbox.set_options(options.headers, options.echo);
+        if let Some(name) = options.name.as_deref().filter(|n| !n.is_empty()) {
+            self.principal.client = Arc::from(name);
+        }
+        // Connect is always allowed until authentication exists; the call is here so
+        // that tenancy has one place to refuse it.
+        if let Err(denied) =
+            self.broker
+                .authorizer()
+                .authorize(&self.principal, Action::Connect, "")
+        {
+            self.error(&denied.to_string());
+            return;
+        }
+        self.ok();
+    }
+
+    fn publish(
+        &mut self,
+        subject: &[u8],
+        reply: Option<&[u8]>,
+        headers: Option<&[u8]>,
+        payload: &[u8],
+    ) {
+        let Some(subject) = std::str::from_utf8(subject)
+            .ok()
+            .filter(|s| validate_native_subject(s, &self.context.subject_limits).is_ok())
+        else {
+            self.error("Invalid Publish Subject");
+            return;
+        };
+        if let Err(denied) =
+            self.broker
+                .authorizer()
+                .authorize(&self.principal, Action::Publish, subject)
+        {
+            self.error(&denied.to_string());
+            return;
+        }
+        let message = Message {
+            subject,
+            reply,
+            headers,
+            payload,
+        };
+        let delivered = self.broker.publish(
+            &self.routes,
+            &self.outbox,
+            &message,
+            &mut self.scratch,
+            &mut self.wakes,
+        );
+        if delivered == 0
+            && self.no_responders
+            && let Some(reply) = reply.and_then(|r| std::str::from_utf8(r).ok())
+        {
+            let status = Message {
+                subject: reply,
+                reply: None,
+                headers: Some(no_responders_block()),
+                payload: &[],
+            };
+            self.broker.deliver_to_own(
+                &self.routes,
+                &self.outbox,
+                &status,
+                &mut self.scratch,
+                &mut self.wakes,
+            );
+        }
+        self.ok();
+    }
+
+    fn subscribe(&mut self, subject: &[u8], queue: Option<&[u8]>, sid: Bytes) {
+        let Some((text, pattern)) = std::str::from_utf8(subject).ok().and_then(|s| {
+            Pattern::parse_native_with(s, &self.context.subject_limits)
+                .ok()
+                .map(|p| (s, p))
+        }) else {
+            self.error("Invalid Subject");
+            return;
+        };
+        let queue = match queue.map(std::str::from_utf8) {
+            None => None,
+            Some(Ok(q)) if !q.is_empty() => Some(q),
+            Some(_) => {
+                self.error("Invalid Queue Name");
+                return;
+            }
+        };
+        if let Err(denied) =
+            self.broker
+                .authorizer()
+                .authorize(&self.principal, Action::Subscribe, text)
+        {
+            self.error(&denied.to_string());
+            return;
+        }
+        if self.subs.contains_key(&sid) {
+            // NATS keeps the first subscription of a repeated sid.
+            self.ok();
+            return;
+        }
+        let max = self.context.config.native.max_subscriptions;
+        if max > 0 && self.subs.len() >= max {
+            self.error("Maximum Subscriptions Exceeded");
+            return;
+        }
+        let sub = self
+            .broker
+            .subscribe(&self.routes, &self.outbox, sid.clone(), pattern, queue);
+        self.subs.insert(sid, sub);
+        self.ok();
+    }
+
+    fn unsubscribe(&mut self, sid: &Bytes, max_msgs: Option<u64>) {
+        if let Some(sub) = self.subs.get(sid) {
+            let now = match max_msgs {
+                Some(max) if max > 0 => sub.limit(max),
+                _ => true,
+            };
+            if now {
+                self.broker.unsubscribe(&self.routes, sub);
+                self.subs.remove(sid);
+            }
+        }
+        self.ok();
+    }
+}

@@ -1,0 +1,177 @@
+//! Who is asking, and whether they may: the one `authorize` every front end calls
+//! for every operation.
+//!
+//! Today the answer is "yes" unless a static deny list from the configuration says
+//! otherwise; tenants, users and ACLs will fill in the same function later, so no
+//! front end may ever decide access on its own or skip this call.
+
+use std::sync::Arc;
+
+use canopy_subjects::{Pattern, PatternToken, SubjectError};
+
+use crate::config::AuthzConfig;
+
+/// The tenant every connection belongs to until tenancy arrives.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Who performs an operation: one per connection, fixed at connect time.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub tenant: Arc<str>,
+    /// The authenticated user; `None` is anonymous.
+    pub user: Option<Arc<str>>,
+    /// Client name or id as the client announced it, for logs and ACL substitution.
+    pub client: Arc<str>,
+}
+
+impl Principal {
+    pub fn anonymous(client: impl Into<Arc<str>>) -> Self {
+        Self {
+            tenant: Arc::from(DEFAULT_TENANT),
+            user: None,
+            client: client.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Connect,
+    Publish,
+    /// Subscribing to a subject or pattern.
+    Subscribe,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Denied {
+    #[error("Permissions Violation for Publish to {0}")]
+    Publish(String),
+    #[error("Permissions Violation for Subscription to {0}")]
+    Subscribe(String),
+    #[error("Authorization Violation")]
+    Connect,
+}
+
+/// Decides every operation. Cheap to share: it is immutable once built.
+#[derive(Debug, Default)]
+pub struct Authorizer {
+    deny_publish: Vec<Pattern>,
+    deny_subscribe: Vec<Pattern>,
+}
+
+impl Authorizer {
+    pub fn from_config(config: &AuthzConfig) -> Result<Self, SubjectError> {
+        let parse = |list: &[String]| -> Result<Vec<Pattern>, SubjectError> {
+            list.iter().map(|p| Pattern::parse_native(p)).collect()
+        };
+        Ok(Self {
+            deny_publish: parse(&config.deny_publish)?,
+            deny_subscribe: parse(&config.deny_subscribe)?,
+        })
+    }
+
+    /// May `principal` do `action` on `subject` (a literal subject for a publish, a
+    /// pattern for a subscribe)? `subject` must already be validated.
+    pub fn authorize(
+        &self,
+        _principal: &Principal,
+        action: Action,
+        subject: &str,
+    ) -> Result<(), Denied> {
+        match action {
+            Action::Connect => Ok(()),
+            Action::Publish => {
+                if self.deny_publish.iter().any(|d| covers(d, subject)) {
+                    Err(Denied::Publish(subject.to_owned()))
+                } else {
+                    Ok(())
+                }
+            }
+            Action::Subscribe => {
+                if self.deny_subscribe.iter().any(|d| covers(d, subject)) {
+                    Err(Denied::Subscribe(subject.to_owned()))
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// Whether a message on `subject` may be delivered to subscribers at all: a
+    /// wildcard subscription that was allowed must still not see denied subjects.
+    pub fn may_deliver(&self, subject: &str) -> bool {
+        self.deny_subscribe.is_empty() || !self.deny_subscribe.iter().any(|d| covers(d, subject))
+    }
+
+    pub fn filters_delivery(&self) -> bool {
+        !self.deny_subscribe.is_empty()
+    }
+}
+
+/// Whether every subject that `subject` (literal or pattern, native syntax) can stand
+/// for lies inside `deny`. Wildcard tokens of `subject` are compared as tokens: `*`
+/// is covered by a `*` or `>` of `deny`, `>` only by a `>`.
+fn covers(deny: &Pattern, subject: &str) -> bool {
+    let mut tokens = subject.split('.');
+    for d in deny.tokens() {
+        match d {
+            PatternToken::OneOrMore => return tokens.next().is_some(),
+            PatternToken::ZeroOrMore => return true,
+            PatternToken::One => match tokens.next() {
+                Some(">") | None => return false,
+                Some(_) => {}
+            },
+            PatternToken::Literal(lit) => match tokens.next() {
+                Some(t) if t == &**lit => {}
+                _ => return false,
+            },
+        }
+    }
+    tokens.next().is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn authorizer(deny_pub: &[&str], deny_sub: &[&str]) -> Authorizer {
+        Authorizer::from_config(&AuthzConfig {
+            deny_publish: deny_pub.iter().map(|s| s.to_string()).collect(),
+            deny_subscribe: deny_sub.iter().map(|s| s.to_string()).collect(),
+        })
+        .expect("valid patterns")
+    }
+
+    #[test]
+    fn deny_lists_refuse_what_they_cover_and_nothing_else() {
+        let a = authorizer(&["secret.>", "admin"], &["secret.>", "x.*.y"]);
+        let p = Principal::anonymous("t");
+        assert!(a.authorize(&p, Action::Publish, "secret.a").is_err());
+        assert!(a.authorize(&p, Action::Publish, "secret").is_ok());
+        assert!(a.authorize(&p, Action::Publish, "admin").is_err());
+        assert!(a.authorize(&p, Action::Publish, "admin.x").is_ok());
+        assert!(a.authorize(&p, Action::Subscribe, "secret.*").is_err());
+        assert!(a.authorize(&p, Action::Subscribe, "secret.>").is_err());
+        assert!(a.authorize(&p, Action::Subscribe, "x.*.y").is_err());
+        assert!(a.authorize(&p, Action::Subscribe, "x.>").is_ok());
+        assert!(a.authorize(&p, Action::Subscribe, ">").is_ok());
+        assert!(!a.may_deliver("secret.plans"));
+        assert!(a.may_deliver("public.plans"));
+        assert_eq!(
+            a.authorize(&p, Action::Subscribe, "x.a.y")
+                .expect_err("denied")
+                .to_string(),
+            "Permissions Violation for Subscription to x.a.y"
+        );
+    }
+
+    #[test]
+    fn no_deny_list_allows_everything() {
+        let a = Authorizer::default();
+        let p = Principal::anonymous("t");
+        assert!(a.authorize(&p, Action::Connect, "").is_ok());
+        assert!(a.authorize(&p, Action::Publish, "a.b").is_ok());
+        assert!(a.authorize(&p, Action::Subscribe, ">").is_ok());
+        assert!(a.may_deliver("anything"));
+    }
+}

@@ -1,0 +1,245 @@
+//! The `canopy` binary as people use it: serve, pub, sub, config, signals.
+
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::common::WAIT;
+
+const BIN: &str = env!("CARGO_BIN_EXE_canopy");
+
+/// A `canopy serve` child process, killed by PID when dropped.
+struct ServeProcess {
+    child: Child,
+    url: String,
+    log: tokio::task::JoinHandle<Vec<String>>,
+}
+
+impl ServeProcess {
+    async fn start(extra: &[&str]) -> ServeProcess {
+        let data = tempfile::tempdir().expect("tempdir");
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .current_dir(data.path())
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("canopy serve starts");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let url = tokio::time::timeout(WAIT, async {
+            while let Some(line) = lines.next_line().await.expect("read log") {
+                if line.contains("listening") && line.contains("native") {
+                    let addr = line
+                        .split_whitespace()
+                        .find_map(|w| w.strip_prefix("addr="))
+                        .expect("addr in the listening line");
+                    return format!("nats://{addr}");
+                }
+            }
+            panic!("canopy serve exited before listening");
+        })
+        .await
+        .expect("canopy serve listens");
+        let log = tokio::spawn(async move {
+            let mut rest = Vec::new();
+            while let Ok(Some(line)) = lines.next_line().await {
+                rest.push(line);
+            }
+            drop(data);
+            rest
+        });
+        ServeProcess { child, url, log }
+    }
+}
+
+async fn run(args: &[&str]) -> std::process::Output {
+    tokio::time::timeout(WAIT, Command::new(BIN).args(args).output())
+        .await
+        .expect("command finishes")
+        .expect("command runs")
+}
+
+#[tokio::test]
+async fn pub_and_sub_talk_through_serve() {
+    let server = ServeProcess::start(&[]).await;
+    let mut sub = Command::new(BIN)
+        .args([
+            "sub",
+            "devices.*.temp",
+            "--count",
+            "3",
+            "--server",
+            &server.url,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("sub starts");
+    let mut sub_err = BufReader::new(sub.stderr.take().expect("stderr")).lines();
+    let ready = tokio::time::timeout(WAIT, sub_err.next_line())
+        .await
+        .expect("sub announces itself")
+        .expect("read")
+        .expect("a line");
+    assert!(ready.contains("subscribed to 'devices.*.temp'"), "{ready}");
+
+    let out = run(&["pub", "devices.42.temp", "21.5", "--server", &server.url]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["pub", "devices.42.hum", "ignored", "--server", &server.url]).await;
+    assert!(out.status.success());
+    // Standard input: one message per line.
+    let mut stdin_pub = Command::new(BIN)
+        .args(["pub", "devices.7.temp", "--server", &server.url])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("pub starts");
+    let mut stdin = stdin_pub.stdin.take().expect("stdin");
+    stdin.write_all(b"19\n20\n").await.expect("write");
+    drop(stdin);
+    assert!(stdin_pub.wait().await.expect("pub exits").success());
+
+    let out = tokio::time::timeout(WAIT, sub.wait_with_output())
+        .await
+        .expect("sub exits after --count")
+        .expect("sub output");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "devices.42.temp 21.5\ndevices.7.temp 19\ndevices.7.temp 20\n"
+    );
+    drop(server);
+}
+
+#[tokio::test]
+async fn sub_json_prints_one_object_per_line() {
+    let server = ServeProcess::start(&[]).await;
+    let mut sub = Command::new(BIN)
+        .args(["sub", "j.>", "--json", "-n", "1", "--server", &server.url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("sub starts");
+    let mut sub_err = BufReader::new(sub.stderr.take().expect("stderr")).lines();
+    tokio::time::timeout(WAIT, sub_err.next_line())
+        .await
+        .expect("ready")
+        .expect("read");
+    let out = run(&[
+        "pub",
+        "j.x",
+        "{\"t\":1}",
+        "-H",
+        "Kind: reading",
+        "--server",
+        &server.url,
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = tokio::time::timeout(WAIT, sub.wait_with_output())
+        .await
+        .expect("exits")
+        .expect("output");
+    let line = String::from_utf8(out.stdout).expect("utf8");
+    let value: serde_json::Value = serde_json::from_str(line.trim()).expect("JSON line");
+    assert_eq!(value["subject"], "j.x");
+    assert_eq!(value["payload"], "{\"t\":1}");
+    assert_eq!(value["headers"]["Kind"][0], "reading");
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_exits_cleanly() {
+    let server = ServeProcess::start(&[]).await;
+    let client = async_nats::connect(&server.url).await.expect("connect");
+    client.flush().await.expect("flush");
+    let pid = server.child.id().expect("pid");
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(kill.success());
+    let ServeProcess { mut child, log, .. } = server;
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .expect("status");
+    assert!(status.success(), "{status}");
+    let log = log.await.expect("log");
+    assert!(
+        log.iter().any(|l| l.contains("SIGTERM")),
+        "log mentions the signal: {log:?}"
+    );
+}
+
+#[tokio::test]
+async fn serve_refuses_anonymous_network_listeners_with_a_reason() {
+    let out = tokio::time::timeout(
+        WAIT,
+        Command::new(BIN)
+            .args(["serve", "--listen", "0.0.0.0:0"])
+            .output(),
+    )
+    .await
+    .expect("exits")
+    .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--allow-anonymous"), "{stderr}");
+}
+
+#[tokio::test]
+async fn config_default_is_documented_and_bad_config_is_a_clear_error() {
+    let out = run(&["config", "default"]).await;
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).expect("utf8");
+    assert!(text.contains("[native]") && text.contains("max_payload"));
+    assert!(text.lines().filter(|l| l.starts_with('#')).count() > 20);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[native]\nmax_payload = \"lots\"\n").expect("write");
+    let out = tokio::time::timeout(
+        WAIT,
+        Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(&bad)
+            .output(),
+    )
+    .await
+    .expect("exits")
+    .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("max_payload"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[tokio::test]
+async fn help_reads_like_a_cli() {
+    let out = run(&["--help"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    for word in ["serve", "pub", "sub", "config"] {
+        assert!(text.contains(word), "{text}");
+    }
+    let out = run(&["sub", "--help"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("--count") && text.contains("--json"),
+        "{text}"
+    );
+}

@@ -1,0 +1,9 @@
+//! Integration tests: a real Canopy server on free loopback ports, driven by real
+//! clients (async-nats, nats-py, the `canopy` binary, raw TCP). One test binary, so
+//! CI links once.
+
+mod cli;
+mod common;
+mod nats_client;
+mod python;
+mod wire;

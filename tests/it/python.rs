@@ -1,0 +1,43 @@
+//! nats-py, the Python NATS client, unmodified, against Canopy. The test command
+//! (scripts/test-all.sh) installs it in a venv under target/; a missing venv is a
+//! failure with instructions, never a skip.
+
+use std::path::PathBuf;
+
+use crate::common::start_default;
+
+fn venv_python() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join("target/py-venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run ./scripts/test-all.sh, which creates it with nats-py",
+        python.display()
+    );
+    python
+}
+
+#[tokio::test]
+async fn nats_py_does_core_nats_against_canopy() {
+    let python = venv_python();
+    let server = start_default().await;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/nats_py_check.py");
+    let output = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::process::Command::new(python)
+            .arg(script)
+            .arg(server.native_url())
+            .output(),
+    )
+    .await
+    .expect("nats-py finishes")
+    .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "nats-py check failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+    server.stop().await;
+}
