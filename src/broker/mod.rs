@@ -57,22 +57,37 @@ impl std::fmt::Debug for Subscription {
 }
 
 impl Subscription {
-    /// Ends the subscription after `max` deliveries in total. Returns true when it has
-    /// already had that many, so the caller removes it now.
+    /// Ends the subscription after `max` deliveries in total, counting those before
+    /// this call (NATS's auto-unsubscribe). Returns true when it has already had that
+    /// many, so the caller removes it now.
     pub fn limit(&self, max: u64) -> bool {
         self.max_msgs.store(max, Ordering::Release);
         max > 0 && self.delivered.load(Ordering::Acquire) >= max
     }
 
+    /// Whether the subscription has had all the deliveries it asked for.
+    pub fn is_spent(&self) -> bool {
+        let max = self.max_msgs.load(Ordering::Acquire);
+        max > 0 && self.delivered.load(Ordering::Acquire) >= max
+    }
+
+    /// Could a delivery land now? Used to pick a queue group member that can take it.
+    fn can_take(&self) -> bool {
+        self.outbox.is_open() && !self.is_spent()
+    }
+
     /// Counts one delivery; `None` means the subscription is spent and must not
     /// deliver, `Some(true)` means this was its last delivery.
     fn admit(&self) -> Option<bool> {
+        let n = self.delivered.fetch_add(1, Ordering::AcqRel) + 1;
         let max = self.max_msgs.load(Ordering::Acquire);
         if max == 0 {
-            return Some(false);
+            Some(false)
+        } else if n > max {
+            None
+        } else {
+            Some(n == max)
         }
-        let n = self.delivered.fetch_add(1, Ordering::AcqRel) + 1;
-        if n > max { None } else { Some(n == max) }
     }
 }
 
@@ -184,6 +199,24 @@ impl Broker {
         routes.trie.remove(&sub.pattern, sub.queue.as_deref(), sub)
     }
 
+    /// Removes many subscriptions (a closing connection's) in one trie write.
+    pub fn unsubscribe_all(&self, routes: &TenantRoutes, subs: &[Arc<Subscription>]) {
+        if subs.is_empty() {
+            return;
+        }
+        let items: Vec<_> = subs
+            .iter()
+            .map(|s| {
+                (
+                    s.pattern.clone(),
+                    s.queue.as_deref().map(Box::from),
+                    Arc::clone(s),
+                )
+            })
+            .collect();
+        routes.trie.remove_many(&items);
+    }
+
     /// Delivers `msg` to every matching subscription of the tenant and returns how
     /// many received it. `from` is the publisher's outbox (for `echo: false`).
     pub fn publish(
@@ -219,16 +252,11 @@ impl Broker {
             }
         }
         self.remove_spent(routes, spent);
-        if delivered > 0 {
-            let size = msg.payload.len() + msg.headers.map_or(0, <[u8]>::len);
-            self.metrics
-                .count_out(delivered as u64, (delivered * size) as u64);
-        }
         delivered
     }
 
-    /// Delivers `msg` only to the subscriptions of `owner`'s own connection that
-    /// match: how a server-generated status (no responders) reaches a requester.
+    /// Delivers `msg` to one subscription of `owner`'s own connection that matches:
+    /// how a server-generated status (no responders) reaches a requester.
     pub fn deliver_to_own(
         &self,
         routes: &TenantRoutes,
@@ -236,16 +264,16 @@ impl Broker {
         msg: &Message<'_>,
         scratch: &mut RouteScratch,
         wakes: &mut Wakes,
-    ) -> usize {
-        let mut delivered = 0usize;
+    ) -> bool {
+        let mut delivered = false;
         let spent = &mut scratch.spent;
         routes
             .trie
             .for_each_match(msg.subject, &mut |plain, groups| {
                 let members = groups.iter().flat_map(|g| g.members.iter());
                 for sub in plain.iter().chain(members) {
-                    if sub.outbox.conn_id == owner.conn_id && deliver(sub, msg, spent, wakes) {
-                        delivered += 1;
+                    if !delivered && sub.outbox.conn_id == owner.conn_id {
+                        delivered = deliver(sub, msg, spent, wakes);
                     }
                 }
             });
@@ -270,7 +298,7 @@ fn pick_member(
     let candidates = group
         .members
         .iter()
-        .filter(|s| Some(s.outbox.conn_id) != skip_conn);
+        .filter(|s| Some(s.outbox.conn_id) != skip_conn && s.can_take());
     let pick = picks.iter_mut().find(|p| {
         p.chosen
             .queue

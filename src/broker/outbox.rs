@@ -120,6 +120,10 @@ impl Outbox {
         self.buf.lock().is_empty()
     }
 
+    pub fn is_open(&self) -> bool {
+        self.state.load(Ordering::Acquire) == OPEN
+    }
+
     pub fn is_slow(&self) -> bool {
         self.state.load(Ordering::Acquire) == SLOW
     }
@@ -171,7 +175,9 @@ impl Wakes {
 
     pub fn wake_all(&mut self) {
         for outbox in self.pending.drain(..) {
-            outbox.wake_scheduled.store(false, Ordering::Release);
+            // An RMW, so that it joins the release sequence of the flag that other
+            // publishers' swaps read.
+            outbox.wake_scheduled.swap(false, Ordering::AcqRel);
             outbox.wake();
         }
     }

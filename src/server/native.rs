@@ -127,7 +127,8 @@ pub async fn accept_loop(
         tracker.spawn(async move {
             let open = context.open.fetch_add(1, Ordering::AcqRel) + 1;
             if open > context.config.native.max_connections {
-                refuse(stream, "Maximum Connections Exceeded").await;
+                let info = context.info(0, peer);
+                refuse(stream, &info, "maximum connections exceeded").await;
             } else {
                 Connection::new(stream, peer, Arc::clone(&context))
                     .run(shutdown)
@@ -138,8 +139,11 @@ pub async fn accept_loop(
     }
 }
 
-async fn refuse(mut stream: TcpStream, reason: &str) {
+/// Answers a connection that cannot be served: INFO first, as clients expect, then
+/// the reason.
+async fn refuse(mut stream: TcpStream, info: &ServerInfo, reason: &str) {
     let mut out = BytesMut::new();
+    encode_info(&mut out, info);
     encode_err(&mut out, reason);
     let _ = stream.write_all(&out).await;
 }
@@ -160,6 +164,66 @@ enum Close {
     SlowConsumer,
 }
 
+/// The bytes taken from the outbox and not yet written to the socket.
+struct Unwritten {
+    buf: BytesMut,
+    written: usize,
+    /// When the last byte was written (or the buffer was taken): the write deadline
+    /// counts from here.
+    progress: tokio::time::Instant,
+}
+
+impl Default for Unwritten {
+    fn default() -> Self {
+        Self {
+            buf: BytesMut::new(),
+            written: 0,
+            progress: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Unwritten {
+    fn is_done(&self) -> bool {
+        self.written >= self.buf.len()
+    }
+
+    fn remaining(&self) -> &[u8] {
+        self.buf.get(self.written..).unwrap_or_default()
+    }
+
+    fn advance(&mut self, n: usize) {
+        self.written += n;
+        self.progress = tokio::time::Instant::now();
+    }
+
+    /// Takes the outbox's bytes, handing it back a buffer to fill (a large one is
+    /// swapped for a small one, so one burst does not pin its memory).
+    fn refill(&mut self, outbox: &Outbox) {
+        self.buf.clear();
+        if self.buf.capacity() > KEEP_WRITE_CAPACITY {
+            self.buf = BytesMut::with_capacity(READ_CHUNK);
+        }
+        outbox.take(&mut self.buf);
+        self.written = 0;
+        self.progress = tokio::time::Instant::now();
+    }
+
+    /// Writes everything pending, then everything still queued.
+    async fn drain(&mut self, outbox: &Outbox, writer: &mut OwnedWriteHalf) -> std::io::Result<()> {
+        loop {
+            if self.is_done() {
+                self.refill(outbox);
+                if self.is_done() {
+                    return Ok(());
+                }
+            }
+            writer.write_all(self.remaining()).await?;
+            self.written = self.buf.len();
+        }
+    }
+}
+
 struct Connection {
     id: u64,
     peer: SocketAddr,
@@ -177,6 +241,8 @@ struct Connection {
     no_responders: bool,
     pings_out: u32,
     active_since_ping: bool,
+    /// Deliveries (messages, bytes) this inbound batch made, counted once per batch.
+    delivered: (u64, u64),
 }
 
 impl Connection {
@@ -207,6 +273,7 @@ impl Connection {
             no_responders: false,
             pings_out: 0,
             active_since_ping: false,
+            delivered: (0, 0),
         }
     }
 
@@ -224,19 +291,37 @@ impl Connection {
         let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
-        let mut wbuf = BytesMut::new();
+        let mut out = Unwritten::default();
+        let deadline = self.context.config.native.write_deadline();
 
         let close = loop {
-            if let Err(close) = self.flush(&mut writer, &mut wbuf).await {
-                break close;
+            if out.is_done() {
+                if self.outbox.is_slow() {
+                    break Close::SlowConsumer;
+                }
+                out.refill(&self.outbox);
             }
-            // Every arm is cancel-safe: `cancelled` and `woken` keep no state when
-            // dropped (a wake that lands meanwhile stays as a permit), `read_buf` reads
-            // nothing unless it completes, and `tick` does not lose ticks.
+            let writing = !out.is_done();
+            // Reading goes on while a write is pending, so a client that publishes to
+            // its own subscriptions faster than it reads cannot deadlock with us. Every
+            // arm is cancel-safe: `cancelled` and `woken` keep no state when dropped (a
+            // wake that lands meanwhile stays as a permit), `write` and `read_buf` move
+            // no bytes unless they complete, and `tick` does not lose ticks.
             let step = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => Err(Close::Shutdown),
-                _ = self.outbox.woken() => Ok(()),
+                written = writer.write(out.remaining()), if writing => match written {
+                    Ok(0) | Err(_) => Err(Close::Gone),
+                    Ok(n) => {
+                        out.advance(n);
+                        Ok(())
+                    }
+                },
+                _ = tokio::time::sleep_until(out.progress + deadline), if writing => {
+                    self.outbox.mark_slow();
+                    Err(Close::WriteTimeout)
+                }
+                _ = self.outbox.woken(), if !writing => Ok(()),
                 read = reader.read_buf(&mut rbuf) => match read {
                     Ok(0) | Err(_) => Err(Close::Gone),
                     Ok(_) => self.process(&mut rbuf),
@@ -251,14 +336,24 @@ impl Connection {
             }
         };
 
-        // Whatever the reason, the client is told what was queued for it (an -ERR
-        // included) before the socket closes.
-        if !matches!(
-            close,
-            Close::Gone | Close::WriteTimeout | Close::SlowConsumer
-        ) {
-            let _ = self.flush(&mut writer, &mut wbuf).await;
-            let _ = writer.shutdown().await;
+        // Unsubscribe before closing the outbox, so routing stops choosing this
+        // connection (a queue group's pick would otherwise land on a closed outbox).
+        let subs: Vec<Arc<Subscription>> = self.subs.drain().map(|(_, sub)| sub).collect();
+        self.broker.unsubscribe_all(&self.routes, &subs);
+        match close {
+            // The client is told what was queued for it (an -ERR included) first.
+            Close::Fatal(_) | Close::Shutdown => {
+                let _ = tokio::time::timeout(deadline, out.drain(&self.outbox, &mut writer)).await;
+                let _ = writer.shutdown().await;
+            }
+            Close::SlowConsumer => {
+                // The backlog is dropped: a client that could not keep up with it would
+                // only fall further behind, and it would delay the reason for the close.
+                let mut reason = BytesMut::new();
+                encode_err(&mut reason, "Slow Consumer");
+                let _ = tokio::time::timeout(deadline, writer.write_all(&reason)).await;
+            }
+            Close::Gone | Close::WriteTimeout => {}
         }
         match close {
             Close::Fatal(reason) => {
@@ -272,50 +367,7 @@ impl Connection {
             }
         }
         self.outbox.close();
-        for sub in self.subs.values() {
-            self.broker.unsubscribe(&self.routes, sub);
-        }
         self.broker.metrics().connection_closed();
-    }
-
-    /// Writes what the outbox holds. A slow consumer gets its -ERR instead of the
-    /// backlog and is closed.
-    async fn flush(
-        &mut self,
-        writer: &mut OwnedWriteHalf,
-        wbuf: &mut BytesMut,
-    ) -> Result<(), Close> {
-        if self.outbox.is_slow() {
-            self.outbox.take(wbuf);
-            wbuf.clear();
-            // The backlog is dropped: a client that could not keep up with it would
-            // only fall further behind, and it would delay the reason for the close.
-            encode_err(wbuf, "Slow Consumer");
-            let _ = tokio::time::timeout(
-                self.context.config.native.write_deadline(),
-                writer.write_all(wbuf),
-            )
-            .await;
-            return Err(Close::SlowConsumer);
-        }
-        self.outbox.take(wbuf);
-        if wbuf.is_empty() {
-            return Ok(());
-        }
-        let deadline = self.context.config.native.write_deadline();
-        let written = tokio::time::timeout(deadline, writer.write_all(wbuf)).await;
-        wbuf.clear();
-        if wbuf.capacity() > KEEP_WRITE_CAPACITY {
-            *wbuf = BytesMut::new();
-        }
-        match written {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(Close::Gone),
-            Err(_) => {
-                self.outbox.mark_slow();
-                Err(Close::WriteTimeout)
-            }
-        }
     }
 
     fn ping(&mut self) -> Result<(), Close> {
@@ -338,6 +390,7 @@ impl Connection {
         self.active_since_ping = true;
         let mut msgs = 0u64;
         let mut bytes = 0u64;
+        self.delivered = (0, 0);
         let result = loop {
             match self.decoder.decode(rbuf) {
                 Ok(Some(op)) => {
@@ -345,7 +398,9 @@ impl Connection {
                         msgs += 1;
                         bytes += payload.len() as u64;
                     }
-                    self.handle(op);
+                    if let Err(close) = self.handle(op) {
+                        break Err(close);
+                    }
                 }
                 Ok(None) => break Ok(()),
                 Err(error) => {
@@ -359,13 +414,18 @@ impl Connection {
         if msgs > 0 {
             self.broker.metrics().count_in(msgs, bytes);
         }
+        if self.delivered.0 > 0 {
+            self.broker
+                .metrics()
+                .count_out(self.delivered.0, self.delivered.1);
+        }
         self.wakes.wake_all();
         result
     }
 
-    fn handle(&mut self, op: ClientOp) {
+    fn handle(&mut self, op: ClientOp) -> Result<(), Close> {
         match op {
-            ClientOp::Connect(options) => self.connect(&options),
+            ClientOp::Connect(options) => return self.connect(&options),
             ClientOp::Pub {
                 subject,
                 reply,
@@ -386,6 +446,7 @@ impl Connection {
             ClientOp::Ping => self.outbox.push_control(encode_pong),
             ClientOp::Pong => self.pings_out = 0,
         }
+        Ok(())
     }
 
     fn ok(&self) {
@@ -398,9 +459,13 @@ impl Connection {
         self.outbox.push_control(|out| encode_err(out, text));
     }
 
-    fn connect(&mut self, options: &ConnectOptions) {
+    fn connect(&mut self, options: &ConnectOptions) -> Result<(), Close> {
+        if options.no_responders && !options.headers {
+            self.error("no responders requires headers support");
+            return Err(Close::Fatal("no responders without headers"));
+        }
         self.verbose = options.verbose;
-        self.no_responders = options.no_responders && options.headers;
+        self.no_responders = options.no_responders;
         self.outbox.set_options(options.headers, options.echo);
         if let Some(name) = options.name.as_deref().filter(|n| !n.is_empty()) {
             self.principal.client = Arc::from(name);
@@ -413,9 +478,10 @@ impl Connection {
                 .authorize(&self.principal, Action::Connect, "")
         {
             self.error(&denied.to_string());
-            return;
+            return Ok(());
         }
         self.ok();
+        Ok(())
     }
 
     fn publish(
@@ -440,6 +506,8 @@ impl Connection {
             self.error(&denied.to_string());
             return;
         }
+        // As nats-server does: the +OK, then deliveries (also to our own subscriptions).
+        self.ok();
         let message = Message {
             subject,
             reply,
@@ -471,10 +539,13 @@ impl Connection {
                 &mut self.wakes,
             );
         }
-        self.ok();
+        self.delivered.0 += delivered as u64;
+        self.delivered.1 += (delivered * (payload.len() + headers.map_or(0, <[u8]>::len))) as u64;
     }
 
     fn subscribe(&mut self, subject: &[u8], queue: Option<&[u8]>, sid: Bytes) {
+        // Owned: a slice would pin the whole read buffer for the subscription's life.
+        let sid = Bytes::copy_from_slice(&sid);
         let Some((text, pattern)) = std::str::from_utf8(subject).ok().and_then(|s| {
             Pattern::parse_native_with(s, &self.context.subject_limits)
                 .ok()
@@ -496,18 +567,25 @@ impl Connection {
                 .authorizer()
                 .authorize(&self.principal, Action::Subscribe, text)
         {
-            self.error(&denied.to_string());
+            match queue {
+                Some(q) => self.error(&format!("{denied} using queue \"{q}\"")),
+                None => self.error(&denied.to_string()),
+            }
             return;
         }
-        if self.subs.contains_key(&sid) {
+        if self.subs.get(&sid).is_some_and(|s| !s.is_spent()) {
             // NATS keeps the first subscription of a repeated sid.
             self.ok();
             return;
         }
         let max = self.context.config.native.max_subscriptions;
         if max > 0 && self.subs.len() >= max {
-            self.error("Maximum Subscriptions Exceeded");
-            return;
+            // Subscriptions that ended by reaching their maximum are only noticed here.
+            self.subs.retain(|_, s| !s.is_spent());
+            if self.subs.len() >= max {
+                self.error("maximum subscriptions exceeded");
+                return;
+            }
         }
         let sub = self
             .broker

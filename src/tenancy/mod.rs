@@ -44,9 +44,9 @@ pub enum Action {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Denied {
-    #[error("Permissions Violation for Publish to {0}")]
+    #[error("Permissions Violation for Publish to \"{0}\"")]
     Publish(String),
-    #[error("Permissions Violation for Subscription to {0}")]
+    #[error("Permissions Violation for Subscription to \"{0}\"")]
     Subscribe(String),
     #[error("Authorization Violation")]
     Connect,
@@ -161,7 +161,7 @@ mod tests {
             a.authorize(&p, Action::Subscribe, "x.a.y")
                 .expect_err("denied")
                 .to_string(),
-            "Permissions Violation for Subscription to x.a.y"
+            "Permissions Violation for Subscription to \"x.a.y\""
         );
     }
 

@@ -2,7 +2,8 @@
 //!
 //! Owns [`SharedTrie`]: readers (publishers matching a subject) never wait, never lock and
 //! never write a shared cache line other than their own stripe of a read indicator; writers
-//! (subscribe, unsubscribe) are serialised by a mutex and apply each change to both copies.
+//! (subscribe, unsubscribe) are serialised by a mutex and apply each change to both copies,
+//! the second time at the start of the next write, when that copy's readers have left.
 //! Must never let a reader see a copy while a writer changes it, never copy a whole trie,
 //! and never be written to from inside a `visit` callback (the writer would wait forever for
 //! that very reader to leave).
@@ -13,9 +14,11 @@
 //! ```text
 //!  reader:  vi = version_index ─► arrive(indicator[vi]) ─► lr = left_right
 //!           ─► match in instance[lr] ─► depart(indicator[vi])
-//!  writer:  lock ─► change instance[!lr] ─► left_right = !lr
-//!           ─► wait indicator[!vi] empty ─► version_index = !vi ─► wait indicator[vi] empty
-//!           ─► change instance[lr] ─► unlock
+//!  writer:  lock ─► wait indicator[!vi] empty ─► version_index = !vi
+//!           ─► wait indicator[vi] empty           (the last readers of instance[!lr] left)
+//!           ─► replay the previous write's ops on instance[!lr]
+//!           ─► apply this write's ops to instance[!lr] ─► left_right = !lr
+//!           ─► keep the ops for the next write ─► unlock
 //! ```
 
 use std::cell::UnsafeCell;
@@ -105,8 +108,28 @@ pub struct SharedTrie<T> {
     /// The two indices every reader loads, on one cache line of their own.
     index: Indices,
     indicators: [ReadIndicator; 2],
-    /// Serialises writers; guards nothing by itself but the right to write.
-    writer: Mutex<()>,
+    /// Serialises writers and holds the ops the active instance has and the idle one
+    /// does not have yet.
+    writer: Mutex<Vec<Op<T>>>,
+}
+
+/// One change, kept until it is applied to the second instance too.
+enum Op<T> {
+    Insert(Pattern, Option<Box<str>>, T),
+    Remove(Pattern, Option<Box<str>>, T),
+}
+
+impl<T: Clone + PartialEq> Op<T> {
+    /// Applies the change; `op` runs once per instance and must leave both equal.
+    fn apply(&self, trie: &mut Trie<T>) -> bool {
+        match self {
+            Op::Insert(pattern, queue, value) => {
+                trie.insert(pattern, queue.as_deref(), value.clone());
+                true
+            }
+            Op::Remove(pattern, queue, value) => trie.remove(pattern, queue.as_deref(), value),
+        }
+    }
 }
 
 // SAFETY: the instances are only written by the one writer holding `writer` (so `T` moves
@@ -151,78 +174,89 @@ impl<T: Clone + PartialEq + Send + Sync> SharedTrie<T> {
                 version_index: AtomicUsize::new(0),
             },
             indicators: [ReadIndicator::new(), ReadIndicator::new()],
-            writer: Mutex::new(()),
+            writer: Mutex::new(Vec::new()),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, ()> {
+    fn lock(&self) -> MutexGuard<'_, Vec<Op<T>>> {
         // A poisoned lock means a writer panicked inside a `Trie` operation, which does not
         // panic on any input; carry on rather than take every subscriber down with it.
         self.writer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Applies `op` to both instances, one at a time, while readers keep reading the other.
-    /// `op` must be deterministic: it runs twice and both copies must end up equal. Returns
-    /// the second run's result (equal to the first's).
-    fn write<R>(&self, mut op: impl FnMut(&mut Trie<T>) -> R) -> R {
-        let _guard = self.lock();
+    /// Applies `ops` to the instance readers do not use and makes it the one they use.
+    /// The other instance catches up at the start of the next write, by which time its
+    /// last readers have usually left, so a writer rarely waits for a reader. Returns how
+    /// many ops changed the trie.
+    fn write(&self, ops: impl IntoIterator<Item = Op<T>>) -> usize {
+        let mut pending = self.lock();
         // Relaxed would do: only writers store `left_right`, and we hold the writer lock.
         let lr = self.index.left_right.load(Ordering::SeqCst);
         let other = lr ^ 1;
-        // SAFETY: readers only read `instances[left_right]`. At the end of the previous write
-        // (or since `new`), `left_right == lr` was stored and both indicators were seen
-        // empty after it, so every reader that may use `instances[other]` has departed and
-        // every later reader loads `left_right == lr`. We hold the writer lock, so no other
-        // `&mut` exists.
-        unsafe { op(&mut *self.instances[other].0.get()) };
-        // SeqCst: in the single total order, any reader whose `left_right` load comes after
-        // this store reads `other`; any reader whose load came before it arrived (SeqCst RMW)
-        // before its load, hence before this store, hence before our indicator loads below,
-        // which therefore see it and wait for its departure.
-        self.index.left_right.store(other, Ordering::SeqCst);
+        // Readers that loaded `left_right == other` before the previous write flipped it
+        // may still be inside `instances[other]`: wait for them. Toggle the version in two
+        // halves so that a reader that read `version_index` long ago and arrives late on
+        // either indicator is still waited for (the paper's proof). Doing this now rather
+        // than right after the flip only makes us wait for more readers, all of which
+        // loaded `left_right == lr`.
         let vi = self.index.version_index.load(Ordering::SeqCst);
         let next = vi ^ 1;
-        // Toggle the version in two halves so that a reader that read `version_index` long
-        // ago and arrives late on either indicator is still waited for (the paper's proof).
         self.indicators[next].wait_empty();
         self.index.version_index.store(next, Ordering::SeqCst);
         self.indicators[vi].wait_empty();
-        // SAFETY: `left_right == other` was stored above, and both indicators were then
-        // seen empty (SeqCst loads after the store), so every reader that loaded
-        // `left_right == lr` has departed (its reads happen-before its SeqCst departure,
-        // which our loads observed), and every reader from now on loads `other`.
-        // We hold the writer lock, so no other `&mut` exists.
-        unsafe { op(&mut *self.instances[lr].0.get()) }
+        // SAFETY: `left_right == lr` was stored by the previous write (or `new`), and both
+        // indicators were then seen empty (SeqCst loads after that store), so every reader
+        // that loaded `left_right == other` has departed (its reads happen-before its SeqCst
+        // departure, which our loads observed), and every reader since loads `lr`. We hold
+        // the writer lock, so no other `&mut` exists.
+        let idle = unsafe { &mut *self.instances[other].0.get() };
+        for op in pending.drain(..) {
+            op.apply(idle);
+        }
+        let mut changed = 0;
+        for op in ops {
+            changed += usize::from(op.apply(idle));
+            pending.push(op);
+        }
+        // SeqCst: in the single total order, any reader whose `left_right` load comes after
+        // this store reads `other`; any reader whose load came before it arrived (SeqCst RMW)
+        // before its load, hence before this store, hence before the next write's indicator
+        // loads, which therefore see it and wait for its departure.
+        self.index.left_right.store(other, Ordering::SeqCst);
+        changed
     }
 
     /// Adds a subscription; every match that starts after this returns sees it.
     pub fn insert(&self, pattern: &Pattern, queue: Option<&str>, value: T) {
-        self.write(|t| t.insert(pattern, queue, value.clone()));
+        self.write([Op::Insert(pattern.clone(), queue.map(Box::from), value)]);
     }
 
     /// Removes one subscription; returns whether there was one.
     pub fn remove(&self, pattern: &Pattern, queue: Option<&str>, value: &T) -> bool {
-        self.write(|t| t.remove(pattern, queue, value))
+        self.write([Op::Remove(
+            pattern.clone(),
+            queue.map(Box::from),
+            value.clone(),
+        )]) > 0
     }
 
     /// Adds many subscriptions for the cost of one synchronisation with readers.
     pub fn insert_many(&self, items: &[(Pattern, Option<Box<str>>, T)]) {
-        self.write(|t| {
-            for (pattern, queue, value) in items {
-                t.insert(pattern, queue.as_deref(), value.clone());
-            }
-        });
+        self.write(
+            items
+                .iter()
+                .map(|(p, q, v)| Op::Insert(p.clone(), q.clone(), v.clone())),
+        );
     }
 
     /// Removes many subscriptions for the cost of one synchronisation with readers;
     /// returns how many were found.
     pub fn remove_many(&self, items: &[(Pattern, Option<Box<str>>, T)]) -> usize {
-        self.write(|t| {
+        self.write(
             items
                 .iter()
-                .filter(|(pattern, queue, value)| t.remove(pattern, queue.as_deref(), value))
-                .count()
-        })
+                .map(|(p, q, v)| Op::Remove(p.clone(), q.clone(), v.clone())),
+        )
     }
 
     /// Runs `read` on the instance readers may use, wait-free.

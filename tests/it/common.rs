@@ -35,7 +35,18 @@ pub struct Raw {
 impl Raw {
     /// Connects and consumes the INFO line.
     pub async fn connect(addr: SocketAddr) -> Raw {
-        let stream = TcpStream::connect(addr).await.expect("connect");
+        Self::with_stream(TcpStream::connect(addr).await.expect("connect")).await
+    }
+
+    /// Connects with a tiny receive buffer, so the kernel absorbs little of what the
+    /// server sends while the test does not read.
+    pub async fn connect_small_buffer(addr: SocketAddr) -> Raw {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("rcvbuf");
+        Self::with_stream(socket.connect(addr).await.expect("connect")).await
+    }
+
+    async fn with_stream(stream: TcpStream) -> Raw {
         let (read, writer) = stream.into_split();
         let mut raw = Raw {
             reader: BufReader::new(read),

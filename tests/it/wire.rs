@@ -1,7 +1,5 @@
 //! Raw protocol bytes against a real listener: the exact texts NATS clients depend on.
 
-use std::time::Duration;
-
 use crate::common::{Raw, start, start_default, test_config};
 
 #[tokio::test]
@@ -39,10 +37,10 @@ async fn verbose_clients_get_ok_after_each_operation() {
     raw.send("sub foo.* 7\r\n").await;
     assert_eq!(raw.line().await, "+OK");
     raw.send("PUB foo.bar reply.to 5\r\nhello\r\n").await;
-    // As nats-server does: the delivery to our own subscription, then the +OK.
+    // As nats-server does: the +OK, then the delivery to our own subscription.
+    assert_eq!(raw.line().await, "+OK");
     assert_eq!(raw.line().await, "MSG foo.bar 7 reply.to 5");
     assert_eq!(raw.line().await, "hello");
-    assert_eq!(raw.line().await, "+OK");
     raw.send("UNSUB 7\r\n").await;
     assert_eq!(raw.line().await, "+OK");
     server.stop().await;
@@ -139,12 +137,12 @@ async fn denied_subscriptions_and_publishes_keep_the_connection() {
     raw.send("CONNECT {}\r\nSUB secret.plans 1\r\n").await;
     assert_eq!(
         raw.line().await,
-        "-ERR 'Permissions Violation for Subscription to secret.plans'"
+        "-ERR 'Permissions Violation for Subscription to \"secret.plans\"'"
     );
     raw.send("PUB audit.log 1\r\nx\r\n").await;
     assert_eq!(
         raw.line().await,
-        "-ERR 'Permissions Violation for Publish to audit.log'"
+        "-ERR 'Permissions Violation for Publish to \"audit.log\"'"
     );
     // A broad wildcard is allowed, but never sees the denied subjects.
     raw.send("SUB > 2\r\nPUB secret.plans 1\r\nx\r\nPUB open.plans 1\r\ny\r\n")
@@ -223,19 +221,82 @@ async fn connections_past_the_limit_are_refused() {
     let server = start(config).await;
     let mut first = Raw::connect(server.native_addr).await;
     first.ping_pong().await;
-    let stream = tokio::net::TcpStream::connect(server.native_addr)
-        .await
-        .expect("connect");
-    let mut reader = tokio::io::BufReader::new(stream);
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(5),
-        tokio::io::AsyncBufReadExt::read_line(&mut reader, &mut line),
-    )
-    .await
-    .expect("answer")
-    .expect("read");
-    assert_eq!(line, "-ERR 'Maximum Connections Exceeded'\r\n");
+    let mut second = Raw::connect(server.native_addr).await;
+    assert_eq!(second.line().await, "-ERR 'maximum connections exceeded'");
+    second.expect_eof().await;
     first.ping_pong().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unsub_max_counts_messages_already_delivered() {
+    let server = start_default().await;
+    let mut raw = Raw::connect(server.native_addr).await;
+    raw.send("CONNECT {}\r\nSUB m 1\r\n").await;
+    raw.send("PUB m 1\r\na\r\nPUB m 1\r\nb\r\nPUB m 1\r\nc\r\n")
+        .await;
+    raw.send("UNSUB 1 2\r\nPUB m 1\r\nd\r\n").await;
+    raw.ping_pong_after_msgs(&["MSG m 1 1", "a", "MSG m 1 1", "b", "MSG m 1 1", "c"])
+        .await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_sid_can_be_reused_after_its_auto_unsubscribe() {
+    let mut config = test_config();
+    config.native.max_subscriptions = 2;
+    let server = start(config).await;
+    let mut raw = Raw::connect(server.native_addr).await;
+    raw.send("CONNECT {}\r\n").await;
+    // Old-style requests: each a subscription that ends after one message.
+    for i in 0..5 {
+        raw.send(&format!(
+            "SUB inbox.{i} 1\r\nUNSUB 1 1\r\nPUB inbox.{i} 1\r\n{i}\r\n"
+        ))
+        .await;
+        raw.ping_pong_after_msgs(&[&format!("MSG inbox.{i} 1 1"), &i.to_string()])
+            .await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn no_responders_without_headers_is_refused() {
+    let server = start_default().await;
+    let mut raw = Raw::connect(server.native_addr).await;
+    raw.send("CONNECT {\"no_responders\":true}\r\n").await;
+    assert_eq!(
+        raw.line().await,
+        "-ERR 'no responders requires headers support'"
+    );
+    raw.expect_eof().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_publishing_to_itself_faster_than_it_reads_is_not_deadlocked() {
+    let server = start_default().await;
+    let mut raw = Raw::connect_small_buffer(server.native_addr).await;
+    raw.send("CONNECT {}\r\nSUB self 1\r\n").await;
+    // 48 MB sent without reading a byte: more than the socket buffers of both
+    // directions hold, so the server must keep reading while its writes are blocked.
+    let payload = "x".repeat(16 * 1024);
+    let frame = format!("PUB self {}\r\n{payload}\r\n", payload.len());
+    let batch = frame.repeat(64);
+    let count = 3072;
+    let writer = async {
+        for _ in 0..count / 64 {
+            raw.send(&batch).await;
+        }
+    };
+    tokio::time::timeout(crate::common::WAIT, writer)
+        .await
+        .expect("the server keeps reading");
+    for _ in 0..count {
+        assert_eq!(raw.line().await, format!("MSG self 1 {}", payload.len()));
+        assert_eq!(raw.bytes(payload.len() + 2).await.len(), payload.len() + 2);
+    }
+    raw.ping_pong().await;
+    assert_eq!(server.metrics.snapshot().slow_consumers, 0);
     server.stop().await;
 }
