@@ -39,6 +39,7 @@ pub enum ConfigError {
 pub struct Config {
     pub server: ServerConfig,
     pub native: NativeConfig,
+    pub store: StoreConfig,
     pub limits: LimitsConfig,
     pub authz: AuthzConfig,
 }
@@ -75,6 +76,100 @@ pub struct NativeConfig {
     pub max_subscriptions: usize,
     /// Simultaneous connections.
     pub max_connections: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `file://PATH` or `memory://`.
+    pub url: String,
+    /// Write-ahead log flush interval: the floor of durable ack latency.
+    pub flush_interval_ms: u64,
+    /// How long msg ids are remembered for dedupe.
+    pub dedupe_window_secs: u64,
+    /// Most publishes per group commit.
+    pub max_batch: usize,
+    /// Publishes queued for the sequencer before publishers wait.
+    pub queue_depth: usize,
+    /// First match decides whether and how a subject is stored.
+    pub policies: Vec<StorePolicy>,
+    pub retention: RetentionConfig,
+}
+
+/// How the subjects matching `pattern` are stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorePolicy {
+    /// NATS-syntax pattern.
+    pub pattern: String,
+    /// False: matching subjects are live only.
+    pub store: bool,
+    pub durability: crate::store::Durability,
+    pub ack: AckMode,
+    /// Seconds a message is kept (0 = forever).
+    pub max_age_secs: u64,
+    /// Versions kept per subject (0 = all).
+    pub max_versions: u64,
+}
+
+/// When the store acknowledges a publish that has a reply subject.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AckMode {
+    /// Only when the publish asks with a Canopy-* or Nats-* header.
+    #[default]
+    OnRequest,
+    /// Every publish with a reply subject (JetStream's behaviour).
+    Always,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Bytes kept per tenant, oldest dropped first (0 = no limit).
+    pub max_bytes_per_tenant: u64,
+}
+
+impl Default for StorePolicy {
+    fn default() -> Self {
+        Self {
+            pattern: ">".into(),
+            store: true,
+            durability: crate::store::Durability::Durable,
+            ack: AckMode::OnRequest,
+            max_age_secs: 7 * 24 * 3600,
+            max_versions: 0,
+        }
+    }
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            max_bytes_per_tenant: 10 * 1024 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            url: "file://./canopy-data".into(),
+            flush_interval_ms: 2,
+            dedupe_window_secs: 120,
+            max_batch: 1024,
+            queue_depth: 8192,
+            policies: vec![
+                StorePolicy {
+                    pattern: "_INBOX.>".into(),
+                    store: false,
+                    ..StorePolicy::default()
+                },
+                StorePolicy::default(),
+            ],
+            retention: RetentionConfig::default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -197,6 +292,25 @@ impl Config {
         if n.ping_interval_secs == 0 || n.max_pings_outstanding == 0 {
             return Err(ConfigError::Invalid(
                 "native.ping_interval_secs and native.max_pings_outstanding must be above 0".into(),
+            ));
+        }
+        if self.store.url.parse::<crate::store::StoreUrl>().is_err() {
+            return Err(ConfigError::Invalid(format!(
+                "store.url `{}` is not understood: use file://PATH or memory://",
+                self.store.url
+            )));
+        }
+        for policy in &self.store.policies {
+            if let Err(e) = canopy_subjects::Pattern::parse_native(&policy.pattern) {
+                return Err(ConfigError::Invalid(format!(
+                    "store policy pattern `{}`: {e}",
+                    policy.pattern
+                )));
+            }
+        }
+        if self.store.max_batch == 0 || self.store.queue_depth == 0 {
+            return Err(ConfigError::Invalid(
+                "store.max_batch and store.queue_depth must be above 0".into(),
             ));
         }
         if self.limits.max_subject_len == 0 || self.limits.max_subject_tokens == 0 {

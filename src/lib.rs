@@ -10,4 +10,5 @@ pub mod broker;
 pub mod client;
 pub mod config;
 pub mod server;
+pub mod store;
 pub mod tenancy;

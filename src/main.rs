@@ -1,5 +1,5 @@
 //! The `canopy` command line: the server (`serve`) and the tools people use against
-//! it (`pub`, `sub`, `config`). Errors end here as one readable message and a
+//! it (`pub`, `sub`, `bench`, `config`). Errors end here as one readable message and a
 //! non-zero exit status, never a panic.
 
 use std::io::{BufRead, Write};
@@ -13,6 +13,8 @@ use canopy::server::Server;
 use canopy_protocols::native::HeaderMap;
 use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
+
+mod bench;
 
 #[derive(Parser)]
 #[command(
@@ -37,9 +39,62 @@ enum Command {
     Pub(PubArgs),
     /// Print the messages published to subjects matching a pattern.
     Sub(SubArgs),
+    /// Measure live pub/sub throughput and latency of any NATS-protocol server.
+    #[command(long_about = BENCH_ABOUT)]
+    Bench(BenchArgs),
     /// Show or check configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+}
+
+const BENCH_ABOUT: &str = "Measure live pub/sub throughput and latency of any \
+NATS-protocol server (Canopy or nats-server), with the same raw client for both.
+
+Shapes:
+  pubsub  1 publisher -> 1 subscriber on `bench.one`
+  fanin   4 publishers round-robin over 10,000 subjects `bench.s<i>` -> 1 subscriber on `bench.>`
+  fanout  1 publisher on `bench.x.<k>` -> 10 subscribers on `bench.*.<k>` (10 deliveries per message)
+  reqrep  1 requester -> 1 responder on `bench.svc`, replies to `_INBOX.<id>.<n>`, --window outstanding
+
+Every payload starts with its send time, so latency is measured in this process: one way \
+for the publisher shapes, the round trip for reqrep. Throughput is messages received per \
+second, from the first send to the last receive. Publishers send as fast as the socket takes \
+it, in 64 KiB writes, with a PING after every --flush-every messages and at most one \
+unanswered; they also wait while more than --max-in-flight messages are published but not \
+yet received, so a server that queues without slowing publishers is not pushed into \
+slow-consumer disconnects. A slow-consumer disconnect or a stall fails the run.
+
+The server and this tool share the machine's CPUs when both run locally: say so with the \
+results.
+
+Example: canopy bench --server nats://127.0.0.1:4222 --shape fanout --msgs 200000 --json";
+
+#[derive(Args)]
+struct BenchArgs {
+    /// The traffic pattern: pubsub, fanin, fanout or reqrep.
+    #[arg(long, default_value = "pubsub", value_name = "SHAPE")]
+    shape: bench::Shape,
+    /// Messages to publish (fanin: in total over the 4 publishers; reqrep: requests).
+    #[arg(short = 'n', long, default_value_t = 100_000, value_name = "N")]
+    msgs: u64,
+    /// Payload bytes (at least 8: the send timestamp).
+    #[arg(long, default_value_t = 128, value_name = "BYTES")]
+    size: usize,
+    /// Publishers wait for the server (PING/PONG) every this many messages.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    flush_every: u64,
+    /// Publishers also wait while more than this many messages are published but not yet
+    /// received by every subscriber (0: no bound).
+    #[arg(long, default_value_t = 20_000, value_name = "N")]
+    max_in_flight: u64,
+    /// reqrep: requests outstanding at once (1 measures latency, 64 throughput).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    window: u64,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    connect: ConnectArgs,
 }
 
 #[derive(Args)]
@@ -139,6 +194,7 @@ async fn run(command: Command) -> Result<()> {
         Command::Serve(args) => serve(args).await,
         Command::Pub(args) => publish(args).await,
         Command::Sub(args) => subscribe(args).await,
+        Command::Bench(args) => run_bench(args).await,
         Command::Config(_) => Ok(()),
     }
 }
@@ -290,6 +346,28 @@ async fn subscribe(args: SubArgs) -> Result<()> {
         {
             break;
         }
+    }
+    Ok(())
+}
+
+async fn run_bench(args: BenchArgs) -> Result<()> {
+    let options = bench::Options {
+        server: args.connect.server,
+        shape: args.shape,
+        msgs: args.msgs,
+        size: args.size,
+        flush_every: args.flush_every,
+        max_in_flight: args.max_in_flight,
+        window: args.window,
+        timeout: Duration::from_secs(args.connect.timeout.max(1)),
+    };
+    let report = bench::run(&options)
+        .await
+        .with_context(|| format!("bench {} against {}", options.shape, options.server))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{report}");
     }
     Ok(())
 }

@@ -10,12 +10,13 @@
 //! trie match (the left-right trie would wait for itself), so subscriptions that reach
 //! their UNSUB maximum during a match are removed after it.
 
+pub mod durable;
 pub mod metrics;
 pub mod outbox;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use canopy_protocols::native::{encode_hmsg, encode_msg};
@@ -25,7 +26,9 @@ use parking_lot::RwLock;
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use outbox::{Outbox, Refused, Wakes};
 
+use crate::store::Store;
 use crate::tenancy::Authorizer;
+use durable::Policies;
 
 /// One subscription of one connection.
 pub struct Subscription {
@@ -130,16 +133,37 @@ pub struct Broker {
     metrics: Arc<Metrics>,
     authz: Arc<Authorizer>,
     next_id: AtomicU64,
+    policies: Policies,
+    /// Set once at start, after the store opened (the store calls back into the
+    /// broker, so the broker exists first).
+    store: OnceLock<Arc<Store>>,
 }
 
 impl Broker {
-    pub fn new(authz: Arc<Authorizer>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(authz: Arc<Authorizer>, metrics: Arc<Metrics>, policies: Policies) -> Self {
         Self {
             tenants: RwLock::new(HashMap::new()),
             metrics,
             authz,
             next_id: AtomicU64::new(1),
+            policies,
+            store: OnceLock::new(),
         }
+    }
+
+    /// Attaches the opened store; later calls are ignored.
+    pub fn attach_store(&self, store: Arc<Store>) {
+        let _ = self.store.set(store);
+    }
+
+    pub fn store(&self) -> Option<&Arc<Store>> {
+        self.store.get()
+    }
+
+    /// The policy under which `subject` is stored, when it is and a store is open.
+    pub fn store_policy(&self, subject: &str) -> Option<&crate::config::StorePolicy> {
+        self.store.get()?;
+        self.policies.for_subject(subject)
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -227,10 +251,23 @@ impl Broker {
         scratch: &mut RouteScratch,
         wakes: &mut Wakes,
     ) -> usize {
+        let skip_conn = (!from.echo()).then_some(from.conn_id);
+        self.route(routes, skip_conn, msg, scratch, wakes)
+    }
+
+    /// Delivers `msg` to every matching subscription except those of connection
+    /// `skip_conn`, and returns how many received it.
+    pub fn route(
+        &self,
+        routes: &TenantRoutes,
+        skip_conn: Option<u64>,
+        msg: &Message<'_>,
+        scratch: &mut RouteScratch,
+        wakes: &mut Wakes,
+    ) -> usize {
         if self.authz.filters_delivery() && !self.authz.may_deliver(msg.subject) {
             return 0;
         }
-        let skip_conn = (!from.echo()).then_some(from.conn_id);
         let mut delivered = 0usize;
         let RouteScratch { queue_picks, spent } = scratch;
         queue_picks.clear();
@@ -255,12 +292,12 @@ impl Broker {
         delivered
     }
 
-    /// Delivers `msg` to one subscription of `owner`'s own connection that matches:
-    /// how a server-generated status (no responders) reaches a requester.
-    pub fn deliver_to_own(
+    /// Delivers `msg` to one subscription of connection `conn` that matches: how a
+    /// server-generated status (no responders) reaches a requester.
+    pub fn deliver_to_conn(
         &self,
         routes: &TenantRoutes,
-        owner: &Outbox,
+        conn: u64,
         msg: &Message<'_>,
         scratch: &mut RouteScratch,
         wakes: &mut Wakes,
@@ -272,7 +309,7 @@ impl Broker {
             .for_each_match(msg.subject, &mut |plain, groups| {
                 let members = groups.iter().flat_map(|g| g.members.iter());
                 for sub in plain.iter().chain(members) {
-                    if !delivered && sub.outbox.conn_id == owner.conn_id {
+                    if !delivered && sub.outbox.conn_id == conn {
                         delivered = deliver(sub, msg, spent, wakes);
                     }
                 }

@@ -17,8 +17,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::broker::durable::{Policies, StoreRouter};
 use crate::broker::{Broker, Metrics};
 use crate::config::Config;
+use crate::store::{Store, StoreSettings};
 use crate::tenancy::Authorizer;
 
 #[derive(Debug, thiserror::Error)]
@@ -35,8 +37,21 @@ pub enum ServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("invalid deny pattern in [authz]: {0}")]
-    Authz(#[from] canopy_subjects::SubjectError),
+    #[error("invalid pattern in the configuration: {0}")]
+    Pattern(#[from] canopy_subjects::SubjectError),
+    #[error("cannot open the store: {0}")]
+    Store(#[from] crate::store::StoreError),
+}
+
+fn store_settings(config: &Config) -> Result<StoreSettings, ServerError> {
+    let store = &config.store;
+    Ok(StoreSettings {
+        url: store.url.parse()?,
+        flush_interval: Duration::from_millis(store.flush_interval_ms.max(1)),
+        dedupe_window: Duration::from_secs(store.dedupe_window_secs),
+        max_batch: store.max_batch,
+        queue_depth: store.queue_depth,
+    })
 }
 
 /// A server whose ports are bound, ready to run.
@@ -83,7 +98,15 @@ impl Server {
                 );
             }
         }
-        let broker = Arc::new(Broker::new(authz, Arc::new(Metrics::default())));
+        let policies = Policies::new(&config.store.policies)?;
+        let broker = Arc::new(Broker::new(authz, Arc::new(Metrics::default()), policies));
+        let store = Store::open(
+            store_settings(&config)?,
+            Arc::new(StoreRouter::new(&broker)),
+        )
+        .await?;
+        tracing::info!(store = %config.store.url, "store open");
+        broker.attach_store(Arc::new(store));
         Ok(Server {
             config: Arc::new(config),
             broker,
@@ -118,6 +141,11 @@ impl Server {
                 open = tracker.len(),
                 "drain timeout passed; closing the remaining connections"
             );
+        }
+        if let Some(store) = self.broker.store()
+            && let Err(error) = store.close().await
+        {
+            tracing::error!(%error, "the store did not close cleanly");
         }
         tracing::info!("server stopped");
     }

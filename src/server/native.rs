@@ -26,8 +26,12 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::broker::durable::{
+    ACK_JETSTREAM, FLAG_NO_ECHO, FLAG_NO_RESPONDERS, StoreRequest, bad_request_body,
+};
 use crate::broker::{Broker, Message, Outbox, RouteScratch, Subscription, TenantRoutes, Wakes};
-use crate::config::Config;
+use crate::config::{Config, StorePolicy};
+use crate::store::{AckTo, AppendRequest, NewMessage, RouteTag};
 use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
 
 /// The version announced in INFO. Clients gate features (headers, no responders) on
@@ -243,6 +247,15 @@ struct Connection {
     active_since_ping: bool,
     /// Deliveries (messages, bytes) this inbound batch made, counted once per batch.
     delivered: (u64, u64),
+    /// Publishes to stored subjects from this inbound batch, sent to the sequencer
+    /// once the batch is decoded.
+    appends: Vec<AppendRequest>,
+    /// Appends were sent that no barrier has passed yet.
+    unsequenced: bool,
+    /// PINGs that wait for the sequencer before their PONG.
+    pongs_owed: u32,
+    /// A SUB or UNSUB that waits for earlier stored publishes to be routed.
+    deferred: Option<ClientOp>,
 }
 
 impl Connection {
@@ -274,6 +287,10 @@ impl Connection {
             pings_out: 0,
             active_since_ping: false,
             delivered: (0, 0),
+            appends: Vec::new(),
+            unsequenced: false,
+            pongs_owed: 0,
+            deferred: None,
         }
     }
 
@@ -331,6 +348,10 @@ impl Connection {
             if rbuf.capacity() - rbuf.len() < 1024 {
                 rbuf.reserve(READ_CHUNK);
             }
+            let step = match step {
+                Ok(()) => self.catch_up(&mut rbuf).await,
+                Err(close) => Err(close),
+            };
             if let Err(close) = step {
                 break close;
             }
@@ -398,6 +419,14 @@ impl Connection {
                         msgs += 1;
                         bytes += payload.len() as u64;
                     }
+                    if matches!(op, ClientOp::Sub { .. } | ClientOp::Unsub { .. })
+                        && (!self.appends.is_empty() || self.unsequenced)
+                    {
+                        // Routing changes wait until earlier stored publishes were
+                        // routed, so they apply in the order the client sent them.
+                        self.deferred = Some(op);
+                        break Ok(());
+                    }
                     if let Err(close) = self.handle(op) {
                         break Err(close);
                     }
@@ -430,19 +459,22 @@ impl Connection {
                 subject,
                 reply,
                 payload,
-            } => self.publish(&subject, reply.as_deref(), None, &payload),
+            } => self.publish(&subject, reply, None, payload),
             ClientOp::HPub {
                 subject,
                 reply,
                 headers,
                 payload,
-            } => self.publish(&subject, reply.as_deref(), Some(&headers), &payload),
+            } => self.publish(&subject, reply, Some(headers), payload),
             ClientOp::Sub {
                 subject,
                 queue,
                 sid,
             } => self.subscribe(&subject, queue.as_deref(), sid),
             ClientOp::Unsub { sid, max_msgs } => self.unsubscribe(&sid, max_msgs),
+            // A PONG must follow the deliveries of every earlier publish; stored ones
+            // are routed by the sequencer, so then the PONG waits for it.
+            ClientOp::Ping if !self.appends.is_empty() || self.unsequenced => self.pongs_owed += 1,
             ClientOp::Ping => self.outbox.push_control(encode_pong),
             ClientOp::Pong => self.pings_out = 0,
         }
@@ -487,9 +519,9 @@ impl Connection {
     fn publish(
         &mut self,
         subject: &[u8],
-        reply: Option<&[u8]>,
-        headers: Option<&[u8]>,
-        payload: &[u8],
+        reply: Option<Bytes>,
+        headers: Option<Bytes>,
+        payload: Bytes,
     ) {
         let Some(subject) = std::str::from_utf8(subject)
             .ok()
@@ -508,11 +540,18 @@ impl Connection {
         }
         // As nats-server does: the +OK, then deliveries (also to our own subscriptions).
         self.ok();
+        if let Some(policy) = self.broker.store_policy(subject) {
+            let policy = policy.clone();
+            self.store_publish(&policy, subject, reply, headers, payload);
+            return;
+        }
+        let reply = reply.as_deref();
+        let headers = headers.as_deref();
         let message = Message {
             subject,
             reply,
             headers,
-            payload,
+            payload: &payload,
         };
         let delivered = self.broker.publish(
             &self.routes,
@@ -531,9 +570,9 @@ impl Connection {
                 headers: Some(no_responders_block()),
                 payload: &[],
             };
-            self.broker.deliver_to_own(
+            self.broker.deliver_to_conn(
                 &self.routes,
-                &self.outbox,
+                self.id,
                 &status,
                 &mut self.scratch,
                 &mut self.wakes,
@@ -541,6 +580,119 @@ impl Connection {
         }
         self.delivered.0 += delivered as u64;
         self.delivered.1 += (delivered * (payload.len() + headers.map_or(0, <[u8]>::len))) as u64;
+    }
+
+    /// Hands a publish to a stored subject to the store's sequencer, which routes it
+    /// live in version order and acks it when asked.
+    fn store_publish(
+        &mut self,
+        policy: &StorePolicy,
+        subject: &str,
+        reply: Option<Bytes>,
+        headers: Option<Bytes>,
+        payload: Bytes,
+    ) {
+        let request = match headers.as_deref().map(StoreRequest::from_headers) {
+            None => StoreRequest::default(),
+            Some(Ok(request)) => request,
+            Some(Err(bad)) => {
+                match reply.as_deref().and_then(|r| std::str::from_utf8(r).ok()) {
+                    Some(reply) => self.answer(reply, &bad_request_body(&self.routes.name, &bad.0)),
+                    None => self.error(&format!("Invalid Canopy Header: {bad}")),
+                }
+                return;
+            }
+        };
+        let ack = reply
+            .as_ref()
+            .filter(|_| request.wants_ack(policy))
+            .map(|address| AckTo {
+                address: address.clone(),
+                flags: if request.jetstream { ACK_JETSTREAM } else { 0 },
+            });
+        let mut flags = 0;
+        if !self.outbox.echo() {
+            flags |= FLAG_NO_ECHO;
+        }
+        if self.no_responders {
+            flags |= FLAG_NO_RESPONDERS;
+        }
+        self.appends.push(AppendRequest {
+            tenant: Arc::clone(&self.routes.name),
+            subject: Arc::from(subject),
+            messages: vec![NewMessage {
+                headers: headers.unwrap_or_default(),
+                payload,
+            }],
+            expect: request.expect,
+            msg_id: request.msg_id,
+            durability: request.ack.flatten().unwrap_or(policy.durability),
+            // The reply belongs to the ack when the store answers; otherwise it is a
+            // plain request that subscribers may answer.
+            route: RouteTag {
+                origin: self.id,
+                flags,
+                reply: if ack.is_some() { None } else { reply },
+            },
+            ack,
+        });
+    }
+
+    /// Publishes `body` to `subject` on behalf of the server (an error ack).
+    fn answer(&mut self, subject: &str, body: &[u8]) {
+        let message = Message {
+            subject,
+            reply: None,
+            headers: None,
+            payload: body,
+        };
+        self.broker.route(
+            &self.routes,
+            None,
+            &message,
+            &mut self.scratch,
+            &mut self.wakes,
+        );
+    }
+
+    /// Sends the publishes this batch made to stored subjects; waits only while the
+    /// sequencer's queue is full, which holds this publisher back and no one else.
+    async fn send_appends(&mut self) {
+        let Some(store) = self.broker.store().cloned() else {
+            self.appends.clear();
+            return;
+        };
+        for request in self.appends.drain(..) {
+            self.unsequenced = true;
+            if store.append(request).await.is_err() {
+                // Shutting down: what was not taken is lost, and was never acked.
+                break;
+            }
+        }
+        if self.pongs_owed > 0 || self.deferred.is_some() {
+            let _ = store.barrier().await;
+            self.unsequenced = false;
+            for _ in 0..std::mem::take(&mut self.pongs_owed) {
+                self.outbox.push_control(encode_pong);
+            }
+        }
+    }
+
+    /// Sends stored publishes to the sequencer and, where an operation waits for
+    /// them (PING, SUB, UNSUB), lets them be routed first; then goes on with the
+    /// frames still buffered.
+    async fn catch_up(&mut self, rbuf: &mut BytesMut) -> Result<(), Close> {
+        while !self.appends.is_empty() || self.pongs_owed > 0 || self.deferred.is_some() {
+            self.send_appends().await;
+            match self.deferred.take() {
+                Some(op) => {
+                    self.handle(op)?;
+                    self.process(rbuf)?;
+                }
+                None => break,
+            }
+        }
+        Ok(())
     }
 
     fn subscribe(&mut self, subject: &[u8], queue: Option<&[u8]>, sid: Bytes) {

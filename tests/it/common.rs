@@ -15,6 +15,7 @@ pub const WAIT: Duration = Duration::from_secs(10);
 pub fn test_config() -> Config {
     let mut config = Config::default();
     config.native.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.store.url = "memory://".into();
     config
 }
 

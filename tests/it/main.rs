@@ -2,6 +2,7 @@
 //! clients (async-nats, nats-py, the `canopy` binary, raw TCP). One test binary, so
 //! CI links once.
 
+mod bench;
 mod cli;
 mod common;
 mod nats_client;

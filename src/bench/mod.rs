@@ -1,0 +1,180 @@
+//! `canopy bench`: a live load generator for any NATS-protocol server, so Canopy and
+//! nats-server can be measured with the same client on the same machine.
+//!
+//! Four shapes ([`Shape`]), 128-byte payloads by default, each message stamped with its
+//! send time so subscribers in this process measure latency. Throughput is messages
+//! *received* per second, from the first send to the last receive.
+//!
+//! Owns: running one shape against one server and reporting it ([`run`], [`Report`]).
+//!
+//! Must never: be used inside the server, count a slow-consumer disconnect or a stall as
+//! a finished run (they are errors), or panic on anything the network does.
+
+mod clock;
+mod conn;
+mod flow;
+mod histogram;
+mod report;
+mod roles;
+mod shapes;
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+pub use report::Report;
+
+/// Publisher connections of the fan-in shape.
+pub const FANIN_PUBLISHERS: usize = 4;
+/// Distinct subjects the fan-in publishers cycle through.
+pub const FANIN_SUBJECTS: usize = 10_000;
+/// Subscriber connections of the fan-out shape.
+pub const FANOUT_SUBSCRIBERS: usize = 10;
+/// Subjects `bench.x.<k>` the fan-out publisher cycles through.
+pub const FANOUT_KEYS: usize = 4;
+
+/// The traffic pattern of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// 1 publisher to 1 subscriber on `bench.one`.
+    PubSub,
+    /// 4 publishers over 10,000 subjects `bench.s<i>` to 1 subscriber on `bench.>`.
+    FanIn,
+    /// 1 publisher on `bench.x.<k>` to 10 subscribers on `bench.*.<k>`.
+    FanOut,
+    /// Request/reply round trips to 1 responder on `bench.svc`.
+    ReqRep,
+}
+
+impl Shape {
+    pub const ALL: [Shape; 4] = [Shape::PubSub, Shape::FanIn, Shape::FanOut, Shape::ReqRep];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::PubSub => "pubsub",
+            Shape::FanIn => "fanin",
+            Shape::FanOut => "fanout",
+            Shape::ReqRep => "reqrep",
+        }
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown shape `{0}`: expected pubsub, fanin, fanout or reqrep")]
+pub struct UnknownShape(String);
+
+impl FromStr for Shape {
+    type Err = UnknownShape;
+
+    fn from_str(s: &str) -> Result<Shape, UnknownShape> {
+        Shape::ALL
+            .into_iter()
+            .find(|shape| shape.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| UnknownShape(s.to_owned()))
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `nats://host:port`, `host:port` or `host`.
+    pub server: String,
+    pub shape: Shape,
+    /// Messages published (fan-in: in total over all publishers; reqrep: requests).
+    pub msgs: u64,
+    /// Payload bytes, at least 8 (the send timestamp).
+    pub size: usize,
+    /// Publishers send a PING after this many messages, with at most one unanswered.
+    pub flush_every: u64,
+    /// Publishers wait while more than this many messages are published but not yet
+    /// received by every subscriber (0: no bound).
+    pub max_in_flight: u64,
+    /// reqrep: requests outstanding at once.
+    pub window: u64,
+    /// Connect and PONG deadline, and how long receivers wait without any message
+    /// before the run fails as stalled.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("payload size {0} is too small: at least 8 bytes carry the send timestamp")]
+    PayloadTooSmall(usize),
+    #[error("--msgs must be at least 1")]
+    NoMessages,
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("connection failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the server sent something the benchmark cannot read: {0}")]
+    Protocol(#[from] canopy_protocols::native::ProtocolError),
+    #[error(
+        "the server disconnected the {role} as a slow consumer: the run is invalid \
+         (lower --flush-every or the load)"
+    )]
+    SlowConsumer { role: &'static str },
+    #[error("the server refused the {role}: -ERR '{text}'")]
+    Server { role: &'static str, text: String },
+    #[error(
+        "the server closed the {role} connection (a slow-consumer disconnect if the \
+         server logged one): the run is invalid"
+    )]
+    Closed { role: &'static str },
+    #[error("the {role} got no answer within {timeout:?}")]
+    Timeout {
+        role: &'static str,
+        timeout: Duration,
+    },
+    #[error("stalled: received {received} of {expected} messages, then nothing for {idle:?}")]
+    Stalled {
+        received: u64,
+        expected: u64,
+        idle: Duration,
+    },
+    #[error("the {role} got {what}")]
+    Unexpected { role: &'static str, what: String },
+    #[error("a subscriber failed")]
+    ReceiverFailed,
+    #[error("the responder stopped before the requests were answered")]
+    ResponderStopped,
+    #[error("a benchmark task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl BenchError {
+    fn from_server(role: &'static str, text: String) -> BenchError {
+        if text.to_ascii_lowercase().contains("slow consumer") {
+            BenchError::SlowConsumer { role }
+        } else {
+            BenchError::Server { role, text }
+        }
+    }
+}
+
+/// Runs one shape against one server and reports it.
+pub async fn run(options: &Options) -> Result<Report, BenchError> {
+    if options.size < clock::STAMP_LEN {
+        return Err(BenchError::PayloadTooSmall(options.size));
+    }
+    if options.msgs == 0 {
+        return Err(BenchError::NoMessages);
+    }
+    // Fix the epoch before any stamp.
+    clock::now_ns();
+    let addr = canopy::client::address_of(&options.server);
+    match options.shape {
+        Shape::PubSub => shapes::pubsub(&addr, options).await,
+        Shape::FanIn => shapes::fanin(&addr, options).await,
+        Shape::FanOut => shapes::fanout(&addr, options).await,
+        Shape::ReqRep => shapes::reqrep(&addr, options).await,
+    }
+}

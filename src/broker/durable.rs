@@ -1,0 +1,338 @@
+//! The broker's side of the store: which subjects are stored (policies), live
+//! delivery of sequenced messages, and acks sent as messages to reply subjects.
+//!
+//! Stored subjects are routed by the store's sequencer through [`StoreRouter`], so live
+//! subscribers see each subject's messages in version order. Acks are ordinary
+//! messages on the publisher's reply subject, in JetStream's PubAck shape extended
+//! with Canopy's fields, so JetStream clients read them unmodified. Nothing here
+//! touches the engine.
+
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+use canopy_protocols::native::HeaderMap;
+use canopy_subjects::{Pattern, Trie};
+use serde_json::json;
+
+use super::{Broker, Message, RouteScratch, Wakes};
+use crate::config::{AckMode, StorePolicy};
+use crate::store::{AckTo, AppendOutcome, Durability, Expectation, Sequenced, StoreEvents};
+
+/// [`RouteTag::flags`](crate::store::RouteTag) bits.
+pub const FLAG_NO_ECHO: u32 = 1;
+pub const FLAG_NO_RESPONDERS: u32 = 2;
+/// [`AckTo::flags`] bit: answer in JetStream's error vocabulary.
+pub const ACK_JETSTREAM: u32 = 1;
+
+/// The store policies, compiled: first match in configuration order wins.
+pub struct Policies {
+    trie: Trie<usize>,
+    list: Vec<StorePolicy>,
+}
+
+impl Policies {
+    pub fn new(list: &[StorePolicy]) -> Result<Self, canopy_subjects::SubjectError> {
+        let mut trie = Trie::new();
+        for (i, policy) in list.iter().enumerate() {
+            trie.insert(&Pattern::parse_native(&policy.pattern)?, None, i);
+        }
+        Ok(Self {
+            trie,
+            list: list.to_vec(),
+        })
+    }
+
+    /// The policy that stores `subject`, if any.
+    pub fn for_subject(&self, subject: &str) -> Option<&StorePolicy> {
+        let mut first = usize::MAX;
+        self.trie.for_each_match(subject, &mut |plain, _| {
+            for &i in plain {
+                first = first.min(i);
+            }
+        });
+        self.list.get(first).filter(|p| p.store)
+    }
+}
+
+/// What a publish's headers ask of the store.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StoreRequest {
+    pub expect: Option<Expectation>,
+    pub msg_id: Option<Box<str>>,
+    /// An explicit ack request, with the durability it asks for if it names one.
+    pub ack: Option<Option<Durability>>,
+    /// A `Nats-*` header asked: answer like JetStream.
+    pub jetstream: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadStoreHeader(pub String);
+
+impl StoreRequest {
+    /// Reads the Canopy-* and Nats-* headers that steer storing.
+    pub fn from_headers(block: &[u8]) -> Result<StoreRequest, BadStoreHeader> {
+        let headers = HeaderMap::parse(block)
+            .map_err(|e| BadStoreHeader(format!("headers cannot be read: {e}")))?;
+        let number = |name: &str, value: &str| {
+            value.trim().parse::<u64>().map_err(|_| {
+                BadStoreHeader(format!("{name} must be a whole number, got `{value}`"))
+            })
+        };
+        let mut request = StoreRequest::default();
+        for (name, value) in &headers.entries {
+            match name.as_str() {
+                "Canopy-Expected-Version" => {
+                    request.expect = Some(Expectation::Version(number(name, value)?));
+                }
+                "Canopy-Msg-Id" => request.msg_id = Some(value.trim().into()),
+                "Canopy-Ack" => {
+                    request.ack = Some(match value.trim() {
+                        "durable" => Some(Durability::Durable),
+                        "received" => Some(Durability::Received),
+                        "" | "true" | "yes" => None,
+                        other => {
+                            return Err(BadStoreHeader(format!(
+                                "Canopy-Ack must be `durable`, `received` or `true`, got `{other}`"
+                            )));
+                        }
+                    });
+                }
+                "Nats-Msg-Id" => {
+                    request.msg_id = Some(value.trim().into());
+                    request.jetstream = true;
+                }
+                "Nats-Expected-Last-Subject-Sequence" => {
+                    request.expect = Some(Expectation::LastOffset(number(name, value)?));
+                    request.jetstream = true;
+                }
+                other if other.starts_with("Nats-Expected-") => request.jetstream = true,
+                _ => {}
+            }
+        }
+        if request.msg_id.as_deref().is_some_and(str::is_empty) {
+            return Err(BadStoreHeader("a msg id must not be empty".into()));
+        }
+        Ok(request)
+    }
+
+    /// Whether the store answers a publish with a reply subject under `policy`.
+    pub fn wants_ack(&self, policy: &StorePolicy) -> bool {
+        policy.ack == AckMode::Always
+            || self.ack.is_some()
+            || self.expect.is_some()
+            || self.msg_id.is_some()
+            || self.jetstream
+    }
+}
+
+/// Routes what the sequencer hands over, and publishes acks.
+pub struct StoreRouter {
+    broker: Weak<Broker>,
+}
+
+impl StoreRouter {
+    pub fn new(broker: &Arc<Broker>) -> Self {
+        Self {
+            broker: Arc::downgrade(broker),
+        }
+    }
+}
+
+impl StoreEvents for StoreRouter {
+    fn sequenced(&self, batch: &[Sequenced<'_>]) {
+        let Some(broker) = self.broker.upgrade() else {
+            return;
+        };
+        let mut scratch = RouteScratch::default();
+        let mut wakes = Wakes::default();
+        let mut routes: Option<Arc<super::TenantRoutes>> = None;
+        let (mut msgs, mut bytes) = (0u64, 0u64);
+        for message in batch {
+            if routes.as_ref().is_none_or(|r| *r.name != *message.tenant) {
+                routes = Some(broker.tenant(message.tenant));
+            }
+            let Some(tenant) = routes.as_deref() else {
+                continue;
+            };
+            let headers = (!message.headers.is_empty()).then_some(message.headers);
+            let routed = Message {
+                subject: message.subject,
+                reply: message.route.reply.as_deref(),
+                headers,
+                payload: message.payload,
+            };
+            let skip = (message.route.flags & FLAG_NO_ECHO != 0).then_some(message.route.origin);
+            let delivered = broker.route(tenant, skip, &routed, &mut scratch, &mut wakes);
+            msgs += delivered as u64;
+            bytes += (delivered * (message.payload.len() + message.headers.len())) as u64;
+            if delivered == 0
+                && message.route.flags & FLAG_NO_RESPONDERS != 0
+                && let Some(reply) = message
+                    .route
+                    .reply
+                    .as_deref()
+                    .and_then(|r| std::str::from_utf8(r).ok())
+            {
+                let status = Message {
+                    subject: reply,
+                    reply: None,
+                    headers: Some(canopy_protocols::native::no_responders_block()),
+                    payload: &[],
+                };
+                broker.deliver_to_conn(
+                    tenant,
+                    message.route.origin,
+                    &status,
+                    &mut scratch,
+                    &mut wakes,
+                );
+            }
+        }
+        if msgs > 0 {
+            broker.metrics().count_out(msgs, bytes);
+        }
+    }
+
+    fn acknowledged(&self, acks: Vec<(Arc<str>, AckTo, AppendOutcome)>) {
+        let Some(broker) = self.broker.upgrade() else {
+            return;
+        };
+        let mut scratch = RouteScratch::default();
+        let mut wakes = Wakes::default();
+        for (tenant, ack, outcome) in acks {
+            let Ok(address) = std::str::from_utf8(&ack.address) else {
+                continue;
+            };
+            let body = ack_body(&tenant, &outcome, ack.flags & ACK_JETSTREAM != 0);
+            let routes = broker.tenant(&tenant);
+            let message = Message {
+                subject: address,
+                reply: None,
+                headers: None,
+                payload: &body,
+            };
+            broker.route(&routes, None, &message, &mut scratch, &mut wakes);
+        }
+    }
+}
+
+/// The error ack of a publish whose Canopy-* or Nats-* headers cannot be used.
+pub fn bad_request_body(tenant: &str, reason: &str) -> Bytes {
+    Bytes::from(
+        json!({"error": {"code": 400, "description": reason}, "stream": tenant}).to_string(),
+    )
+}
+
+/// The JSON an ack carries: JetStream's PubAck (`stream`, `seq`, `duplicate`) with
+/// Canopy's `subject` and `version`; errors in JetStream's `{"error": {...}}` shape.
+pub fn ack_body(tenant: &str, outcome: &AppendOutcome, jetstream: bool) -> Bytes {
+    let value = match outcome {
+        AppendOutcome::Stored {
+            subject,
+            version,
+            offset,
+            count,
+        } => {
+            let mut ack =
+                json!({"stream": tenant, "seq": offset, "subject": &**subject, "version": version});
+            if *count > 1 {
+                ack["count"] = json!(count);
+            }
+            ack
+        }
+        AppendOutcome::Duplicate {
+            subject,
+            version,
+            offset,
+        } => {
+            json!({"stream": tenant, "seq": offset, "subject": &**subject, "version": version, "duplicate": true})
+        }
+        AppendOutcome::Conflict {
+            subject,
+            expected,
+            current_version,
+            current_offset,
+        } => match (expected, jetstream) {
+            (Expectation::LastOffset(_), _) | (_, true) => json!({
+                "error": {"code": 400, "err_code": 10071, "description": format!("wrong last sequence: {current_offset}")},
+                "stream": tenant,
+                "subject": &**subject,
+                "current_version": current_version,
+            }),
+            (Expectation::Version(expected), false) => json!({
+                "error": {
+                    "code": 409,
+                    "err_code": 10071,
+                    "description": format!(
+                        "wrong expected version {expected}: {subject} is at version {current_version}"
+                    ),
+                },
+                "stream": tenant,
+                "subject": &**subject,
+                "current_version": current_version,
+            }),
+        },
+        AppendOutcome::Failed { reason } => json!({
+            "error": {"code": 503, "description": reason},
+            "stream": tenant,
+        }),
+    };
+    Bytes::from(value.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_matching_policy_decides() {
+        let policies = Policies::new(&crate::config::StoreConfig::default().policies)
+            .expect("default policies parse");
+        assert!(policies.for_subject("orders.1").is_some());
+        assert!(policies.for_subject("_INBOX.abc.1").is_none());
+        assert!(policies.for_subject("$CANOPY.x").is_none());
+    }
+
+    #[test]
+    fn store_headers_are_read_and_bad_ones_refused() {
+        let block = b"NATS/1.0\r\nCanopy-Expected-Version: 3\r\nCanopy-Msg-Id: a1\r\n\r\n";
+        let request = StoreRequest::from_headers(block).expect("valid");
+        assert_eq!(request.expect, Some(Expectation::Version(3)));
+        assert_eq!(request.msg_id.as_deref(), Some("a1"));
+        assert!(!request.jetstream);
+        let js = StoreRequest::from_headers(
+            b"NATS/1.0\r\nNats-Expected-Last-Subject-Sequence: 9\r\n\r\n",
+        )
+        .expect("valid");
+        assert_eq!(js.expect, Some(Expectation::LastOffset(9)));
+        assert!(js.jetstream);
+        let bad = StoreRequest::from_headers(b"NATS/1.0\r\nCanopy-Expected-Version: x\r\n\r\n");
+        assert!(bad.expect_err("refused").0.contains("whole number"));
+    }
+
+    #[test]
+    fn acks_have_jetstreams_shape() {
+        let stored = AppendOutcome::Stored {
+            subject: Arc::from("a.b"),
+            version: 2,
+            offset: 10,
+            count: 1,
+        };
+        let body: serde_json::Value =
+            serde_json::from_slice(&ack_body("default", &stored, false)).expect("json");
+        assert_eq!(body["stream"], "default");
+        assert_eq!(body["seq"], 10);
+        assert_eq!(body["version"], 2);
+        let conflict = AppendOutcome::Conflict {
+            subject: Arc::from("a.b"),
+            expected: Expectation::LastOffset(3),
+            current_version: 2,
+            current_offset: 10,
+        };
+        let body: serde_json::Value =
+            serde_json::from_slice(&ack_body("default", &conflict, true)).expect("json");
+        assert_eq!(body["error"]["err_code"], 10071);
+        assert_eq!(body["error"]["description"], "wrong last sequence: 10");
+    }
+}

@@ -1,0 +1,178 @@
+//! The key layout of the store: how tenants, subjects and versions become byte
+//! strings whose order is the order reads need.
+//!
+//! ```text
+//!  message   'm' tenant 0x00 subject 0x00 version:u64be     -> record (record.rs)
+//!  subject   'h' tenant 0x00 subject 0x00                   -> subject marker (first version)
+//!  batch     'g' tenant 0x00 first_offset:u64be             -> (subject, version) list of one group commit
+//!  msg id    'd' tenant 0x00 msg_id                         -> (subject, version, offset, time)
+//!  format    'x' "format"                                   -> format version
+//! ```
+//!
+//! Tenant and subject end with 0x00, a byte no subject may hold, so the range of
+//! `a.b` never holds `a.b.c`; integers are big-endian so byte order is numeric order.
+//! This module only builds and splits keys; it must never touch the engine.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+pub const MESSAGE: u8 = b'm';
+pub const SUBJECT: u8 = b'h';
+pub const BATCH: u8 = b'g';
+pub const MSG_ID: u8 = b'd';
+pub const FORMAT_KEY: &[u8] = b"xformat";
+
+fn prefix(kind: u8, tenant: &str, extra: usize) -> BytesMut {
+    let mut key = BytesMut::with_capacity(2 + tenant.len() + extra);
+    key.put_u8(kind);
+    key.put_slice(tenant.as_bytes());
+    key.put_u8(0);
+    key
+}
+
+/// `m tenant 0 subject 0`: the start of one subject's messages.
+pub fn message_prefix(tenant: &str, subject: &str) -> BytesMut {
+    let mut key = prefix(MESSAGE, tenant, subject.len() + 9);
+    key.put_slice(subject.as_bytes());
+    key.put_u8(0);
+    key
+}
+
+pub fn message(tenant: &str, subject: &str, version: u64) -> Bytes {
+    let mut key = message_prefix(tenant, subject);
+    key.put_u64(version);
+    key.freeze()
+}
+
+/// The key range of one subject's messages from `from` (inclusive) on.
+pub fn message_range(tenant: &str, subject: &str, from: u64) -> std::ops::Range<Bytes> {
+    let start = message(tenant, subject, from);
+    let end = {
+        let mut key = message_prefix(tenant, subject);
+        // Past every version: the 0x00 terminator becomes 0x01.
+        let last = key.len() - 1;
+        key[last] = 1;
+        key.freeze()
+    };
+    start..end
+}
+
+/// The version at the end of a message key of a known subject.
+pub fn message_version(key: &[u8]) -> Option<u64> {
+    let tail: [u8; 8] = key.get(key.len().checked_sub(8)?..)?.try_into().ok()?;
+    Some(u64::from_be_bytes(tail))
+}
+
+pub fn subject_marker(tenant: &str, subject: &str) -> Bytes {
+    let mut key = prefix(SUBJECT, tenant, subject.len() + 1);
+    key.put_slice(subject.as_bytes());
+    key.put_u8(0);
+    key.freeze()
+}
+
+/// The range of subject markers of `tenant` whose subject starts with `start`
+/// (a literal prefix of a pattern; empty for all), from `after` (exclusive) on.
+pub fn subject_marker_range(
+    tenant: &str,
+    literal_prefix: &str,
+    after: Option<&str>,
+) -> std::ops::Range<Bytes> {
+    let base = prefix(SUBJECT, tenant, literal_prefix.len() + 1);
+    let start = match after {
+        Some(after) => {
+            let mut key = base.clone();
+            key.put_slice(after.as_bytes());
+            // Just past `after 0x00`.
+            key.put_u8(1);
+            key.freeze()
+        }
+        None => {
+            let mut key = base.clone();
+            key.put_slice(literal_prefix.as_bytes());
+            key.freeze()
+        }
+    };
+    let mut end = base;
+    end.put_slice(literal_prefix.as_bytes());
+    end.put_u8(0xFF);
+    start..end.freeze()
+}
+
+/// The subject of a subject-marker key of `tenant`.
+pub fn marker_subject<'k>(tenant: &str, key: &'k [u8]) -> Option<&'k str> {
+    let rest = key.get(2 + tenant.len()..)?;
+    let subject = rest.strip_suffix(&[0])?;
+    std::str::from_utf8(subject).ok()
+}
+
+pub fn batch(tenant: &str, first_offset: u64) -> Bytes {
+    let mut key = prefix(BATCH, tenant, 8);
+    key.put_u64(first_offset);
+    key.freeze()
+}
+
+/// Every batch key of `tenant` from `first_offset` on.
+pub fn batch_range(tenant: &str, first_offset: u64) -> std::ops::Range<Bytes> {
+    let end = {
+        let mut key = prefix(BATCH, tenant, 0);
+        let last = key.len() - 1;
+        key[last] = 1;
+        key.freeze()
+    };
+    batch(tenant, first_offset)..end
+}
+
+pub fn batch_offset(key: &[u8]) -> Option<u64> {
+    message_version(key)
+}
+
+pub fn msg_id(tenant: &str, id: &str) -> Bytes {
+    let mut key = prefix(MSG_ID, tenant, id.len());
+    key.put_slice(id.as_bytes());
+    key.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subjects_range_holds_its_versions_and_nothing_else() {
+        let range = message_range("t", "a.b", 1);
+        let inside = [message("t", "a.b", 1), message("t", "a.b", u64::MAX)];
+        let outside = [
+            message("t", "a.b.c", 1),
+            message("t", "a.bb", 1),
+            message("t", "a", 1),
+            message("u", "a.b", 1),
+            message("t", "a.b", 0),
+        ];
+        for key in inside {
+            assert!(range.contains(&key), "{key:?}");
+        }
+        for key in outside {
+            assert!(!range.contains(&key), "{key:?}");
+        }
+    }
+
+    #[test]
+    fn versions_sort_numerically() {
+        assert!(message("t", "s", 255) < message("t", "s", 256));
+        assert_eq!(message_version(&message("t", "s", 77)), Some(77));
+    }
+
+    #[test]
+    fn marker_ranges_follow_literal_prefixes() {
+        let range = subject_marker_range("t", "a.", None);
+        assert!(range.contains(&subject_marker("t", "a.b")));
+        assert!(!range.contains(&subject_marker("t", "b.a")));
+        assert!(!range.contains(&subject_marker("t", "a")));
+        let after = subject_marker_range("t", "", Some("a.b"));
+        assert!(!after.contains(&subject_marker("t", "a.b")));
+        assert!(after.contains(&subject_marker("t", "a.b.c")));
+        assert!(after.contains(&subject_marker("t", "a.c")));
+        assert_eq!(
+            marker_subject("t", &subject_marker("t", "x.y")),
+            Some("x.y")
+        );
+    }
+}

@@ -1,0 +1,277 @@
+//! Key streams on object storage: every leaf subject is a durable, versioned stream.
+//!
+//! The store owns the engine (SlateDB on `object_store`) and the one sequencer that
+//! gives each stored message its subject version and tenant offset, checks expected
+//! versions and msg ids, hands the message to routing at once (through
+//! [`StoreEvents`]), and writes many messages per engine write (group commit). Reads
+//! (get, replay, subject listing) see durable data only.
+//!
+//! The store knows nothing about protocols, connections or routing: what it is told
+//! to call back is the [`StoreEvents`] trait, and acks are opaque [`AckTo`] values it
+//! returns untouched. Everything above it goes through this module's API, so an
+//! engine upgrade touches this folder only.
+
+mod keys;
+mod open;
+mod read;
+mod record;
+mod sequencer;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use slatedb::Db;
+use tokio::sync::{mpsc, watch};
+
+pub use open::{StoreLock, StoreUrl};
+pub use read::{ReplayFrom, ReplayPage, SubjectHead, SubjectsPage};
+pub use record::Record;
+
+/// The on-store format this binary writes. Older formats are opened (and migrated
+/// when one exists); newer ones are refused.
+pub const FORMAT_VERSION: u64 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store location `{0}` is not understood: use file://PATH or memory://")]
+    Url(String),
+    #[error(
+        "another canopy process is using the store at {path} (its lock file {lock} is held); \
+         stop it first, or point this one at another data folder"
+    )]
+    Locked { path: String, lock: String },
+    #[error("cannot prepare the data folder {path}: {source}")]
+    Folder {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "the store was written by a newer canopy (format {found}, this binary knows up to \
+         {known}); upgrade canopy to open it"
+    )]
+    NewerFormat { found: u64, known: u64 },
+    #[error(
+        "the store holds data that canopy did not write (no format record); refusing to use it"
+    )]
+    Foreign,
+    #[error("storage engine: {0}")]
+    Engine(#[from] slatedb::Error),
+    #[error("the store is shutting down")]
+    Closed,
+}
+
+/// When a publish counts as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// In the engine's memory: fast, lost on a crash.
+    Received,
+    /// In the write-ahead log in the object store (with the local folder, fsynced).
+    #[default]
+    Durable,
+}
+
+/// A precondition on an append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expectation {
+    /// The subject's head version must be exactly this (0 = the subject must not exist).
+    Version(u64),
+    /// The offset of the subject's last message must be exactly this (0 = none):
+    /// JetStream's `Nats-Expected-Last-Subject-Sequence`.
+    LastOffset(u64),
+}
+
+/// Where an ack goes; opaque to the store, handed back with the outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckTo {
+    pub address: Bytes,
+    pub flags: u32,
+}
+
+/// One message of an append.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    /// The raw NATS header block, or empty.
+    pub headers: Bytes,
+    pub payload: Bytes,
+}
+
+/// Messages for one subject, stored all or none, in order.
+#[derive(Debug)]
+pub struct AppendRequest {
+    pub tenant: Arc<str>,
+    pub subject: Arc<str>,
+    pub messages: Vec<NewMessage>,
+    pub expect: Option<Expectation>,
+    pub msg_id: Option<Box<str>>,
+    pub durability: Durability,
+    /// Set when the publisher wants to know the outcome.
+    pub ack: Option<AckTo>,
+    /// Opaque to the store: handed to [`StoreEvents::sequenced`] for routing.
+    pub route: RouteTag,
+}
+
+/// How the caller wants a stored message routed live; opaque to the store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteTag {
+    pub origin: u64,
+    pub flags: u32,
+    pub reply: Option<Bytes>,
+}
+
+/// What the sequencer's queue carries.
+#[derive(Debug)]
+pub(crate) enum Input {
+    Append(AppendRequest),
+    /// Signalled once everything queued before it was handed to routing.
+    Barrier(tokio::sync::oneshot::Sender<()>),
+}
+
+/// What became of an append.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppendOutcome {
+    Stored {
+        subject: Arc<str>,
+        /// Version and offset of the last message of the append.
+        version: u64,
+        offset: u64,
+        count: usize,
+    },
+    /// The msg id was seen within the dedupe window: nothing was stored again.
+    Duplicate {
+        subject: Arc<str>,
+        version: u64,
+        offset: u64,
+    },
+    /// The expectation did not hold: nothing was stored.
+    Conflict {
+        subject: Arc<str>,
+        expected: Expectation,
+        current_version: u64,
+        current_offset: u64,
+    },
+    /// The store could not take the append.
+    Failed { reason: String },
+}
+
+/// A message that has just been sequenced, borrowed for routing.
+#[derive(Debug, Clone, Copy)]
+pub struct Sequenced<'a> {
+    pub tenant: &'a str,
+    pub subject: &'a str,
+    pub version: u64,
+    pub offset: u64,
+    pub time_ms: u64,
+    pub headers: &'a [u8],
+    pub payload: &'a [u8],
+    pub route: &'a RouteTag,
+}
+
+/// What the store calls back. Implemented by the broker.
+pub trait StoreEvents: Send + Sync + 'static {
+    /// Messages that have their versions, in version order per subject: deliver them
+    /// live now. Called from the sequencer task: must not block.
+    fn sequenced(&self, batch: &[Sequenced<'_>]);
+    /// Outcomes of appends that asked for an ack, once their durability holds.
+    fn acknowledged(&self, acks: Vec<(Arc<str>, AckTo, AppendOutcome)>);
+}
+
+/// Settings of the store, from `[store]` in the configuration.
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    pub url: StoreUrl,
+    /// How often the write-ahead log is flushed: the floor of a durable ack's latency.
+    pub flush_interval: Duration,
+    /// How long a msg id is remembered.
+    pub dedupe_window: Duration,
+    /// Most appends one group commit takes.
+    pub max_batch: usize,
+    /// Appends that may wait for the sequencer before publishers are held back.
+    pub queue_depth: usize,
+}
+
+/// The open store. Cheap to share behind an `Arc`.
+pub struct Store {
+    db: Arc<Db>,
+    appends: mpsc::Sender<Input>,
+    durable: watch::Receiver<u64>,
+    _lock: Option<StoreLock>,
+    stop: tokio_util::sync::CancellationToken,
+    sequencer: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Store {
+    /// Opens (or creates) the store, checks its format and starts the sequencer.
+    pub async fn open(
+        settings: StoreSettings,
+        events: Arc<dyn StoreEvents>,
+    ) -> Result<Store, StoreError> {
+        let opened = open::open_engine(&settings).await?;
+        let db = Arc::new(opened.db);
+        open::check_format(&db).await?;
+        let (appends, queue) = mpsc::channel(settings.queue_depth.max(1));
+        let (durable_tx, durable) = watch::channel(0);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let sequencer = sequencer::Sequencer::new(Arc::clone(&db), events, &settings, durable_tx);
+        let task = tokio::spawn(sequencer.run(queue, stop.clone()));
+        Ok(Store {
+            db,
+            appends,
+            durable,
+            _lock: opened.lock,
+            stop,
+            sequencer: tokio::sync::Mutex::new(Some(task)),
+        })
+    }
+
+    /// Queues an append; waits only while the sequencer's queue is full.
+    pub async fn append(&self, request: AppendRequest) -> Result<(), StoreError> {
+        self.appends
+            .send(Input::Append(request))
+            .await
+            .map_err(|_| StoreError::Closed)
+    }
+
+    /// Resolves once every append queued before it has been sequenced and handed to
+    /// routing: how a connection answers PING only after its earlier publishes were
+    /// delivered, as NATS clients expect of a flush.
+    pub async fn barrier(&self) -> Result<(), StoreError> {
+        let (passed, wait) = tokio::sync::oneshot::channel();
+        self.appends
+            .send(Input::Barrier(passed))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        wait.await.map_err(|_| StoreError::Closed)
+    }
+
+    /// A watch of the highest offset (of any tenant) known durable; it moves whenever
+    /// a group commit becomes durable. Followers wait on it.
+    pub fn durable_watch(&self) -> watch::Receiver<u64> {
+        self.durable.clone()
+    }
+
+    /// Stops the sequencer after it has written what it was given, then flushes and
+    /// closes the engine.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        self.stop.cancel();
+        if let Some(task) = self.sequencer.lock().await.take() {
+            let _ = task.await;
+        }
+        self.db.flush().await?;
+        self.db.close().await?;
+        Ok(())
+    }
+
+    pub(crate) fn db(&self) -> &Db {
+        &self.db
+    }
+}
+
+/// Milliseconds since the Unix epoch by the server clock.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

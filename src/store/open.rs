@@ -1,0 +1,144 @@
+//! Opening the engine: where the store lives, the one-process lock on a local
+//! folder, and the format record.
+//!
+//! SlateDB fences an older writer when a newer one opens the same path; on a local
+//! folder that would let a second `canopy serve` silently take over a running one.
+//! So a local store is guarded by an OS file lock taken before the engine opens, and
+//! a second process refuses to start with a message instead.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use slatedb::Db;
+use slatedb::config::Settings;
+
+use super::{FORMAT_VERSION, StoreError, StoreSettings, keys};
+
+/// Where the store lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// A local folder (`file://PATH`, relative paths allowed).
+    File(PathBuf),
+    /// Memory only, gone when the process ends (`memory://`): for tests and trials.
+    Memory,
+}
+
+impl std::str::FromStr for StoreUrl {
+    type Err = StoreError;
+
+    fn from_str(url: &str) -> Result<Self, StoreError> {
+        if let Some(path) = url.strip_prefix("file://") {
+            if path.is_empty() {
+                return Err(StoreError::Url(url.to_owned()));
+            }
+            Ok(StoreUrl::File(PathBuf::from(path)))
+        } else if url == "memory://" || url == "memory:" {
+            Ok(StoreUrl::Memory)
+        } else {
+            Err(StoreError::Url(url.to_owned()))
+        }
+    }
+}
+
+impl std::fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::File(path) => write!(f, "file://{}", path.display()),
+            StoreUrl::Memory => f.write_str("memory://"),
+        }
+    }
+}
+
+/// An exclusive lock on a local data folder, held while the store is open.
+#[derive(Debug)]
+pub struct StoreLock {
+    _file: File,
+}
+
+impl StoreLock {
+    fn acquire(folder: &Path) -> Result<StoreLock, StoreError> {
+        let folder_error = |source| StoreError::Folder {
+            path: folder.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(folder).map_err(folder_error)?;
+        let path = folder.join("LOCK");
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(folder_error)?;
+        match file.try_lock() {
+            Ok(()) => Ok(StoreLock { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked {
+                path: folder.display().to_string(),
+                lock: path.display().to_string(),
+            }),
+            Err(std::fs::TryLockError::Error(source)) => Err(folder_error(source)),
+        }
+    }
+}
+
+pub(super) struct Opened {
+    pub db: Db,
+    pub lock: Option<StoreLock>,
+}
+
+pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, StoreError> {
+    let (object_store, lock): (Arc<dyn ObjectStore>, _) = match &settings.url {
+        StoreUrl::File(folder) => {
+            let lock = StoreLock::acquire(folder)?;
+            let local = LocalFileSystem::new_with_prefix(folder)
+                .map_err(|e| StoreError::Folder {
+                    path: folder.display().to_string(),
+                    source: std::io::Error::other(e),
+                })?
+                .with_fsync(true);
+            (Arc::new(local), Some(lock))
+        }
+        StoreUrl::Memory => (Arc::new(InMemory::new()), None),
+    };
+    let engine_settings = Settings {
+        flush_interval: Some(settings.flush_interval),
+        ..Settings::default()
+    };
+    let db = Db::builder("db", object_store)
+        .with_settings(engine_settings)
+        .build()
+        .await?;
+    Ok(Opened { db, lock })
+}
+
+/// Writes the format record into a new store, accepts an older or equal format, and
+/// refuses a newer one or a store canopy did not write.
+pub(super) async fn check_format(db: &Db) -> Result<(), StoreError> {
+    match db.get(keys::FORMAT_KEY).await? {
+        Some(value) => {
+            let found = <[u8; 8]>::try_from(&value[..])
+                .map(u64::from_be_bytes)
+                .map_err(|_| StoreError::Foreign)?;
+            if found > FORMAT_VERSION {
+                return Err(StoreError::NewerFormat {
+                    found,
+                    known: FORMAT_VERSION,
+                });
+            }
+            // Format 1 is the first: nothing older to migrate yet.
+            Ok(())
+        }
+        None => {
+            let mut any = db.scan(..).await?;
+            if any.next().await?.is_some() {
+                return Err(StoreError::Foreign);
+            }
+            db.put(keys::FORMAT_KEY, FORMAT_VERSION.to_be_bytes())
+                .await?;
+            Ok(())
+        }
+    }
+}

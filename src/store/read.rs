@@ -1,0 +1,330 @@
+//! Reading key streams back: one message, a page of one subject's history, a page
+//! of a pattern's history in global offset order, and a page of subject names.
+//!
+//! Every read sees durable data only, so a reader never sees a message that a crash
+//! could take back. Every read is paged: at most `max` messages and about
+//! `max_bytes` per call, with a cursor to continue, so no caller holds a whole
+//! stream in memory. Reads never write.
+
+use bytes::Bytes;
+use canopy_subjects::{Pattern, PatternToken, Subject};
+use slatedb::IterationOrder;
+use slatedb::config::{DurabilityLevel, ReadOptions, ScanOptions};
+
+use super::record::{self, Record};
+use super::{Store, StoreError, keys};
+
+/// One stored message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMessage {
+    pub subject: String,
+    pub version: u64,
+    pub offset: u64,
+    pub time_ms: u64,
+    pub headers: Bytes,
+    pub payload: Bytes,
+}
+
+/// Where a replay starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayFrom {
+    Start,
+    /// A subject version (subject replays) — for a pattern, the same as `Start`.
+    Version(u64),
+    /// A tenant offset: the first message at or after it.
+    Offset(u64),
+    /// Milliseconds since the epoch: the first message stored at or after it.
+    Time(u64),
+}
+
+/// One page of a replay.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayPage {
+    pub messages: Vec<StoredMessage>,
+    /// Where the next page starts: a version for a subject replay, an offset for a
+    /// pattern replay.
+    pub next: u64,
+    /// Nothing durable is left after this page (for now).
+    pub caught_up: bool,
+}
+
+/// A subject and its head, for listings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubjectHead {
+    pub subject: String,
+    pub version: u64,
+    pub offset: u64,
+    pub time_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubjectsPage {
+    pub subjects: Vec<SubjectHead>,
+    /// Continue after this subject, when there may be more.
+    pub next: Option<String>,
+}
+
+fn durable_scan() -> ScanOptions {
+    ScanOptions::default().with_durability_filter(DurabilityLevel::Remote)
+}
+
+fn durable_read() -> ReadOptions {
+    ReadOptions::default().with_durability_filter(DurabilityLevel::Remote)
+}
+
+fn stored(subject: &str, version: u64, record: Record) -> StoredMessage {
+    StoredMessage {
+        subject: subject.to_owned(),
+        version,
+        offset: record.offset,
+        time_ms: record.time_ms,
+        headers: record.headers,
+        payload: record.payload,
+    }
+}
+
+impl Store {
+    /// One message of a subject: a given version, or the latest.
+    pub async fn get(
+        &self,
+        tenant: &str,
+        subject: &str,
+        version: Option<u64>,
+    ) -> Result<Option<StoredMessage>, StoreError> {
+        match version {
+            Some(version) => {
+                let value = self
+                    .db()
+                    .get_with_options(keys::message(tenant, subject, version), &durable_read())
+                    .await?;
+                Ok(value
+                    .and_then(record::decode_record)
+                    .map(|r| stored(subject, version, r)))
+            }
+            None => {
+                let options = durable_scan().with_order(IterationOrder::Descending);
+                let mut newest = self
+                    .db()
+                    .scan_with_options(keys::message_range(tenant, subject, 1), &options)
+                    .await?;
+                Ok(match newest.next().await? {
+                    Some(kv) => {
+                        let version = keys::message_version(&kv.key).unwrap_or(0);
+                        record::decode_record(kv.value).map(|r| stored(subject, version, r))
+                    }
+                    None => None,
+                })
+            }
+        }
+    }
+
+    /// A page of one subject's history: only that subject's key range is read.
+    pub async fn replay_subject(
+        &self,
+        tenant: &str,
+        subject: &str,
+        from: ReplayFrom,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<ReplayPage, StoreError> {
+        let start = match from {
+            ReplayFrom::Start => 1,
+            ReplayFrom::Version(v) => v.max(1),
+            // An offset or a time is found by walking the subject from its start.
+            ReplayFrom::Offset(_) | ReplayFrom::Time(_) => 1,
+        };
+        let mut iter = self
+            .db()
+            .scan_with_options(keys::message_range(tenant, subject, start), &durable_scan())
+            .await?;
+        let mut page = ReplayPage {
+            next: start,
+            ..ReplayPage::default()
+        };
+        let mut bytes = 0usize;
+        loop {
+            if page.messages.len() >= max.max(1) || bytes >= max_bytes {
+                return Ok(page);
+            }
+            let Some(kv) = iter.next().await? else {
+                page.caught_up = true;
+                return Ok(page);
+            };
+            let version = keys::message_version(&kv.key).unwrap_or(0);
+            let Some(record) = record::decode_record(kv.value) else {
+                continue;
+            };
+            page.next = version + 1;
+            let wanted = match from {
+                ReplayFrom::Offset(o) => record.offset >= o,
+                ReplayFrom::Time(t) => record.time_ms >= t,
+                _ => true,
+            };
+            if wanted {
+                bytes += record.payload.len() + record.headers.len();
+                page.messages.push(stored(subject, version, record));
+            }
+        }
+    }
+
+    /// A page of every subject matching `pattern`, in tenant offset order, read through
+    /// the per-batch index (one key per group commit) and point reads.
+    pub async fn replay_pattern(
+        &self,
+        tenant: &str,
+        pattern: &Pattern,
+        from: ReplayFrom,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<ReplayPage, StoreError> {
+        let from_offset = match from {
+            ReplayFrom::Offset(o) => o.max(1),
+            _ => 1,
+        };
+        let from_time = match from {
+            ReplayFrom::Time(t) => t,
+            _ => 0,
+        };
+        // The batch holding `from_offset` starts at or before it.
+        let first_batch = {
+            let options = durable_scan().with_order(IterationOrder::Descending);
+            let mut before = self
+                .db()
+                .scan_with_options(
+                    keys::batch(tenant, 0)..keys::batch(tenant, from_offset.saturating_add(1)),
+                    &options,
+                )
+                .await?;
+            match before.next().await? {
+                Some(kv) => keys::batch_offset(&kv.key).unwrap_or(0),
+                None => 0,
+            }
+        };
+        let mut batches = self
+            .db()
+            .scan_with_options(keys::batch_range(tenant, first_batch), &durable_scan())
+            .await?;
+        let mut page = ReplayPage {
+            next: from_offset,
+            ..ReplayPage::default()
+        };
+        let mut bytes = 0usize;
+        while let Some(kv) = batches.next().await? {
+            let first = keys::batch_offset(&kv.key).unwrap_or(0);
+            let Some(batch) = record::decode_batch(kv.value) else {
+                continue;
+            };
+            if batch.time_ms < from_time {
+                page.next = first + batch.messages.len() as u64;
+                continue;
+            }
+            for (i, (subject, version)) in batch.messages.iter().enumerate() {
+                let offset = first + i as u64;
+                if offset < from_offset {
+                    continue;
+                }
+                if page.messages.len() >= max.max(1) || bytes >= max_bytes {
+                    return Ok(page);
+                }
+                page.next = offset + 1;
+                let matches = Subject::parse_native(subject).is_ok_and(|s| pattern.matches(&s));
+                if !matches {
+                    continue;
+                }
+                let value = self
+                    .db()
+                    .get_with_options(keys::message(tenant, subject, *version), &durable_read())
+                    .await?;
+                if let Some(record) = value.and_then(record::decode_record) {
+                    bytes += record.payload.len() + record.headers.len();
+                    page.messages.push(stored(subject, *version, record));
+                }
+            }
+        }
+        page.caught_up = true;
+        Ok(page)
+    }
+
+    /// A page of the subjects matching `pattern` with their heads, in subject order,
+    /// after `after`. Only the range of the pattern's literal prefix is read.
+    pub async fn subjects(
+        &self,
+        tenant: &str,
+        pattern: &Pattern,
+        after: Option<&str>,
+        max: usize,
+    ) -> Result<SubjectsPage, StoreError> {
+        let prefix = literal_prefix(pattern);
+        let mut markers = self
+            .db()
+            .scan_with_options(
+                keys::subject_marker_range(tenant, &prefix, after),
+                &durable_scan(),
+            )
+            .await?;
+        let mut page = SubjectsPage::default();
+        while let Some(kv) = markers.next().await? {
+            let Some(name) = keys::marker_subject(tenant, &kv.key) else {
+                continue;
+            };
+            if !Subject::parse_native(name).is_ok_and(|s| pattern.matches(&s)) {
+                continue;
+            }
+            if page.subjects.len() >= max.max(1) {
+                page.next = page.subjects.last().map(|s| s.subject.clone());
+                return Ok(page);
+            }
+            if let Some(head) = self.get(tenant, name, None).await? {
+                page.subjects.push(SubjectHead {
+                    subject: head.subject,
+                    version: head.version,
+                    offset: head.offset,
+                    time_ms: head.time_ms,
+                });
+            }
+        }
+        Ok(page)
+    }
+}
+
+/// The literal tokens a pattern starts with, joined and followed by `.` when a
+/// wildcard follows (`a.b.*` -> `a.b.`; `a.b` -> `a.b`; `>` -> empty).
+fn literal_prefix(pattern: &Pattern) -> String {
+    let mut prefix = String::new();
+    for token in pattern.tokens() {
+        match token {
+            PatternToken::Literal(lit) => {
+                if !prefix.is_empty() {
+                    prefix.push('.');
+                }
+                prefix.push_str(lit);
+            }
+            PatternToken::ZeroOrMore => return prefix,
+            _ => {
+                if !prefix.is_empty() {
+                    prefix.push('.');
+                }
+                return prefix;
+            }
+        }
+    }
+    prefix
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literal_prefixes() {
+        let p = |s: &str| literal_prefix(&Pattern::parse_native(s).expect("pattern"));
+        assert_eq!(p("a.b.*"), "a.b.");
+        assert_eq!(p("a.b"), "a.b");
+        assert_eq!(p(">"), "");
+        assert_eq!(p("a.>"), "a.");
+        assert_eq!(
+            literal_prefix(&Pattern::parse_mqtt("a/#").expect("filter")),
+            "a"
+        );
+    }
+}

@@ -1,0 +1,170 @@
+//! The values the store writes, and reading them back without trusting them.
+//!
+//! ```text
+//!  message record  offset:u64be time_ms:u64be header_len:u32be headers payload
+//!  batch entry     time_ms:u64be count:u32be { subject_len:u16be subject version:u64be }*
+//!  msg id entry    version:u64be offset:u64be time_ms:u64be subject
+//! ```
+//!
+//! Headers are the NATS header block exactly as published (`NATS/1.0\r\n...`), or
+//! empty. Decoding returns `None` on anything malformed instead of panicking: the
+//! store is not trusted to hold what we wrote.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+/// One stored message as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub offset: u64,
+    pub time_ms: u64,
+    /// The raw NATS header block; empty when the message had none.
+    pub headers: Bytes,
+    pub payload: Bytes,
+}
+
+const RECORD_FIXED: usize = 8 + 8 + 4;
+
+pub fn encode_record(offset: u64, time_ms: u64, headers: &[u8], payload: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(RECORD_FIXED + headers.len() + payload.len());
+    out.put_u64(offset);
+    out.put_u64(time_ms);
+    out.put_u32(u32::try_from(headers.len()).unwrap_or(u32::MAX));
+    out.put_slice(headers);
+    out.put_slice(payload);
+    out.freeze()
+}
+
+pub fn decode_record(mut value: Bytes) -> Option<Record> {
+    if value.len() < RECORD_FIXED {
+        return None;
+    }
+    let offset = value.get_u64();
+    let time_ms = value.get_u64();
+    let header_len = usize::try_from(value.get_u32()).ok()?;
+    if header_len > value.len() {
+        return None;
+    }
+    let headers = value.split_to(header_len);
+    Some(Record {
+        offset,
+        time_ms,
+        headers,
+        payload: value,
+    })
+}
+
+/// The (subject, version) pairs one group commit wrote, in offset order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchEntry {
+    pub time_ms: u64,
+    pub messages: Vec<(String, u64)>,
+}
+
+pub fn encode_batch<'a>(
+    time_ms: u64,
+    messages: impl ExactSizeIterator<Item = (&'a str, u64)>,
+) -> Bytes {
+    let mut out = BytesMut::with_capacity(12 + messages.len() * 24);
+    out.put_u64(time_ms);
+    out.put_u32(u32::try_from(messages.len()).unwrap_or(u32::MAX));
+    for (subject, version) in messages {
+        out.put_u16(u16::try_from(subject.len()).unwrap_or(u16::MAX));
+        out.put_slice(subject.as_bytes());
+        out.put_u64(version);
+    }
+    out.freeze()
+}
+
+pub fn decode_batch(mut value: Bytes) -> Option<BatchEntry> {
+    if value.len() < 12 {
+        return None;
+    }
+    let time_ms = value.get_u64();
+    let count = usize::try_from(value.get_u32()).ok()?;
+    let mut messages = Vec::with_capacity(count.min(value.len() / 10));
+    for _ in 0..count {
+        if value.len() < 2 {
+            return None;
+        }
+        let len = usize::from(value.get_u16());
+        if value.len() < len + 8 {
+            return None;
+        }
+        let subject = std::str::from_utf8(&value.split_to(len)).ok()?.to_owned();
+        messages.push((subject, value.get_u64()));
+    }
+    Some(BatchEntry { time_ms, messages })
+}
+
+/// Where a message stored under a msg id went, for answering its duplicates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MsgIdEntry {
+    pub subject: String,
+    pub version: u64,
+    pub offset: u64,
+    pub time_ms: u64,
+}
+
+pub fn encode_msg_id(entry: &MsgIdEntry) -> Bytes {
+    let mut out = BytesMut::with_capacity(24 + entry.subject.len());
+    out.put_u64(entry.version);
+    out.put_u64(entry.offset);
+    out.put_u64(entry.time_ms);
+    out.put_slice(entry.subject.as_bytes());
+    out.freeze()
+}
+
+pub fn decode_msg_id(mut value: Bytes) -> Option<MsgIdEntry> {
+    if value.len() < 24 {
+        return None;
+    }
+    let version = value.get_u64();
+    let offset = value.get_u64();
+    let time_ms = value.get_u64();
+    let subject = std::str::from_utf8(&value).ok()?.to_owned();
+    Some(MsgIdEntry {
+        subject,
+        version,
+        offset,
+        time_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_garbage_is_refused() {
+        let value = encode_record(7, 1234, b"NATS/1.0\r\nA: b\r\n\r\n", b"payload");
+        let record = decode_record(value.clone()).expect("decodes");
+        assert_eq!(record.offset, 7);
+        assert_eq!(record.time_ms, 1234);
+        assert_eq!(&record.headers[..], b"NATS/1.0\r\nA: b\r\n\r\n");
+        assert_eq!(&record.payload[..], b"payload");
+        for cut in 0..RECORD_FIXED {
+            assert_eq!(decode_record(value.slice(..cut)), None);
+        }
+        let mut lying = BytesMut::from(&value[..]);
+        lying[16..20].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(decode_record(lying.freeze()), None);
+    }
+
+    #[test]
+    fn batches_and_msg_ids_round_trip() {
+        let list = [("a.b", 1u64), ("c", 9)];
+        let value = encode_batch(55, list.iter().map(|(s, v)| (*s, *v)));
+        let entry = decode_batch(value.clone()).expect("decodes");
+        assert_eq!(entry.time_ms, 55);
+        assert_eq!(entry.messages, vec![("a.b".into(), 1), ("c".into(), 9)]);
+        assert_eq!(decode_batch(value.slice(..value.len() - 1)), None);
+
+        let id = MsgIdEntry {
+            subject: "x.y".into(),
+            version: 3,
+            offset: 99,
+            time_ms: 5,
+        };
+        assert_eq!(decode_msg_id(encode_msg_id(&id)), Some(id));
+    }
+}

@@ -1,0 +1,503 @@
+//! The one sequencer: the only code that assigns versions and offsets, and the only
+//! writer of message keys.
+//!
+//! Each round drains up to `max_batch` queued appends, loads what it does not hold in
+//! memory (a tenant's next offset, a subject's head, a msg id) by reverse seeks, then
+//! decides every append in queue order, hands the accepted messages to routing in one
+//! call, and writes them all in one engine write (group commit). A separate task waits
+//! for each write's durability, in order, and only then sends the acks that asked for
+//! it. Heads are never written per message: a head is recovered by one reverse seek of
+//! its subject's range, so the only key a message costs is its own.
+//!
+//! Must never: write a message key from anywhere else, reorder appends of one subject,
+//! send a durable ack before its write is durable.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use slatedb::config::{PutOptions, ScanOptions, Ttl, WriteOptions};
+use slatedb::{Db, IterationOrder, WriteBatch, WriteHandle};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::record::{self, MsgIdEntry};
+use super::{
+    AckTo, AppendOutcome, AppendRequest, Durability, Expectation, Input, Sequenced, StoreError,
+    StoreEvents, StoreSettings, keys, now_ms,
+};
+
+/// Most msg ids remembered in memory per tenant; older ones are found in the store.
+const MSG_ID_CACHE: usize = 100_000;
+/// Group commits that may wait for durability before the sequencer holds back.
+const DURABILITY_QUEUE: usize = 256;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Head {
+    version: u64,
+    /// Offset of the subject's last message (0 = none).
+    offset: u64,
+}
+
+#[derive(Default)]
+struct TenantState {
+    /// The next offset to give; `None` until read from the store.
+    next_offset: Option<u64>,
+    heads: HashMap<Box<str>, Head>,
+    msg_ids: MsgIds,
+}
+
+/// Recently stored msg ids, expiring by age and bounded by count.
+#[derive(Default)]
+struct MsgIds {
+    entries: HashMap<Box<str>, MsgIdEntry>,
+    order: VecDeque<Box<str>>,
+}
+
+impl MsgIds {
+    fn expire(&mut self, now: u64, window_ms: u64) {
+        while let Some(oldest) = self.order.front() {
+            let stale = self
+                .entries
+                .get(oldest)
+                .is_none_or(|e| e.time_ms.saturating_add(window_ms) < now);
+            if !stale && self.order.len() <= MSG_ID_CACHE {
+                break;
+            }
+            if let Some(id) = self.order.pop_front() {
+                self.entries.remove(&id);
+            }
+        }
+    }
+
+    fn insert(&mut self, id: Box<str>, entry: MsgIdEntry) {
+        if self.entries.insert(id.clone(), entry).is_none() {
+            self.order.push_back(id);
+        }
+    }
+}
+
+/// A write whose acks wait for its durability.
+struct PendingDurable {
+    handle: Option<WriteHandle>,
+    acks: Vec<(Arc<str>, AckTo, AppendOutcome)>,
+}
+
+pub(super) struct Sequencer {
+    db: Arc<Db>,
+    events: Arc<dyn StoreEvents>,
+    tenants: HashMap<Arc<str>, TenantState>,
+    window_ms: u64,
+    max_batch: usize,
+    durable_tx: watch::Sender<u64>,
+}
+
+/// A tenant's part of one round: its first offset and (subject, version) list.
+type RoundIndex = (u64, Vec<(Arc<str>, u64)>);
+
+/// One accepted message, by position in the round's requests.
+struct Assigned {
+    request: usize,
+    message: usize,
+    version: u64,
+    offset: u64,
+}
+
+impl Sequencer {
+    pub(super) fn new(
+        db: Arc<Db>,
+        events: Arc<dyn StoreEvents>,
+        settings: &StoreSettings,
+        durable_tx: watch::Sender<u64>,
+    ) -> Self {
+        Self {
+            db,
+            events,
+            tenants: HashMap::new(),
+            window_ms: u64::try_from(settings.dedupe_window.as_millis()).unwrap_or(u64::MAX),
+            max_batch: settings.max_batch.max(1),
+            durable_tx,
+        }
+    }
+
+    pub(super) async fn run(mut self, mut queue: mpsc::Receiver<Input>, stop: CancellationToken) {
+        let (durable_tx, durable_rx) = mpsc::channel(DURABILITY_QUEUE);
+        let acker = tokio::spawn(acknowledge(
+            durable_rx,
+            Arc::clone(&self.events),
+            self.durable_tx.clone(),
+        ));
+        let mut requests = Vec::with_capacity(self.max_batch);
+        let mut barriers = Vec::new();
+        loop {
+            let first = tokio::select! {
+                biased;
+                request = queue.recv() => request,
+                _ = stop.cancelled() => {
+                    // Take what is already queued, then stop.
+                    queue.close();
+                    queue.recv().await
+                }
+            };
+            let Some(first) = first else { break };
+            let mut next = Some(first);
+            while let Some(input) = next.take() {
+                match input {
+                    Input::Append(request) => requests.push(request),
+                    Input::Barrier(passed) => barriers.push(passed),
+                }
+                if requests.len() < self.max_batch {
+                    next = queue.try_recv().ok();
+                }
+            }
+            let pending = self.round(&mut requests).await;
+            for passed in barriers.drain(..) {
+                let _ = passed.send(());
+            }
+            if durable_tx.send(pending).await.is_err() {
+                break;
+            }
+        }
+        drop(durable_tx);
+        let _ = acker.await;
+    }
+
+    /// Decides, routes and writes one round of appends.
+    async fn round(&mut self, requests: &mut Vec<AppendRequest>) -> PendingDurable {
+        if let Err(error) = self.load(requests).await {
+            tracing::error!(%error, "store read failed; refusing this round of appends");
+            return self.fail_all(requests, &error);
+        }
+        let now = now_ms();
+        let mut batch = WriteBatch::new();
+        let mut assigned: Vec<Assigned> = Vec::new();
+        let mut acks = Vec::new();
+        let mut immediate = Vec::new();
+        // Per tenant: first offset and (subject, version) list of this round.
+        let mut index: HashMap<Arc<str>, RoundIndex> = HashMap::new();
+        let msg_id_options = PutOptions {
+            ttl: Ttl::ExpireAfterMillis(self.window_ms.max(1)),
+        };
+
+        for (position, request) in requests.iter().enumerate() {
+            let state = self.tenants.entry(Arc::clone(&request.tenant)).or_default();
+            if let Some(id) = &request.msg_id {
+                state.msg_ids.expire(now, self.window_ms);
+                if let Some(seen) = state.msg_ids.entries.get(id) {
+                    let outcome = AppendOutcome::Duplicate {
+                        subject: Arc::from(seen.subject.as_str()),
+                        version: seen.version,
+                        offset: seen.offset,
+                    };
+                    if let Some(ack) = &request.ack {
+                        acks.push((Arc::clone(&request.tenant), ack.clone(), outcome));
+                    }
+                    continue;
+                }
+            }
+            let head = state
+                .heads
+                .get(&*request.subject)
+                .copied()
+                .unwrap_or_default();
+            if let Some(expected) = request.expect {
+                let holds = match expected {
+                    Expectation::Version(v) => v == head.version,
+                    Expectation::LastOffset(o) => o == head.offset,
+                };
+                if !holds {
+                    let outcome = AppendOutcome::Conflict {
+                        subject: Arc::clone(&request.subject),
+                        expected,
+                        current_version: head.version,
+                        current_offset: head.offset,
+                    };
+                    if let Some(ack) = &request.ack {
+                        immediate.push((Arc::clone(&request.tenant), ack.clone(), outcome));
+                    }
+                    continue;
+                }
+            }
+            if request.messages.is_empty() {
+                continue;
+            }
+            let next_offset = state.next_offset.get_or_insert(1);
+            let entry = index
+                .entry(Arc::clone(&request.tenant))
+                .or_insert_with(|| (*next_offset, Vec::new()));
+            let mut new_head = head;
+            for (i, message) in request.messages.iter().enumerate() {
+                new_head.version += 1;
+                new_head.offset = *next_offset;
+                *next_offset += 1;
+                batch.put(
+                    keys::message(&request.tenant, &request.subject, new_head.version),
+                    record::encode_record(new_head.offset, now, &message.headers, &message.payload),
+                );
+                entry
+                    .1
+                    .push((Arc::clone(&request.subject), new_head.version));
+                assigned.push(Assigned {
+                    request: position,
+                    message: i,
+                    version: new_head.version,
+                    offset: new_head.offset,
+                });
+            }
+            if head.version == 0 {
+                batch.put(
+                    keys::subject_marker(&request.tenant, &request.subject),
+                    new_head.version.to_be_bytes(),
+                );
+            }
+            match state.heads.get_mut(&*request.subject) {
+                Some(h) => *h = new_head,
+                None => {
+                    state.heads.insert(Box::from(&*request.subject), new_head);
+                }
+            }
+            if let Some(id) = &request.msg_id {
+                let seen = MsgIdEntry {
+                    subject: request.subject.to_string(),
+                    version: new_head.version,
+                    offset: new_head.offset,
+                    time_ms: now,
+                };
+                batch.put_with_options(
+                    keys::msg_id(&request.tenant, id),
+                    record::encode_msg_id(&seen),
+                    &msg_id_options,
+                );
+                state.msg_ids.insert(id.clone(), seen);
+            }
+            if let Some(ack) = &request.ack {
+                let outcome = AppendOutcome::Stored {
+                    subject: Arc::clone(&request.subject),
+                    version: new_head.version,
+                    offset: new_head.offset,
+                    count: request.messages.len(),
+                };
+                match request.durability {
+                    Durability::Durable => {
+                        acks.push((Arc::clone(&request.tenant), ack.clone(), outcome))
+                    }
+                    Durability::Received => {
+                        immediate.push((Arc::clone(&request.tenant), ack.clone(), outcome))
+                    }
+                }
+            }
+        }
+
+        for (tenant, (first, messages)) in &index {
+            batch.put(
+                keys::batch(tenant, *first),
+                record::encode_batch(now, messages.iter().map(|(s, v)| (&**s, *v))),
+            );
+        }
+
+        // Live delivery first: it never waits for the store.
+        if !assigned.is_empty() {
+            let sequenced: Vec<Sequenced<'_>> = assigned
+                .iter()
+                .filter_map(|a| {
+                    let request = requests.get(a.request)?;
+                    let message = request.messages.get(a.message)?;
+                    Some(Sequenced {
+                        tenant: &request.tenant,
+                        subject: &request.subject,
+                        version: a.version,
+                        offset: a.offset,
+                        time_ms: now,
+                        headers: &message.headers,
+                        payload: &message.payload,
+                        route: &request.route,
+                    })
+                })
+                .collect();
+            self.events.sequenced(&sequenced);
+        }
+
+        let handle = if index.is_empty() {
+            None
+        } else {
+            match self
+                .db
+                .write_with_options(batch, &WriteOptions::default())
+                .await
+            {
+                Ok(handle) => Some(handle),
+                Err(error) => {
+                    tracing::error!(%error, "store write failed; the round's appends are refused");
+                    // What was assigned in memory is unknown to the store: forget it and
+                    // read heads and offsets again on next use.
+                    for tenant in index.keys() {
+                        self.tenants.remove(tenant);
+                    }
+                    let reason = format!("the store could not write: {error}");
+                    let failed = |(tenant, ack, _): (Arc<str>, AckTo, AppendOutcome)| {
+                        (
+                            tenant,
+                            ack,
+                            AppendOutcome::Failed {
+                                reason: reason.clone(),
+                            },
+                        )
+                    };
+                    self.events.acknowledged(
+                        acks.into_iter()
+                            .chain(
+                                immediate
+                                    .into_iter()
+                                    .filter(|(_, _, o)| matches!(o, AppendOutcome::Stored { .. })),
+                            )
+                            .map(failed)
+                            .collect(),
+                    );
+                    requests.clear();
+                    return PendingDurable {
+                        handle: None,
+                        acks: Vec::new(),
+                    };
+                }
+            }
+        };
+        if !immediate.is_empty() {
+            self.events.acknowledged(immediate);
+        }
+        requests.clear();
+        PendingDurable { handle, acks }
+    }
+
+    /// Reads what the round needs and memory does not hold.
+    async fn load(&mut self, requests: &[AppendRequest]) -> Result<(), StoreError> {
+        for request in requests {
+            let tenant = Arc::clone(&request.tenant);
+            let known_offset = self
+                .tenants
+                .get(&tenant)
+                .is_some_and(|s| s.next_offset.is_some());
+            if !known_offset {
+                let next = load_next_offset(&self.db, &tenant).await?;
+                self.tenants
+                    .entry(Arc::clone(&tenant))
+                    .or_default()
+                    .next_offset = Some(next);
+            }
+            let state = self.tenants.entry(tenant).or_default();
+            if !state.heads.contains_key(&*request.subject) {
+                let head = load_head(&self.db, &request.tenant, &request.subject).await?;
+                state.heads.insert(Box::from(&*request.subject), head);
+            }
+            if let Some(id) = &request.msg_id
+                && !state.msg_ids.entries.contains_key(id)
+                && let Some(value) = self.db.get(keys::msg_id(&request.tenant, id)).await?
+                && let Some(seen) = record::decode_msg_id(value)
+                && seen.time_ms.saturating_add(self.window_ms) >= now_ms()
+            {
+                state.msg_ids.insert(id.clone(), seen);
+            }
+        }
+        Ok(())
+    }
+
+    fn fail_all(
+        &mut self,
+        requests: &mut Vec<AppendRequest>,
+        error: &StoreError,
+    ) -> PendingDurable {
+        let reason = format!("the store could not read: {error}");
+        let acks: Vec<_> = requests
+            .drain(..)
+            .filter_map(|r| {
+                r.ack.map(|ack| {
+                    (
+                        r.tenant,
+                        ack,
+                        AppendOutcome::Failed {
+                            reason: reason.clone(),
+                        },
+                    )
+                })
+            })
+            .collect();
+        if !acks.is_empty() {
+            self.events.acknowledged(acks);
+        }
+        PendingDurable {
+            handle: None,
+            acks: Vec::new(),
+        }
+    }
+}
+
+/// The offset after the last one the tenant's newest batch used (1 for a new tenant).
+async fn load_next_offset(db: &Db, tenant: &str) -> Result<u64, StoreError> {
+    let options = ScanOptions::default().with_order(IterationOrder::Descending);
+    let mut newest = db
+        .scan_with_options(keys::batch_range(tenant, 0), &options)
+        .await?;
+    Ok(match newest.next().await? {
+        Some(kv) => {
+            let first = keys::batch_offset(&kv.key).unwrap_or(0);
+            let count = record::decode_batch(kv.value).map_or(0, |b| b.messages.len() as u64);
+            first + count
+        }
+        None => 1,
+    }
+    .max(1))
+}
+
+/// A subject's head, by one reverse seek of its message range.
+async fn load_head(db: &Db, tenant: &str, subject: &str) -> Result<Head, StoreError> {
+    let options = ScanOptions::default().with_order(IterationOrder::Descending);
+    let mut newest = db
+        .scan_with_options(keys::message_range(tenant, subject, 1), &options)
+        .await?;
+    Ok(match newest.next().await? {
+        Some(kv) => Head {
+            version: keys::message_version(&kv.key).unwrap_or(0),
+            offset: record::decode_record(kv.value).map_or(0, |r| r.offset),
+        },
+        None => Head::default(),
+    })
+}
+
+/// Waits for each write's durability in order, then sends its acks and moves the
+/// durable watch.
+async fn acknowledge(
+    mut queue: mpsc::Receiver<PendingDurable>,
+    events: Arc<dyn StoreEvents>,
+    durable: watch::Sender<u64>,
+) {
+    while let Some(pending) = queue.recv().await {
+        let result = match &pending.handle {
+            Some(handle) => handle.await_durable().await,
+            None => Ok(()),
+        };
+        let acks = match result {
+            Ok(()) => pending.acks,
+            Err(error) => {
+                tracing::error!(%error, "a store write did not become durable");
+                let reason = format!("the store could not make the write durable: {error}");
+                pending
+                    .acks
+                    .into_iter()
+                    .map(|(tenant, ack, _)| {
+                        (
+                            tenant,
+                            ack,
+                            AppendOutcome::Failed {
+                                reason: reason.clone(),
+                            },
+                        )
+                    })
+                    .collect()
+            }
+        };
+        if pending.handle.is_some() {
+            durable.send_modify(|n| *n += 1);
+        }
+        if !acks.is_empty() {
+            events.acknowledged(acks);
+        }
+    }
+}
