@@ -127,18 +127,80 @@ impl Client {
         headers: Option<&HeaderMap>,
         payload: &[u8],
     ) -> Result<(), ClientError> {
+        self.publish_with_reply(subject, None, headers, payload)
+            .await
+    }
+
+    /// Queues a publish that carries a reply subject.
+    pub async fn publish_with_reply(
+        &mut self,
+        subject: &str,
+        reply: Option<&str>,
+        headers: Option<&HeaderMap>,
+        payload: &[u8],
+    ) -> Result<(), ClientError> {
+        let reply = reply.map(str::as_bytes);
         match headers.filter(|h| !h.is_empty()) {
             Some(headers) => {
                 let mut block = BytesMut::new();
                 headers.encode(&mut block);
-                encode_hpub(&mut self.wbuf, subject.as_bytes(), None, &block, payload);
+                encode_hpub(&mut self.wbuf, subject.as_bytes(), reply, &block, payload);
             }
-            None => encode_pub(&mut self.wbuf, subject.as_bytes(), None, payload),
+            None => encode_pub(&mut self.wbuf, subject.as_bytes(), reply, payload),
         }
         if self.wbuf.len() >= WRITE_BATCH {
             self.send().await?;
         }
         Ok(())
+    }
+
+    /// Sends a request and collects the answers on a fresh inbox until `last` says
+    /// one was the last (or after the first, when `last` is `None`).
+    pub async fn request(
+        &mut self,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        payload: &[u8],
+        timeout: Duration,
+        last: Option<&dyn Fn(&Received) -> bool>,
+    ) -> Result<Vec<Received>, ClientError> {
+        let inbox = format!(
+            "_INBOX.{:016x}{:016x}",
+            fastrand::u64(..),
+            fastrand::u64(..)
+        );
+        let sid = self.subscribe(&inbox, None).await?;
+        self.publish_with_reply(subject, Some(&inbox), headers, payload)
+            .await?;
+        self.send().await?;
+        let collect = async {
+            let mut answers = Vec::new();
+            loop {
+                let message = self.next_message().await?;
+                if message.subject != inbox {
+                    continue;
+                }
+                if message
+                    .headers
+                    .as_ref()
+                    .is_some_and(|h| h.status == Some(503))
+                {
+                    return Err(ClientError::Server(format!(
+                        "no service answers on {subject}"
+                    )));
+                }
+                let done = last.is_none_or(|last| last(&message));
+                answers.push(message);
+                if done {
+                    return Ok(answers);
+                }
+            }
+        };
+        let answers = tokio::time::timeout(timeout, collect)
+            .await
+            .map_err(|_| ClientError::Timeout(timeout))??;
+        canopy_protocols::native::encode_unsub(&mut self.wbuf, sid.to_string().as_bytes(), None);
+        Ok(answers)
     }
 
     /// Subscribes and returns the subscription id.

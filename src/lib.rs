@@ -6,6 +6,7 @@
 //! `canopy-subjects` trie and the `canopy-protocols` encoders, and nothing below
 //! `server` knows about sockets.
 
+pub mod api;
 pub mod broker;
 pub mod client;
 pub mod config;

@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 mod bench;
+mod cli;
 
 #[derive(Parser)]
 #[command(
@@ -39,6 +40,12 @@ enum Command {
     Pub(PubArgs),
     /// Print the messages published to subjects matching a pattern.
     Sub(SubArgs),
+    /// Print one stored message of a subject (the latest, or a version).
+    Get(GetArgs),
+    /// Print the stored history of a subject or pattern, and optionally follow it.
+    Replay(ReplayArgs),
+    /// List stored subjects matching a pattern, with their versions.
+    Subjects(SubjectsArgs),
     /// Measure live pub/sub throughput and latency of any NATS-protocol server.
     #[command(long_about = BENCH_ABOUT)]
     Bench(BenchArgs),
@@ -138,6 +145,64 @@ struct PubArgs {
     /// A header `Name: value` (repeatable).
     #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
     headers: Vec<String>,
+    /// Store only if the subject is at exactly this version (0: it must not exist yet).
+    #[arg(long, value_name = "VERSION")]
+    expect: Option<u64>,
+    /// Store once: a repeat with the same id within the dedupe window is not stored again.
+    #[arg(long, value_name = "ID")]
+    msg_id: Option<String>,
+    /// Wait for the store's durable ack and print it (implied by --expect and --msg-id).
+    #[arg(long)]
+    ack: bool,
+    /// Print the ack as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    connect: ConnectArgs,
+}
+
+#[derive(Args)]
+struct GetArgs {
+    /// The subject, e.g. devices.42.temp.
+    subject: String,
+    /// A version; the latest without it.
+    #[arg(short, long)]
+    version: Option<u64>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    connect: ConnectArgs,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// A subject, or a pattern (then in global offset order), e.g. 'devices.*.temp'.
+    target: String,
+    /// Where to start: `start`, a version (an offset for patterns), or an age (30s, 5m, 2h, 1d).
+    #[arg(long, default_value = "start", value_name = "WHERE")]
+    from: cli::streams::StartAt,
+    /// After the history, keep printing new messages as they are stored.
+    #[arg(short, long)]
+    follow: bool,
+    /// Exit after this many messages.
+    #[arg(short = 'n', long, value_name = "N")]
+    count: Option<u64>,
+    /// Print one JSON object per message.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    connect: ConnectArgs,
+}
+
+#[derive(Args)]
+struct SubjectsArgs {
+    /// Which subjects, e.g. 'devices.>' (all when left out).
+    #[arg(default_value = ">")]
+    pattern: String,
+    /// Print one JSON object per subject.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     connect: ConnectArgs,
 }
@@ -194,6 +259,27 @@ async fn run(command: Command) -> Result<()> {
         Command::Serve(args) => serve(args).await,
         Command::Pub(args) => publish(args).await,
         Command::Sub(args) => subscribe(args).await,
+        Command::Get(args) => {
+            let (mut client, timeout) = connect(&args.connect, "canopy get").await?;
+            cli::streams::get(&mut client, &args.subject, args.version, args.json, timeout).await
+        }
+        Command::Replay(args) => {
+            let (mut client, timeout) = connect(&args.connect, "canopy replay").await?;
+            cli::streams::replay(
+                &mut client,
+                &args.target,
+                args.from,
+                args.follow,
+                args.count,
+                args.json,
+                timeout,
+            )
+            .await
+        }
+        Command::Subjects(args) => {
+            let (mut client, timeout) = connect(&args.connect, "canopy subjects").await?;
+            cli::streams::subjects(&mut client, &args.pattern, args.json, timeout).await
+        }
         Command::Bench(args) => run_bench(args).await,
         Command::Config(_) => Ok(()),
     }
@@ -294,6 +380,25 @@ async fn connect(args: &ConnectArgs, name: &str) -> Result<(Client, Duration)> {
 async fn publish(args: PubArgs) -> Result<()> {
     let headers = parse_headers(&args.headers)?;
     let (mut client, timeout) = connect(&args.connect, "canopy pub").await?;
+    if args.ack || args.expect.is_some() || args.msg_id.is_some() {
+        let Some(data) = &args.data else {
+            bail!("--ack, --expect and --msg-id publish one message: give DATA");
+        };
+        let options = cli::streams::AckedPublish {
+            expect: args.expect,
+            msg_id: args.msg_id.as_deref(),
+            json: args.json,
+        };
+        return cli::streams::publish_acked(
+            &mut client,
+            &args.subject,
+            data.as_bytes(),
+            headers.unwrap_or_default(),
+            &options,
+            timeout,
+        )
+        .await;
+    }
     match &args.data {
         Some(data) => {
             client

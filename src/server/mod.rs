@@ -37,9 +37,9 @@ pub enum ServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("invalid pattern in the configuration: {0}")]
+    #[error("invalid pattern in the configuration")]
     Pattern(#[from] canopy_subjects::SubjectError),
-    #[error("cannot open the store: {0}")]
+    #[error("cannot open the store")]
     Store(#[from] crate::store::StoreError),
 }
 

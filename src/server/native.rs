@@ -26,6 +26,7 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::api;
 use crate::broker::durable::{
     ACK_JETSTREAM, FLAG_NO_ECHO, FLAG_NO_RESPONDERS, StoreRequest, bad_request_body,
 };
@@ -540,6 +541,20 @@ impl Connection {
         }
         // As nats-server does: the +OK, then deliveries (also to our own subscriptions).
         self.ok();
+        if let Some(operation) = subject.strip_prefix(api::PREFIX) {
+            let call = api::ApiCall {
+                principal: self.principal.clone(),
+                routes: Arc::clone(&self.routes),
+                operation: operation.to_owned(),
+                reply: reply
+                    .as_deref()
+                    .and_then(|r| std::str::from_utf8(r).ok())
+                    .map(str::to_owned),
+                body: payload,
+            };
+            api::spawn(Arc::clone(&self.broker), call);
+            return;
+        }
         if let Some(policy) = self.broker.store_policy(subject) {
             let policy = policy.clone();
             self.store_publish(&policy, subject, reply, headers, payload);

@@ -25,7 +25,7 @@ use slatedb::Db;
 use tokio::sync::{mpsc, watch};
 
 pub use open::{StoreLock, StoreUrl};
-pub use read::{ReplayFrom, ReplayPage, SubjectHead, SubjectsPage};
+pub use read::{ReplayFrom, ReplayPage, StoredMessage, SubjectHead, SubjectsPage};
 pub use record::Record;
 
 /// The on-store format this binary writes. Older formats are opened (and migrated

@@ -1,0 +1,5 @@
+//! Subcommands of the `canopy` binary that talk to a running server beyond plain
+//! pub/sub. Presentation only: every operation is a request to the server's
+//! `$CANOPY.` API, so this code never reaches into the store.
+
+pub mod streams;
