@@ -218,8 +218,12 @@ struct SubArgs {
     #[arg(short = 'n', long, value_name = "N")]
     count: Option<u64>,
     /// Join a queue group: each message goes to one member of the group.
-    #[arg(short, long, value_name = "GROUP")]
+    #[arg(short, long, value_name = "GROUP", conflicts_with = "from")]
     queue: Option<String>,
+    /// Start from stored history, then follow: `start`, a version (an offset for
+    /// patterns), or an age (30s, 5m, 2h, 1d).
+    #[arg(long, value_name = "WHERE")]
+    from: Option<cli::streams::StartAt>,
     #[command(flatten)]
     connect: ConnectArgs,
 }
@@ -421,6 +425,18 @@ async fn publish(args: PubArgs) -> Result<()> {
 
 async fn subscribe(args: SubArgs) -> Result<()> {
     let (mut client, timeout) = connect(&args.connect, "canopy sub").await?;
+    if let Some(from) = args.from {
+        return cli::streams::replay(
+            &mut client,
+            &args.pattern,
+            from,
+            true,
+            args.count,
+            args.json,
+            timeout,
+        )
+        .await;
+    }
     client
         .subscribe(&args.pattern, args.queue.as_deref())
         .await?;

@@ -12,10 +12,13 @@
 //! engine upgrade touches this folder only.
 
 mod keys;
+pub mod observed;
 mod open;
 mod read;
 mod record;
 mod sequencer;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -189,6 +192,9 @@ pub struct StoreSettings {
     pub max_batch: usize,
     /// Appends that may wait for the sequencer before publishers are held back.
     pub queue_depth: usize,
+    /// An object store to use instead of the one `url` names (tests, fault
+    /// injection); no lock is taken on it.
+    pub object_store: Option<Arc<dyn object_store::ObjectStore>>,
 }
 
 /// The open store. Cheap to share behind an `Arc`.

@@ -90,19 +90,21 @@ pub(super) struct Opened {
 }
 
 pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, StoreError> {
-    let (object_store, lock): (Arc<dyn ObjectStore>, _) = match &settings.url {
-        StoreUrl::File(folder) => {
-            let lock = StoreLock::acquire(folder)?;
-            let local = LocalFileSystem::new_with_prefix(folder)
-                .map_err(|e| StoreError::Folder {
-                    path: folder.display().to_string(),
-                    source: std::io::Error::other(e),
-                })?
-                .with_fsync(true);
-            (Arc::new(local), Some(lock))
-        }
-        StoreUrl::Memory => (Arc::new(InMemory::new()), None),
-    };
+    let (object_store, lock): (Arc<dyn ObjectStore>, _) =
+        match (&settings.object_store, &settings.url) {
+            (Some(provided), _) => (Arc::clone(provided), None),
+            (None, StoreUrl::File(folder)) => {
+                let lock = StoreLock::acquire(folder)?;
+                let local = LocalFileSystem::new_with_prefix(folder)
+                    .map_err(|e| StoreError::Folder {
+                        path: folder.display().to_string(),
+                        source: std::io::Error::other(e),
+                    })?
+                    .with_fsync(true);
+                (Arc::new(local), Some(lock))
+            }
+            (None, StoreUrl::Memory) => (Arc::new(InMemory::new()), None),
+        };
     let engine_settings = Settings {
         flush_interval: Some(settings.flush_interval),
         ..Settings::default()

@@ -243,3 +243,72 @@ async fn help_reads_like_a_cli() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn key_streams_from_the_command_line() {
+    let server = ServeProcess::start(&[]).await;
+    let url = server.url.clone();
+    let run_with = |args: Vec<&'static str>| {
+        let url = url.clone();
+        async move {
+            let mut all: Vec<&str> = args;
+            all.extend(["--server", url.as_str()]);
+            run(&all).await
+        }
+    };
+    let out = run_with(vec!["pub", "orders.1", "first", "--expect", "0"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "stored orders.1 version 1 at offset 1\n"
+    );
+    let out = run_with(vec!["pub", "orders.1", "again", "--expect", "0"]).await;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("orders.1 is at version 1"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run_with(vec!["pub", "orders.1", "second", "--msg-id", "m-2"]).await;
+    assert!(out.status.success());
+    let out = run_with(vec!["pub", "orders.1", "second", "--msg-id", "m-2"]).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("duplicate"));
+    let out = run_with(vec!["pub", "orders.2", "other"]).await;
+    assert!(out.status.success());
+
+    let out = run_with(vec!["get", "orders.1"]).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "orders.1 #2 second\n");
+    let out = run_with(vec!["get", "orders.1", "--version", "1", "--json"]).await;
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(value["payload"], "first");
+    assert_eq!(value["version"], 1);
+    let out = run_with(vec!["get", "orders.9"]).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no messages"));
+
+    // Replay sees durable data only: poll until the last publish is durable.
+    let mut replayed = String::new();
+    for _ in 0..100 {
+        let out = run_with(vec!["replay", "orders.>"]).await;
+        replayed = String::from_utf8_lossy(&out.stdout).into_owned();
+        if replayed.lines().count() == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        replayed,
+        "orders.1 #1 first\norders.1 #2 second\norders.2 #1 other\n"
+    );
+    let out = run_with(vec!["subjects", "orders.>"]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "orders.1 version 2\norders.2 version 1\n"
+    );
+    let out = run_with(vec!["sub", "orders.1", "--from", "2", "-n", "1"]).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "orders.1 #2 second\n");
+}

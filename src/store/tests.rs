@@ -1,0 +1,250 @@
+//! Store tests on the real engine over an in-memory or counted object store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+use parking_lot::Mutex;
+
+use super::observed::ObservedStore;
+use super::*;
+
+#[derive(Default)]
+struct Recorder {
+    acks: Mutex<Vec<(AckTo, AppendOutcome)>>,
+    routed: Mutex<Vec<(String, u64, u64)>>,
+}
+
+impl StoreEvents for Recorder {
+    fn sequenced(&self, batch: &[Sequenced<'_>]) {
+        let mut routed = self.routed.lock();
+        for m in batch {
+            routed.push((m.subject.to_owned(), m.version, m.offset));
+        }
+    }
+
+    fn acknowledged(&self, acks: Vec<(Arc<str>, AckTo, AppendOutcome)>) {
+        self.acks
+            .lock()
+            .extend(acks.into_iter().map(|(_, ack, outcome)| (ack, outcome)));
+    }
+}
+
+fn settings(object_store: Arc<dyn ObjectStore>) -> StoreSettings {
+    StoreSettings {
+        url: StoreUrl::Memory,
+        flush_interval: Duration::from_millis(1),
+        dedupe_window: Duration::from_secs(60),
+        max_batch: 256,
+        queue_depth: 1024,
+        object_store: Some(object_store),
+    }
+}
+
+fn request(subject: &str, payload: &str, n: u32) -> AppendRequest {
+    AppendRequest {
+        tenant: Arc::from("t"),
+        subject: Arc::from(subject),
+        messages: vec![NewMessage {
+            headers: Bytes::new(),
+            payload: Bytes::from(payload.to_owned()),
+        }],
+        expect: None,
+        msg_id: None,
+        durability: Durability::Durable,
+        ack: Some(AckTo {
+            address: Bytes::new(),
+            flags: n,
+        }),
+        route: RouteTag::default(),
+    }
+}
+
+/// Waits until `n` acks arrived.
+async fn acks(recorder: &Recorder, n: usize) -> Vec<(AckTo, AppendOutcome)> {
+    for _ in 0..2000 {
+        if recorder.acks.lock().len() >= n {
+            return recorder.acks.lock().clone();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("only {} of {n} acks", recorder.acks.lock().len());
+}
+
+async fn fill(inner: Arc<dyn ObjectStore>, messages: usize, subjects: usize) {
+    let recorder = Arc::new(Recorder::default());
+    let store = Store::open(settings(inner), recorder.clone())
+        .await
+        .expect("opens");
+    for i in 0..messages {
+        let mut r = request(&format!("s.{}", i % subjects), "x", 0);
+        r.ack = None;
+        store.append(r).await.expect("queued");
+    }
+    store.barrier().await.expect("barrier");
+    store.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn restart_reads_do_not_grow_with_the_history() {
+    let mut reads = Vec::new();
+    for messages in [2_000, 40_000] {
+        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        fill(Arc::clone(&inner), messages, 100).await;
+        let observed = Arc::new(ObservedStore::new(inner));
+        let counters = Arc::clone(&observed.counters);
+        let recorder = Arc::new(Recorder::default());
+        let store = Store::open(settings(observed), recorder.clone())
+            .await
+            .expect("reopens");
+        // The first append after a restart recovers the tenant's offset and the
+        // subject's head.
+        store
+            .append(request("s.7", "after", 1))
+            .await
+            .expect("queued");
+        let got = acks(&recorder, 1).await;
+        let AppendOutcome::Stored {
+            version, offset, ..
+        } = &got[0].1
+        else {
+            panic!("stored: {got:?}");
+        };
+        assert_eq!(*version, (messages / 100) as u64 + 1);
+        assert_eq!(*offset, messages as u64 + 1);
+        reads.push(counters.reads());
+        store.close().await.expect("closes");
+    }
+    eprintln!("object reads on restart at 2,000 and 40,000 messages: {reads:?}");
+    // 20 times the history must not cost 20 times the reads: allow a small constant.
+    assert!(
+        reads[1] <= reads[0] + 8,
+        "reads on restart grew with history: {reads:?}"
+    );
+}
+
+#[tokio::test]
+async fn expectations_msg_ids_and_atomic_appends() {
+    let recorder = Arc::new(Recorder::default());
+    let store = Store::open(settings(Arc::new(InMemory::new())), recorder.clone())
+        .await
+        .expect("opens");
+    let mut first = request("a", "1", 1);
+    first.expect = Some(Expectation::Version(0));
+    store.append(first).await.expect("queued");
+    let mut again = request("a", "2", 2);
+    again.expect = Some(Expectation::Version(0));
+    store.append(again).await.expect("queued");
+    let mut both = request("a", "3", 3);
+    both.messages.push(NewMessage {
+        headers: Bytes::new(),
+        payload: Bytes::from_static(b"4"),
+    });
+    both.expect = Some(Expectation::Version(1));
+    both.msg_id = Some("m".into());
+    store.append(both).await.expect("queued");
+    let mut duplicate = request("a", "5", 4);
+    duplicate.msg_id = Some("m".into());
+    store.append(duplicate).await.expect("queued");
+    let mut wrong_offset = request("a", "6", 5);
+    wrong_offset.expect = Some(Expectation::LastOffset(99));
+    store.append(wrong_offset).await.expect("queued");
+
+    let mut got = acks(&recorder, 5).await;
+    got.sort_by_key(|(ack, _)| ack.flags);
+    let outcomes: Vec<_> = got.into_iter().map(|(_, o)| o).collect();
+    assert!(matches!(
+        outcomes[0],
+        AppendOutcome::Stored {
+            version: 1,
+            offset: 1,
+            ..
+        }
+    ));
+    assert!(matches!(
+        outcomes[1],
+        AppendOutcome::Conflict {
+            current_version: 1,
+            ..
+        }
+    ));
+    assert!(matches!(
+        outcomes[2],
+        AppendOutcome::Stored {
+            version: 3,
+            offset: 3,
+            count: 2,
+            ..
+        }
+    ));
+    assert!(matches!(
+        outcomes[3],
+        AppendOutcome::Duplicate {
+            version: 3,
+            offset: 3,
+            ..
+        }
+    ));
+    assert!(matches!(
+        outcomes[4],
+        AppendOutcome::Conflict {
+            current_version: 3,
+            current_offset: 3,
+            ..
+        }
+    ));
+    let page = store
+        .replay_subject("t", "a", ReplayFrom::Start, 100, usize::MAX)
+        .await
+        .expect("replays");
+    let payloads: Vec<_> = page.messages.iter().map(|m| m.payload.clone()).collect();
+    assert_eq!(payloads, ["1", "3", "4"]);
+    assert_eq!(
+        recorder.routed.lock().clone(),
+        vec![
+            ("a".to_owned(), 1, 1),
+            ("a".to_owned(), 2, 2),
+            ("a".to_owned(), 3, 3)
+        ]
+    );
+    store.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn a_newer_format_or_foreign_data_is_refused() {
+    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    {
+        let db = slatedb::Db::open("db", Arc::clone(&inner))
+            .await
+            .expect("db");
+        db.put(keys::FORMAT_KEY, 99u64.to_be_bytes())
+            .await
+            .expect("put");
+        db.close().await.expect("close");
+    }
+    let error = Store::open(settings(inner), Arc::new(Recorder::default()))
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(error, StoreError::NewerFormat { found: 99, .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("newer canopy"), "{error}");
+
+    let foreign: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    {
+        let db = slatedb::Db::open("db", Arc::clone(&foreign))
+            .await
+            .expect("db");
+        db.put(b"something", b"else").await.expect("put");
+        db.close().await.expect("close");
+    }
+    let error = Store::open(settings(foreign), Arc::new(Recorder::default()))
+        .await
+        .err()
+        .expect("refused");
+    assert!(matches!(error, StoreError::Foreign), "{error}");
+}
