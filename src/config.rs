@@ -110,6 +110,23 @@ pub struct StorePolicy {
     pub max_age_secs: u64,
     /// Versions kept per subject (0 = all).
     pub max_versions: u64,
+    /// Fold each subject into a snapshot every this many versions (0 = never).
+    pub snapshot_every: u64,
+    /// How events fold into a snapshot.
+    pub reducer: crate::store::reduce::ReducerKind,
+    /// Keep the events a server snapshot covers (true) or drop them.
+    pub keep_history: bool,
+}
+
+impl StorePolicy {
+    /// The server-side snapshots this policy asks for.
+    pub fn compaction(&self) -> Option<crate::store::Compaction> {
+        (self.snapshot_every > 0).then_some(crate::store::Compaction {
+            every: self.snapshot_every,
+            reducer: self.reducer,
+            keep_history: self.keep_history,
+        })
+    }
 }
 
 /// When the store acknowledges a publish that has a reply subject.
@@ -139,6 +156,9 @@ impl Default for StorePolicy {
             ack: AckMode::OnRequest,
             max_age_secs: 7 * 24 * 3600,
             max_versions: 0,
+            snapshot_every: 0,
+            reducer: crate::store::reduce::ReducerKind::Last,
+            keep_history: true,
         }
     }
 }

@@ -46,6 +46,11 @@ enum Command {
     Replay(ReplayArgs),
     /// List stored subjects matching a pattern, with their versions.
     Subjects(SubjectsArgs),
+    /// Store or read a subject's snapshot (its state as of a version).
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+    /// Delete the stored history of a subject or pattern (asks first).
+    Purge(PurgeArgs),
     /// Measure live pub/sub throughput and latency of any NATS-protocol server.
     #[command(long_about = BENCH_ABOUT)]
     Bench(BenchArgs),
@@ -62,6 +67,10 @@ Shapes:
   fanin   4 publishers round-robin over 10,000 subjects `bench.s<i>` -> 1 subscriber on `bench.>`
   fanout  1 publisher on `bench.x.<k>` -> 10 subscribers on `bench.*.<k>` (10 deliveries per message)
   reqrep  1 requester -> 1 responder on `bench.svc`, replies to `_INBOX.<id>.<n>`, --window outstanding
+  durable 4 publishers round-robin over 10,000 subjects `bench.d.<i>`, every publish acked by the
+          store (Canopy-Ack: durable; nats-server: a JetStream file stream), --ack-window unacked
+          per connection, --expect adds an expected version; latency is send -> ack
+  replay  loads --msgs like durable, then times reading one subject's first --replay-max messages
 
 Every payload starts with its send time, so latency is measured in this process: one way \
 for the publisher shapes, the round trip for reqrep. Throughput is messages received per \
@@ -78,7 +87,7 @@ Example: canopy bench --server nats://127.0.0.1:4222 --shape fanout --msgs 20000
 
 #[derive(Args)]
 struct BenchArgs {
-    /// The traffic pattern: pubsub, fanin, fanout or reqrep.
+    /// The traffic pattern: pubsub, fanin, fanout, reqrep, durable or replay.
     #[arg(long, default_value = "pubsub", value_name = "SHAPE")]
     shape: bench::Shape,
     /// Messages to publish (fanin: in total over the 4 publishers; reqrep: requests).
@@ -100,6 +109,8 @@ struct BenchArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    durable: bench::DurableArgs,
     #[command(flatten)]
     connect: ConnectArgs,
 }
@@ -179,7 +190,8 @@ struct GetArgs {
 struct ReplayArgs {
     /// A subject, or a pattern (then in global offset order), e.g. 'devices.*.temp'.
     target: String,
-    /// Where to start: `start`, a version (an offset for patterns), or an age (30s, 5m, 2h, 1d).
+    /// Where to start: `start`, `snapshot` (the newest snapshot, then what follows), a
+    /// version (an offset for patterns), or an age (30s, 5m, 2h, 1d).
     #[arg(long, default_value = "start", value_name = "WHERE")]
     from: cli::streams::StartAt,
     /// After the history, keep printing new messages as they are stored.
@@ -191,6 +203,40 @@ struct ReplayArgs {
     /// Print one JSON object per message.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    connect: ConnectArgs,
+}
+
+#[derive(Subcommand)]
+enum SnapshotCommand {
+    /// Store DATA as the state of SUBJECT as of VERSION.
+    Put {
+        subject: String,
+        version: u64,
+        data: String,
+        #[command(flatten)]
+        connect: ConnectArgs,
+    },
+    /// Print the newest snapshot of SUBJECT (or the newest at or below --version).
+    Get {
+        subject: String,
+        #[arg(short, long)]
+        version: Option<u64>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connect: ConnectArgs,
+    },
+}
+
+#[derive(Args)]
+struct PurgeArgs {
+    /// A subject, or a pattern such as 'devices.42.>'.
+    target: String,
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    yes: bool,
     #[command(flatten)]
     connect: ConnectArgs,
 }
@@ -279,6 +325,28 @@ async fn run(command: Command) -> Result<()> {
                 timeout,
             )
             .await
+        }
+        Command::Snapshot(SnapshotCommand::Put {
+            subject,
+            version,
+            data,
+            connect: how,
+        }) => {
+            let (mut client, timeout) = connect(&how, "canopy snapshot").await?;
+            cli::streams::snapshot_put(&mut client, &subject, version, &data, timeout).await
+        }
+        Command::Snapshot(SnapshotCommand::Get {
+            subject,
+            version,
+            json,
+            connect: how,
+        }) => {
+            let (mut client, timeout) = connect(&how, "canopy snapshot").await?;
+            cli::streams::snapshot_get(&mut client, &subject, version, json, timeout).await
+        }
+        Command::Purge(args) => {
+            let (mut client, timeout) = connect(&args.connect, "canopy purge").await?;
+            cli::streams::purge(&mut client, &args.target, args.yes, timeout).await
         }
         Command::Subjects(args) => {
             let (mut client, timeout) = connect(&args.connect, "canopy subjects").await?;
@@ -481,6 +549,7 @@ async fn run_bench(args: BenchArgs) -> Result<()> {
         max_in_flight: args.max_in_flight,
         window: args.window,
         timeout: Duration::from_secs(args.connect.timeout.max(1)),
+        durable: args.durable,
     };
     let report = bench::run(&options)
         .await

@@ -22,7 +22,8 @@ use tokio::sync::Semaphore;
 
 use crate::broker::{Broker, Message, RouteScratch, TenantRoutes, Wakes};
 use crate::store::{
-    AckTo, AppendRequest, Expectation, NewMessage, ReplayFrom, RouteTag, Store, StoredMessage,
+    AckTo, AppendRequest, Expectation, NewMessage, ReplayFrom, RouteTag, Snapshot, Store,
+    StoreError, StoredMessage,
 };
 use crate::tenancy::{Action, Principal};
 
@@ -88,9 +89,12 @@ impl ApiError {
     }
 }
 
-impl From<crate::store::StoreError> for ApiError {
-    fn from(error: crate::store::StoreError) -> Self {
-        ApiError::new(503, format!("the store failed: {error}"))
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Refused(reason) => ApiError::new(400, reason),
+            other => ApiError::new(503, format!("the store failed: {other}")),
+        }
     }
 }
 
@@ -145,6 +149,18 @@ impl Answer {
         self.wakes.wake_all();
     }
 
+    /// A snapshot, marked `Canopy-Snapshot: true`.
+    fn snapshot(&mut self, snapshot: &Snapshot) {
+        let mut headers = HeaderMap::new();
+        headers.insert("Canopy-Subject", snapshot.subject.clone());
+        headers.insert("Canopy-Version", snapshot.version.to_string());
+        headers.insert("Canopy-Time", snapshot.time_ms.to_string());
+        headers.insert("Canopy-Snapshot", "true");
+        let mut block = BytesMut::new();
+        headers.encode(&mut block);
+        self.send(Some(&block), &snapshot.payload);
+    }
+
     /// A stored message with its Canopy-* headers added to its own.
     fn message(&mut self, message: &StoredMessage) {
         let mut headers = HeaderMap::parse(&message.headers).unwrap_or_default();
@@ -170,9 +186,15 @@ async fn dispatch(
         "replay" => replay(broker, store, tenant, call, answer).await,
         "subjects" => subjects(broker, store, tenant, call, answer).await,
         "append" => append(broker, store, call).await,
+        "snapshot.put" => put_snapshot(broker, store, tenant, call, answer).await,
+        "snapshot.get" => get_snapshot(broker, store, tenant, call, answer).await,
+        "purge" => purge(broker, store, tenant, call, answer).await,
         other => Err(ApiError::new(
             404,
-            format!("no API `{PREFIX}{other}`: use get, replay, subjects or append"),
+            format!(
+                "no API `{PREFIX}{other}`: use get, replay, subjects, append, snapshot.put, \
+                 snapshot.get or purge"
+            ),
         )),
     }
 }
@@ -264,11 +286,16 @@ async fn replay(
 ) -> Result<(), ApiError> {
     let request: ReplayRequest = parse(&call.body)?;
     let max = request.max.unwrap_or(100).clamp(1, MAX_PAGE);
-    let from = match (&request.cursor, &request.from) {
+    let mut from_snapshot = false;
+    let mut from = match (&request.cursor, &request.from) {
         (Some(cursor), _) if request.subject.is_some() => ReplayFrom::Version(*cursor),
         (Some(cursor), _) => ReplayFrom::Offset(*cursor),
         (None, None) => ReplayFrom::Start,
         (None, Some(StartAt::Named(name))) if name == "start" => ReplayFrom::Start,
+        (None, Some(StartAt::Named(name))) if name == "snapshot" && request.subject.is_some() => {
+            from_snapshot = true;
+            ReplayFrom::Start
+        }
         (None, Some(StartAt::Named(name))) => {
             return Err(ApiError::new(
                 400,
@@ -300,6 +327,13 @@ async fn replay(
             ));
         }
     };
+    if from_snapshot
+        && let Target::Subject(subject) = &target
+        && let Some(snapshot) = store.snapshot(tenant, subject, None).await?
+    {
+        answer.snapshot(&snapshot);
+        from = ReplayFrom::Version(snapshot.version + 1);
+    }
     let wait = Duration::from_millis(request.wait_ms.unwrap_or(5000)).min(MAX_WAIT);
     let deadline = tokio::time::Instant::now() + wait;
     let mut durable = store.durable_watch();
@@ -420,21 +454,7 @@ async fn append(broker: &Broker, store: &Store, call: &ApiCall) -> Result<(), Ap
     }
     let mut messages = Vec::with_capacity(request.messages.len());
     for message in request.messages {
-        let payload = match (message.data, message.data_base64) {
-            (Some(text), None) => Bytes::from(text),
-            (None, Some(encoded)) => Bytes::from(
-                base64::engine::general_purpose::STANDARD
-                    .decode(encoded)
-                    .map_err(|e| ApiError::new(400, format!("data_base64 is not base64: {e}")))?,
-            ),
-            (None, None) => Bytes::new(),
-            (Some(_), Some(_)) => {
-                return Err(ApiError::new(
-                    400,
-                    "a message has `data` or `data_base64`, not both",
-                ));
-            }
-        };
+        let payload = payload_of(message.data, message.data_base64)?;
         let headers = if message.headers.is_empty() {
             Bytes::new()
         } else {
@@ -462,7 +482,112 @@ async fn append(broker: &Broker, store: &Store, call: &ApiCall) -> Result<(), Ap
                 flags: 0,
             }),
             route: RouteTag::default(),
+            compaction: policy.compaction(),
         })
         .await?;
+    Ok(())
+}
+
+/// A payload given as `data` (text) or `data_base64`.
+fn payload_of(data: Option<String>, data_base64: Option<String>) -> Result<Bytes, ApiError> {
+    match (data, data_base64) {
+        (Some(text), None) => Ok(Bytes::from(text)),
+        (None, Some(encoded)) => base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .map(Bytes::from)
+            .map_err(|e| ApiError::new(400, format!("data_base64 is not base64: {e}"))),
+        (None, None) => Ok(Bytes::new()),
+        (Some(_), Some(_)) => Err(ApiError::new(400, "give `data` or `data_base64`, not both")),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PutSnapshot {
+    subject: String,
+    version: u64,
+    data: Option<String>,
+    data_base64: Option<String>,
+}
+
+async fn put_snapshot(
+    broker: &Broker,
+    store: &Store,
+    tenant: &str,
+    call: &ApiCall,
+    answer: &mut Answer,
+) -> Result<(), ApiError> {
+    let request: PutSnapshot = parse(&call.body)?;
+    check_subject(&request.subject)?;
+    authorize(broker, &call.principal, Action::Publish, &request.subject)?;
+    let payload = payload_of(request.data, request.data_base64)?;
+    store
+        .put_snapshot(tenant, &request.subject, request.version, &payload)
+        .await?;
+    answer.json(&json!({"subject": request.subject, "version": request.version}));
+    Ok(())
+}
+
+async fn get_snapshot(
+    broker: &Broker,
+    store: &Store,
+    tenant: &str,
+    call: &ApiCall,
+    answer: &mut Answer,
+) -> Result<(), ApiError> {
+    let request: GetRequest = parse(&call.body)?;
+    check_subject(&request.subject)?;
+    authorize(broker, &call.principal, Action::Subscribe, &request.subject)?;
+    match store
+        .snapshot(tenant, &request.subject, request.version)
+        .await?
+    {
+        Some(snapshot) => {
+            answer.snapshot(&snapshot);
+            answer.wakes.wake_all();
+            Ok(())
+        }
+        None => Err(ApiError::new(
+            404,
+            format!("{} has no snapshot", request.subject),
+        )),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PurgeRequest {
+    subject: Option<String>,
+    pattern: Option<String>,
+}
+
+async fn purge(
+    broker: &Broker,
+    store: &Store,
+    tenant: &str,
+    call: &ApiCall,
+    answer: &mut Answer,
+) -> Result<(), ApiError> {
+    let request: PurgeRequest = parse(&call.body)?;
+    let purged = match (&request.subject, &request.pattern) {
+        (Some(subject), None) => {
+            check_subject(subject)?;
+            authorize(broker, &call.principal, Action::Publish, subject)?;
+            store.purge_subject(tenant, subject).await?
+        }
+        (None, Some(text)) => {
+            let pattern = Pattern::parse_native(text)
+                .map_err(|e| ApiError::new(400, format!("invalid pattern: {e}")))?;
+            authorize(broker, &call.principal, Action::Publish, text)?;
+            store.purge_pattern(tenant, &pattern).await?
+        }
+        _ => {
+            return Err(ApiError::new(
+                400,
+                "a purge names either `subject` or `pattern`",
+            ));
+        }
+    };
+    answer.json(&json!({"subjects": purged.subjects, "messages": purged.messages}));
     Ok(())
 }

@@ -44,6 +44,18 @@ impl Conn {
         role: &'static str,
         timeout: Duration,
     ) -> Result<Conn, BenchError> {
+        Conn::connect_with(addr, role, timeout, false, false).await
+    }
+
+    /// [`Conn::connect`], announcing header support (HPUB needs it on nats-server) and
+    /// no-responders statuses (a request nobody answers then fails at once).
+    pub async fn connect_with(
+        addr: &str,
+        role: &'static str,
+        timeout: Duration,
+        headers: bool,
+        no_responders: bool,
+    ) -> Result<Conn, BenchError> {
         let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| BenchError::Timeout { role, timeout })?
@@ -84,6 +96,8 @@ impl Conn {
             version: Some(env!("CARGO_PKG_VERSION").into()),
             protocol: 1,
             echo: true,
+            headers: headers || no_responders,
+            no_responders,
             ..ConnectOptions::default()
         };
         encode_connect(&mut conn.wbuf, &options);

@@ -1,9 +1,11 @@
 //! `canopy bench`: a live load generator for any NATS-protocol server, so Canopy and
 //! nats-server can be measured with the same client on the same machine.
 //!
-//! Four shapes ([`Shape`]), 128-byte payloads by default, each message stamped with its
-//! send time so subscribers in this process measure latency. Throughput is messages
-//! *received* per second, from the first send to the last receive.
+//! Four live shapes ([`Shape`]), 128-byte payloads by default, each message stamped with
+//! its send time so subscribers in this process measure latency. Throughput is messages
+//! *received* per second, from the first send to the last receive. Two durable shapes
+//! (`durable`, `replay`, in [`durable`]) measure acked publishes and the replay of one
+//! subject, on Canopy's store and on JetStream alike.
 //!
 //! Owns: running one shape against one server and reporting it ([`run`], [`Report`]).
 //!
@@ -12,6 +14,7 @@
 
 mod clock;
 mod conn;
+mod durable;
 mod flow;
 mod histogram;
 mod report;
@@ -33,6 +36,11 @@ pub const FANOUT_SUBSCRIBERS: usize = 10;
 /// Subjects `bench.x.<k>` the fan-out publisher cycles through.
 pub const FANOUT_KEYS: usize = 4;
 
+/// Publisher connections of the durable and replay shapes, unless `--publishers` says.
+pub const DURABLE_PUBLISHERS: usize = 4;
+/// Subjects `<prefix>.<i>` the durable publishers cycle through, unless `--subjects` says.
+pub const DURABLE_SUBJECTS: usize = 10_000;
+
 /// The traffic pattern of one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
@@ -44,10 +52,23 @@ pub enum Shape {
     FanOut,
     /// Request/reply round trips to 1 responder on `bench.svc`.
     ReqRep,
+    /// Acked (durable) publishes from 4 connections over 10,000 subjects `bench.d.<i>`,
+    /// a window of unacknowledged publishes per connection.
+    Durable,
+    /// Loads `--msgs` acked messages like `durable`, then times reading one subject's
+    /// first `--replay-max` messages, for `--replay-samples` subjects.
+    Replay,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 4] = [Shape::PubSub, Shape::FanIn, Shape::FanOut, Shape::ReqRep];
+    pub const ALL: [Shape; 6] = [
+        Shape::PubSub,
+        Shape::FanIn,
+        Shape::FanOut,
+        Shape::ReqRep,
+        Shape::Durable,
+        Shape::Replay,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -55,6 +76,8 @@ impl Shape {
             Shape::FanIn => "fanin",
             Shape::FanOut => "fanout",
             Shape::ReqRep => "reqrep",
+            Shape::Durable => "durable",
+            Shape::Replay => "replay",
         }
     }
 }
@@ -66,7 +89,7 @@ impl fmt::Display for Shape {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("unknown shape `{0}`: expected pubsub, fanin, fanout or reqrep")]
+#[error("unknown shape `{0}`: expected pubsub, fanin, fanout, reqrep, durable or replay")]
 pub struct UnknownShape(String);
 
 impl FromStr for Shape {
@@ -100,6 +123,60 @@ pub struct Options {
     /// Connect and PONG deadline, and how long receivers wait without any message
     /// before the run fails as stalled.
     pub timeout: Duration,
+    /// The durable and replay shapes.
+    pub durable: DurableArgs,
+}
+
+/// Flags of the durable and replay shapes (`canopy bench --shape durable|replay`).
+///
+/// Canopy is asked for a durable ack with `Canopy-Ack: durable`; nats-server gets a
+/// JetStream stream (file storage) over `<prefix>.>` created first, so every publish with
+/// a reply subject is answered with a PubAck.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DurableArgs {
+    /// durable/replay: publisher connections.
+    #[arg(long, default_value_t = DURABLE_PUBLISHERS, value_name = "N")]
+    pub publishers: usize,
+    /// durable/replay: subjects `<prefix>.<i>` published round robin; each belongs to one
+    /// publisher.
+    #[arg(long, default_value_t = DURABLE_SUBJECTS, value_name = "N")]
+    pub subjects: usize,
+    /// durable/replay: subject prefix; the JetStream stream captures `<prefix>.>`.
+    #[arg(long, default_value = "bench.d", value_name = "PREFIX")]
+    pub prefix: String,
+    /// durable/replay: unacknowledged publishes per connection.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub ack_window: usize,
+    /// durable: every publish carries the subject's expected version
+    /// (`Canopy-Expected-Version`; nats-server: `Nats-Expected-Last-Subject-Sequence`),
+    /// tracked from the acks after one unmeasured priming publish per subject. Needs
+    /// --subjects >= --publishers x --ack-window.
+    #[arg(long)]
+    pub expect: bool,
+    /// replay: subjects whose replay is timed (spread over the subjects).
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub replay_samples: usize,
+    /// replay: messages read per subject, from its first.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub replay_max: usize,
+    /// nats-server: the JetStream stream created (or reused) for the durable shapes.
+    #[arg(long, default_value = "BENCH", value_name = "NAME")]
+    pub stream: String,
+}
+
+impl Default for DurableArgs {
+    fn default() -> Self {
+        Self {
+            publishers: DURABLE_PUBLISHERS,
+            subjects: DURABLE_SUBJECTS,
+            prefix: "bench.d".into(),
+            ack_window: 256,
+            expect: false,
+            replay_samples: 20,
+            replay_max: 100,
+            stream: "BENCH".into(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +223,16 @@ pub enum BenchError {
     ReceiverFailed,
     #[error("the responder stopped before the requests were answered")]
     ResponderStopped,
+    #[error("{0}")]
+    Config(String),
+    #[error("{errors} of {answered} publishes were refused (first: {first})")]
+    AckErrors {
+        errors: u64,
+        answered: u64,
+        first: String,
+    },
+    #[error("the {role} request was refused: {text}")]
+    Api { role: &'static str, text: String },
     #[error("a benchmark task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
@@ -176,5 +263,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         Shape::FanIn => shapes::fanin(&addr, options).await,
         Shape::FanOut => shapes::fanout(&addr, options).await,
         Shape::ReqRep => shapes::reqrep(&addr, options).await,
+        Shape::Durable => durable::durable(&addr, options).await,
+        Shape::Replay => durable::replay(&addr, options).await,
     }
 }

@@ -43,6 +43,47 @@ pub struct Report {
     pub latency: Summary,
     /// CPUs this process could use; the server under test shares them if it is local.
     pub cpus: usize,
+    /// durable/replay: what was asked of the store (`latency` is then send -> ack).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub durable: Option<DurableInfo>,
+    /// replay: the timed reads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay: Option<ReplayStats>,
+}
+
+/// How a durable run asked for acks.
+#[derive(Debug, Clone, Serialize)]
+pub struct DurableInfo {
+    /// `canopy` or `nats-server` (from INFO).
+    pub server_kind: &'static str,
+    /// How acks were requested, and what the ack means.
+    pub acks: String,
+    pub subjects: usize,
+    /// Unacknowledged publishes per connection.
+    pub ack_window: usize,
+    /// Every publish carried an expected version / last subject sequence.
+    pub expect: bool,
+    /// Publishes answered with an error (a run with any fails).
+    pub errors: u64,
+}
+
+/// Timed reads of one subject's first messages each.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayStats {
+    /// How the subject was read.
+    pub method: String,
+    /// Subjects read, one after another on one connection.
+    pub samples: usize,
+    /// Messages asked for per subject.
+    pub max: usize,
+    /// Fewest messages one read returned.
+    pub min_count: usize,
+    /// From sending the request to receiving the last message (or the end marker).
+    pub median_ns: u64,
+    pub min_ns: u64,
+    pub p90_ns: u64,
+    pub max_ns: u64,
+    pub times_ns: Vec<u64>,
 }
 
 fn micros(ns: u64) -> String {
@@ -64,6 +105,46 @@ fn rate(per_sec: f64) -> String {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(d) = &self.durable {
+            write!(
+                f,
+                "{:<7} {} acked of {} x {} B, {} pub over {} subjects, window {}{}: {} acks/s \
+                 in {:.2} s; ack latency p50 {} p99 {} p99.9 {} max {} [{} {}; {}]",
+                self.shape,
+                self.delivered,
+                self.msgs,
+                self.size,
+                self.publishers,
+                d.subjects,
+                d.ack_window,
+                if d.expect { ", expected versions" } else { "" },
+                rate(self.msgs_per_sec),
+                self.elapsed_secs,
+                micros(self.latency.p50_ns),
+                micros(self.latency.p99_ns),
+                micros(self.latency.p999_ns),
+                micros(self.latency.max_ns),
+                d.server_kind,
+                self.server_version,
+                d.acks,
+            )?;
+            if let Some(r) = &self.replay {
+                write!(
+                    f,
+                    "\nreplay  first {} msgs of one subject (at least {} returned), {} subjects: \
+                     median {} min {} p90 {} max {} [{}]",
+                    r.max,
+                    r.min_count,
+                    r.samples,
+                    micros(r.median_ns),
+                    micros(r.min_ns),
+                    micros(r.p90_ns),
+                    micros(r.max_ns),
+                    r.method,
+                )?;
+            }
+            return Ok(());
+        }
         let what = match self.window {
             Some(window) => format!(
                 "{} requests x {} B, window {window}: {} round trips/s",

@@ -189,7 +189,7 @@ pub async fn request(mut conn: Conn, plan: RequestPlan) -> Result<Received, Benc
 }
 
 /// One read, failing as a stall when nothing arrives within `idle`.
-async fn stalled_read(
+pub(super) async fn stalled_read(
     conn: &mut Conn,
     idle: Duration,
     received: u64,

@@ -39,7 +39,7 @@ async fn subscriber(
 }
 
 /// Aborts every task when dropped, so an early error leaves nothing running.
-struct Tasks<T>(Vec<JoinHandle<T>>);
+pub(super) struct Tasks<T>(pub(super) Vec<JoinHandle<T>>);
 
 impl<T> Drop for Tasks<T> {
     fn drop(&mut self) {
@@ -51,7 +51,7 @@ impl<T> Drop for Tasks<T> {
 
 impl<R> Tasks<Result<R, BenchError>> {
     /// Awaits every task in order; the first error ends the wait (the rest are aborted).
-    async fn join(mut self) -> Result<Vec<R>, BenchError> {
+    pub(super) async fn join(mut self) -> Result<Vec<R>, BenchError> {
         let mut out = Vec::with_capacity(self.0.len());
         for task in &mut self.0 {
             out.push(task.await??);
@@ -145,6 +145,8 @@ fn report(
         published_per_sec: options.msgs as f64 / elapsed_secs,
         latency: latency.summary(),
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        durable: None,
+        replay: None,
     }
 }
 

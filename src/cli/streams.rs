@@ -85,6 +85,7 @@ fn check(answer: &Received) -> Result<()> {
 fn line(message: &Received, json_output: bool) -> String {
     let number = |name| header(message, name).and_then(|v| v.parse::<u64>().ok());
     let subject = header(message, "Canopy-Subject").unwrap_or(&message.subject);
+    let snapshot = header(message, "Canopy-Snapshot") == Some("true");
     if json_output {
         let mut object = json!({
             "subject": subject,
@@ -92,6 +93,9 @@ fn line(message: &Received, json_output: bool) -> String {
             "offset": number("Canopy-Offset"),
             "time_ms": number("Canopy-Time"),
         });
+        if snapshot {
+            object["snapshot"] = true.into();
+        }
         if let Some(headers) = &message.headers {
             let own: serde_json::Map<String, Value> = headers
                 .entries
@@ -115,9 +119,10 @@ fn line(message: &Received, json_output: bool) -> String {
         object.to_string()
     } else {
         format!(
-            "{} #{} {}",
+            "{} #{}{} {}",
             subject,
             number("Canopy-Version").unwrap_or(0),
+            if snapshot { " (snapshot)" } else { "" },
             String::from_utf8_lossy(&message.payload)
         )
     }
@@ -151,6 +156,7 @@ pub async fn get(
 #[derive(Debug, Clone)]
 pub enum StartAt {
     Start,
+    Snapshot,
     Number(u64),
     Since(Duration),
 }
@@ -162,12 +168,15 @@ impl std::str::FromStr for StartAt {
         if text == "start" {
             return Ok(StartAt::Start);
         }
+        if text == "snapshot" {
+            return Ok(StartAt::Snapshot);
+        }
         if let Ok(n) = text.parse() {
             return Ok(StartAt::Number(n));
         }
         parse_ago(text).map(StartAt::Since).ok_or_else(|| {
             format!(
-                "`{text}` is not `start`, a version (offset for patterns) or an age like 30s, 5m, 2h, 1d"
+                "`{text}` is not `start`, `snapshot`, a version (offset for patterns) or an age like 30s, 5m, 2h, 1d"
             )
         })
     }
@@ -216,6 +225,7 @@ pub async fn replay(
         match (cursor, &from) {
             (Some(c), _) => body["cursor"] = c.into(),
             (None, StartAt::Start) => {}
+            (None, StartAt::Snapshot) => body["from"] = "snapshot".into(),
             (None, StartAt::Number(n)) if key == "subject" => body["from"] = json!({"version": n}),
             (None, StartAt::Number(n)) => body["from"] = json!({"offset": n}),
             (None, StartAt::Since(age)) => {
@@ -296,4 +306,76 @@ pub async fn subjects(
             None => return Ok(()),
         }
     }
+}
+
+/// Asks the API for one JSON answer and fails with its error, if any.
+async fn call_json(
+    client: &mut Client,
+    subject: &str,
+    body: &Value,
+    timeout: Duration,
+) -> Result<Value> {
+    let answers = client
+        .request(subject, None, body.to_string().as_bytes(), timeout, None)
+        .await?;
+    let answer = answers.first().context("no answer")?;
+    check(answer)?;
+    serde_json::from_slice(&answer.payload).context("the answer is not JSON")
+}
+
+pub async fn snapshot_put(
+    client: &mut Client,
+    subject: &str,
+    version: u64,
+    data: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let body = json!({"subject": subject, "version": version, "data": data});
+    call_json(client, "$CANOPY.snapshot.put", &body, timeout).await?;
+    println!("snapshot of {subject} at version {version} stored");
+    Ok(())
+}
+
+pub async fn snapshot_get(
+    client: &mut Client,
+    subject: &str,
+    version: Option<u64>,
+    json_output: bool,
+    timeout: Duration,
+) -> Result<()> {
+    let body = json!({"subject": subject, "version": version}).to_string();
+    let answers = client
+        .request("$CANOPY.snapshot.get", None, body.as_bytes(), timeout, None)
+        .await?;
+    let answer = answers.first().context("no answer")?;
+    check(answer)?;
+    print(&line(answer, json_output));
+    Ok(())
+}
+
+/// Purges after asking, unless `yes`; refuses to guess when nobody can answer.
+pub async fn purge(client: &mut Client, target: &str, yes: bool, timeout: Duration) -> Result<()> {
+    if !yes {
+        use std::io::{BufRead, IsTerminal};
+        if !std::io::stdin().is_terminal() {
+            bail!("purge deletes history for good: confirm with --yes when not at a terminal");
+        }
+        eprint!("Delete every stored message of '{target}'? This cannot be undone. [y/N] ");
+        let mut reply = String::new();
+        std::io::stdin().lock().read_line(&mut reply)?;
+        if !matches!(reply.trim(), "y" | "Y" | "yes") {
+            bail!("nothing purged");
+        }
+    }
+    let key = if is_pattern(target) {
+        "pattern"
+    } else {
+        "subject"
+    };
+    let purged = call_json(client, "$CANOPY.purge", &json!({key: target}), timeout).await?;
+    println!(
+        "purged {} messages of {} subjects",
+        purged["messages"], purged["subjects"]
+    );
+    Ok(())
 }

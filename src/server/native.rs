@@ -650,6 +650,7 @@ impl Connection {
                 reply: if ack.is_some() { None } else { reply },
             },
             ack,
+            compaction: policy.compaction(),
         });
     }
 

@@ -3,9 +3,10 @@
 //!
 //! ```text
 //!  message   'm' tenant 0x00 subject 0x00 version:u64be     -> record (record.rs)
-//!  subject   'h' tenant 0x00 subject 0x00                   -> subject marker (first version)
+//!  subject   'h' tenant 0x00 subject 0x00                   -> subject marker (purged version, offset)
 //!  batch     'g' tenant 0x00 first_offset:u64be             -> (subject, version) list of one group commit
 //!  msg id    'd' tenant 0x00 msg_id                         -> (subject, version, offset, time)
+//!  snapshot  's' tenant 0x00 subject 0x00 version:u64be     -> time, snapshot bytes
 //!  format    'x' "format"                                   -> format version
 //! ```
 //!
@@ -18,6 +19,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 pub const MESSAGE: u8 = b'm';
 pub const SUBJECT: u8 = b'h';
 pub const BATCH: u8 = b'g';
+pub const SNAPSHOT: u8 = b's';
 pub const MSG_ID: u8 = b'd';
 pub const FORMAT_KEY: &[u8] = b"xformat";
 
@@ -29,31 +31,46 @@ fn prefix(kind: u8, tenant: &str, extra: usize) -> BytesMut {
     key
 }
 
-/// `m tenant 0 subject 0`: the start of one subject's messages.
-pub fn message_prefix(tenant: &str, subject: &str) -> BytesMut {
-    let mut key = prefix(MESSAGE, tenant, subject.len() + 9);
+/// `kind tenant 0 subject 0`: the start of one subject's versioned keys.
+fn versioned_prefix(kind: u8, tenant: &str, subject: &str) -> BytesMut {
+    let mut key = prefix(kind, tenant, subject.len() + 9);
     key.put_slice(subject.as_bytes());
     key.put_u8(0);
     key
 }
 
-pub fn message(tenant: &str, subject: &str, version: u64) -> Bytes {
-    let mut key = message_prefix(tenant, subject);
+fn versioned(kind: u8, tenant: &str, subject: &str, version: u64) -> Bytes {
+    let mut key = versioned_prefix(kind, tenant, subject);
     key.put_u64(version);
     key.freeze()
 }
 
+/// The keys of one subject of `kind` from version `from` (inclusive) on.
+fn versioned_range(kind: u8, tenant: &str, subject: &str, from: u64) -> std::ops::Range<Bytes> {
+    let start = versioned(kind, tenant, subject, from);
+    let mut end = versioned_prefix(kind, tenant, subject);
+    // Past every version: the 0x00 terminator becomes 0x01.
+    let last = end.len() - 1;
+    end[last] = 1;
+    start..end.freeze()
+}
+
+pub fn message(tenant: &str, subject: &str, version: u64) -> Bytes {
+    versioned(MESSAGE, tenant, subject, version)
+}
+
 /// The key range of one subject's messages from `from` (inclusive) on.
 pub fn message_range(tenant: &str, subject: &str, from: u64) -> std::ops::Range<Bytes> {
-    let start = message(tenant, subject, from);
-    let end = {
-        let mut key = message_prefix(tenant, subject);
-        // Past every version: the 0x00 terminator becomes 0x01.
-        let last = key.len() - 1;
-        key[last] = 1;
-        key.freeze()
-    };
-    start..end
+    versioned_range(MESSAGE, tenant, subject, from)
+}
+
+pub fn snapshot(tenant: &str, subject: &str, version: u64) -> Bytes {
+    versioned(SNAPSHOT, tenant, subject, version)
+}
+
+/// The snapshots of one subject at versions up to `to` (inclusive).
+pub fn snapshots_up_to(tenant: &str, subject: &str, to: u64) -> std::ops::Range<Bytes> {
+    snapshot(tenant, subject, 0)..snapshot(tenant, subject, to.saturating_add(1))
 }
 
 /// The version at the end of a message key of a known subject.

@@ -14,9 +14,12 @@
 mod keys;
 pub mod observed;
 mod open;
+mod purge;
 mod read;
 mod record;
+pub mod reduce;
 mod sequencer;
+mod snapshot;
 #[cfg(test)]
 mod tests;
 
@@ -28,12 +31,17 @@ use slatedb::Db;
 use tokio::sync::{mpsc, watch};
 
 pub use open::{StoreLock, StoreUrl};
+pub use purge::Purged;
 pub use read::{ReplayFrom, ReplayPage, StoredMessage, SubjectHead, SubjectsPage};
 pub use record::Record;
+pub use snapshot::{Compaction, Snapshot};
 
 /// The on-store format this binary writes. Older formats are opened (and migrated
 /// when one exists); newer ones are refused.
 pub const FORMAT_VERSION: u64 = 1;
+
+/// Folds waiting for the compactor; more are skipped (the next multiple covers them).
+const COMPACTION_QUEUE: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -60,6 +68,8 @@ pub enum StoreError {
     Foreign,
     #[error("storage engine: {0}")]
     Engine(#[from] slatedb::Error),
+    #[error("{0}")]
+    Refused(String),
     #[error("the store is shutting down")]
     Closed,
 }
@@ -113,6 +123,8 @@ pub struct AppendRequest {
     pub ack: Option<AckTo>,
     /// Opaque to the store: handed to [`StoreEvents::sequenced`] for routing.
     pub route: RouteTag,
+    /// Fold the subject into a snapshot every N versions.
+    pub compaction: Option<Compaction>,
 }
 
 /// How the caller wants a stored message routed live; opaque to the store.
@@ -219,7 +231,14 @@ impl Store {
         let (appends, queue) = mpsc::channel(settings.queue_depth.max(1));
         let (durable_tx, durable) = watch::channel(0);
         let stop = tokio_util::sync::CancellationToken::new();
-        let sequencer = sequencer::Sequencer::new(Arc::clone(&db), events, &settings, durable_tx);
+        let (jobs, job_queue) = mpsc::channel(COMPACTION_QUEUE);
+        tokio::spawn(snapshot::compactor(
+            Arc::clone(&db),
+            durable.clone(),
+            job_queue,
+        ));
+        let sequencer =
+            sequencer::Sequencer::new(Arc::clone(&db), events, &settings, durable_tx, jobs);
         let task = tokio::spawn(sequencer.run(queue, stop.clone()));
         Ok(Store {
             db,
@@ -272,6 +291,25 @@ impl Store {
     pub(crate) fn db(&self) -> &Db {
         &self.db
     }
+}
+
+/// Writes `batch` and waits until it is durable: for the writes outside the
+/// sequencer (snapshots, purges, the format record), whose callers answer only once
+/// the change holds. SlateDB's own `write` returns after the memtable.
+pub(crate) async fn write_durably(db: &Db, batch: slatedb::WriteBatch) -> Result<(), StoreError> {
+    db.write(batch).await?.await_durable().await?;
+    Ok(())
+}
+
+/// [`write_durably`] for one key.
+pub(crate) async fn put_durably(
+    db: &Db,
+    key: impl AsRef<[u8]>,
+    value: impl AsRef<[u8]>,
+) -> Result<(), StoreError> {
+    let mut batch = slatedb::WriteBatch::new();
+    batch.put(key, value);
+    write_durably(db, batch).await
 }
 
 /// Milliseconds since the Unix epoch by the server clock.

@@ -138,8 +138,7 @@ pub(super) async fn check_format(db: &Db) -> Result<(), StoreError> {
             if any.next().await?.is_some() {
                 return Err(StoreError::Foreign);
             }
-            db.put(keys::FORMAT_KEY, FORMAT_VERSION.to_be_bytes())
-                .await?;
+            super::put_durably(db, keys::FORMAT_KEY, FORMAT_VERSION.to_be_bytes()).await?;
             Ok(())
         }
     }

@@ -4,6 +4,7 @@
 //!  message record  offset:u64be time_ms:u64be header_len:u32be headers payload
 //!  batch entry     time_ms:u64be count:u32be { subject_len:u16be subject version:u64be }*
 //!  msg id entry    version:u64be offset:u64be time_ms:u64be subject
+//!  subject marker  purged_version:u64be purged_offset:u64be   (0 0 unless purged)
 //! ```
 //!
 //! Headers are the NATS header block exactly as published (`NATS/1.0\r\n...`), or
@@ -128,6 +129,22 @@ pub fn decode_msg_id(mut value: Bytes) -> Option<MsgIdEntry> {
         offset,
         time_ms,
     })
+}
+
+/// A subject marker: the version and offset a purge removed up to, so versions are
+/// never given again after the history is gone.
+pub fn encode_marker(purged_version: u64, purged_offset: u64) -> Bytes {
+    let mut out = BytesMut::with_capacity(16);
+    out.put_u64(purged_version);
+    out.put_u64(purged_offset);
+    out.freeze()
+}
+
+pub fn decode_marker(mut value: Bytes) -> Option<(u64, u64)> {
+    if value.len() < 16 {
+        return None;
+    }
+    Some((value.get_u64(), value.get_u64()))
 }
 
 #[cfg(test)]

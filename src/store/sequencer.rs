@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::record::{self, MsgIdEntry};
+use super::snapshot::CompactionJob;
 use super::{
     AckTo, AppendOutcome, AppendRequest, Durability, Expectation, Input, Sequenced, StoreError,
     StoreEvents, StoreSettings, keys, now_ms,
@@ -89,6 +90,7 @@ pub(super) struct Sequencer {
     window_ms: u64,
     max_batch: usize,
     durable_tx: watch::Sender<u64>,
+    compactions: mpsc::Sender<CompactionJob>,
 }
 
 /// A tenant's part of one round: its first offset and (subject, version) list.
@@ -108,6 +110,7 @@ impl Sequencer {
         events: Arc<dyn StoreEvents>,
         settings: &StoreSettings,
         durable_tx: watch::Sender<u64>,
+        compactions: mpsc::Sender<CompactionJob>,
     ) -> Self {
         Self {
             db,
@@ -116,6 +119,7 @@ impl Sequencer {
             window_ms: u64::try_from(settings.dedupe_window.as_millis()).unwrap_or(u64::MAX),
             max_batch: settings.max_batch.max(1),
             durable_tx,
+            compactions,
         }
     }
 
@@ -243,10 +247,22 @@ impl Sequencer {
                     offset: new_head.offset,
                 });
             }
+            if let Some(compaction) = request.compaction.filter(|c| c.every > 0)
+                && new_head.version / compaction.every > head.version / compaction.every
+            {
+                let job = CompactionJob {
+                    tenant: Arc::clone(&request.tenant),
+                    subject: Arc::clone(&request.subject),
+                    version: new_head.version / compaction.every * compaction.every,
+                    compaction,
+                };
+                // Best effort: when the compactor is behind, the next multiple covers it.
+                let _ = self.compactions.try_send(job);
+            }
             if head.version == 0 {
                 batch.put(
                     keys::subject_marker(&request.tenant, &request.subject),
-                    new_head.version.to_be_bytes(),
+                    record::encode_marker(0, 0),
                 );
             }
             match state.heads.get_mut(&*request.subject) {
@@ -446,18 +462,27 @@ async fn load_next_offset(db: &Db, tenant: &str) -> Result<u64, StoreError> {
     .max(1))
 }
 
-/// A subject's head, by one reverse seek of its message range.
+/// A subject's head, by one reverse seek of its message range; when the range is
+/// empty (never written, or purged) the subject marker says how far versions went.
 async fn load_head(db: &Db, tenant: &str, subject: &str) -> Result<Head, StoreError> {
     let options = ScanOptions::default().with_order(IterationOrder::Descending);
     let mut newest = db
         .scan_with_options(keys::message_range(tenant, subject, 1), &options)
         .await?;
-    Ok(match newest.next().await? {
-        Some(kv) => Head {
+    if let Some(kv) = newest.next().await? {
+        return Ok(Head {
             version: keys::message_version(&kv.key).unwrap_or(0),
             offset: record::decode_record(kv.value).map_or(0, |r| r.offset),
-        },
-        None => Head::default(),
+        });
+    }
+    let floor = db
+        .get(keys::subject_marker(tenant, subject))
+        .await?
+        .and_then(record::decode_marker)
+        .unwrap_or((0, 0));
+    Ok(Head {
+        version: floor.0,
+        offset: floor.1,
     })
 }
 

@@ -59,6 +59,7 @@ fn request(subject: &str, payload: &str, n: u32) -> AppendRequest {
             flags: n,
         }),
         route: RouteTag::default(),
+        compaction: None,
     }
 }
 

@@ -113,3 +113,250 @@ impl Raw {
         assert_eq!(self.try_line().await, None, "expected the server to close");
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Durable key streams: helpers shared by `durable.rs` and `crash.rs`.
+
+/// [`test_config`] with the store in a local folder (for restart tests).
+pub fn file_config(folder: &std::path::Path) -> Config {
+    let mut config = test_config();
+    config.store.url = format!("file://{}", folder.display());
+    config
+}
+
+/// Headers with one entry.
+pub fn header(name: &str, value: &str) -> async_nats::HeaderMap {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(name, value);
+    headers
+}
+
+/// Publishes with a reply subject and `headers` and parses the store's JSON answer.
+pub async fn store_request(
+    client: &async_nats::Client,
+    subject: &str,
+    headers: async_nats::HeaderMap,
+    payload: impl Into<bytes::Bytes>,
+) -> serde_json::Value {
+    let reply = tokio::time::timeout(
+        WAIT,
+        client.request_with_headers(subject.to_owned(), headers, payload.into()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("an ack for {subject} within the wait"))
+    .unwrap_or_else(|e| panic!("request to {subject}: {e}"));
+    serde_json::from_slice(&reply.payload).unwrap_or_else(|e| {
+        panic!(
+            "ack for {subject} is not JSON ({e}): {:?}",
+            String::from_utf8_lossy(&reply.payload)
+        )
+    })
+}
+
+/// Publishes with `Canopy-Ack: durable` and returns the ack; panics on an error ack.
+pub async fn publish_acked(
+    client: &async_nats::Client,
+    subject: &str,
+    payload: impl Into<bytes::Bytes>,
+) -> serde_json::Value {
+    let ack = store_request(client, subject, header("Canopy-Ack", "durable"), payload).await;
+    assert!(ack.get("error").is_none(), "error ack for {subject}: {ack}");
+    ack
+}
+
+/// The value of header `name`, if the message has it.
+pub fn header_of<'a>(message: &'a async_nats::Message, name: &str) -> Option<&'a str> {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(name))
+        .map(|v| v.as_str())
+}
+
+fn number_header(message: &async_nats::Message, name: &str) -> u64 {
+    let value = header_of(message, name)
+        .unwrap_or_else(|| panic!("header {name} missing: {:?}", message.headers));
+    value
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("header {name} is not a number: {value:?}"))
+}
+
+/// Panics with the API's error if `message` is one (no responders, or `Canopy-Status`).
+pub fn assert_not_api_error(api: &str, message: &async_nats::Message) {
+    assert_ne!(
+        message.status,
+        Some(async_nats::StatusCode::NO_RESPONDERS),
+        "no responders for {api}: the $CANOPY. API is not answering"
+    );
+    if let Some(status) = header_of(message, "Canopy-Status") {
+        panic!(
+            "{api} answered status {status}: {}",
+            String::from_utf8_lossy(&message.payload)
+        );
+    }
+}
+
+/// One stored message as `$CANOPY.get` and `$CANOPY.replay` return it.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub subject: String,
+    pub version: u64,
+    pub offset: u64,
+    pub time_ms: u64,
+    pub payload: bytes::Bytes,
+    pub headers: Option<async_nats::HeaderMap>,
+}
+
+impl Stored {
+    pub fn from_message(message: &async_nats::Message) -> Stored {
+        Stored {
+            subject: header_of(message, "Canopy-Subject")
+                .unwrap_or_else(|| panic!("Canopy-Subject missing: {:?}", message.headers))
+                .to_owned(),
+            version: number_header(message, "Canopy-Version"),
+            offset: number_header(message, "Canopy-Offset"),
+            time_ms: number_header(message, "Canopy-Time"),
+            payload: message.payload.clone(),
+            headers: message.headers.clone(),
+        }
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.payload).into_owned()
+    }
+}
+
+/// One answer of `$CANOPY.replay`: its messages and the final `Canopy-Done` message.
+#[derive(Debug)]
+pub struct ReplayPage {
+    pub messages: Vec<Stored>,
+    pub cursor: u64,
+    pub caught_up: bool,
+    pub count: u64,
+}
+
+/// Sends a `$CANOPY.replay` request; the answer arrives on the returned subscription
+/// (read it with [`replay_collect`]). The request has reached the server when this
+/// returns (flush).
+pub async fn replay_start(
+    client: &async_nats::Client,
+    body: &serde_json::Value,
+) -> async_nats::Subscriber {
+    let inbox = client.new_inbox();
+    let sub = client
+        .subscribe(inbox.clone())
+        .await
+        .expect("subscribe inbox");
+    client
+        .publish_with_reply("$CANOPY.replay", inbox, body.to_string().into())
+        .await
+        .expect("publish replay request");
+    client.flush().await.expect("flush");
+    sub
+}
+
+/// Reads one replay answer up to its `Canopy-Done` message.
+pub async fn replay_collect(sub: &mut async_nats::Subscriber) -> ReplayPage {
+    use futures::StreamExt;
+    let mut messages = Vec::new();
+    loop {
+        let message = tokio::time::timeout(WAIT, sub.next())
+            .await
+            .expect("replay answers within the wait")
+            .expect("inbox open");
+        assert_not_api_error("$CANOPY.replay", &message);
+        if header_of(&message, "Canopy-Done") == Some("true") {
+            let page = ReplayPage {
+                cursor: number_header(&message, "Canopy-Cursor"),
+                caught_up: match header_of(&message, "Canopy-Caught-Up") {
+                    Some("true") => true,
+                    Some("false") => false,
+                    other => panic!("Canopy-Caught-Up must be true or false, got {other:?}"),
+                },
+                count: number_header(&message, "Canopy-Count"),
+                messages,
+            };
+            assert_eq!(
+                page.count,
+                page.messages.len() as u64,
+                "Canopy-Count matches the messages sent"
+            );
+            return page;
+        }
+        messages.push(Stored::from_message(&message));
+    }
+}
+
+/// One `$CANOPY.replay` request and its answer.
+pub async fn replay_page(client: &async_nats::Client, body: &serde_json::Value) -> ReplayPage {
+    let mut sub = replay_start(client, body).await;
+    replay_collect(&mut sub).await
+}
+
+/// Every message `body` selects, following cursors until caught up.
+pub async fn replay_all(client: &async_nats::Client, body: serde_json::Value) -> Vec<Stored> {
+    let mut body = body;
+    let mut all = Vec::new();
+    for _ in 0..100_000 {
+        let page = replay_page(client, &body).await;
+        let progressed = !page.messages.is_empty();
+        all.extend(page.messages);
+        if page.caught_up {
+            return all;
+        }
+        assert!(progressed, "a page that is not caught up returned nothing");
+        if let Some(map) = body.as_object_mut() {
+            map.remove("from");
+            map.insert("cursor".into(), page.cursor.into());
+        }
+    }
+    panic!("replay never caught up");
+}
+
+/// Every stored message of one subject, in version order.
+pub async fn replay_subject(client: &async_nats::Client, subject: &str) -> Vec<Stored> {
+    replay_all(client, serde_json::json!({"subject": subject, "max": 1000})).await
+}
+
+/// One `$CANOPY.subjects` page: the parsed JSON reply.
+pub async fn subjects_page(
+    client: &async_nats::Client,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    let reply = tokio::time::timeout(
+        WAIT,
+        client.request("$CANOPY.subjects", body.to_string().into()),
+    )
+    .await
+    .expect("$CANOPY.subjects answers within the wait")
+    .unwrap_or_else(|e| panic!("$CANOPY.subjects: {e}"));
+    assert_not_api_error("$CANOPY.subjects", &reply);
+    serde_json::from_slice(&reply.payload).unwrap_or_else(|e| {
+        panic!(
+            "$CANOPY.subjects reply is not JSON ({e}): {:?}",
+            String::from_utf8_lossy(&reply.payload)
+        )
+    })
+}
+
+/// Every subject matching `pattern` (as the `subjects` entries), following `next`.
+pub async fn list_subjects(client: &async_nats::Client, pattern: &str) -> Vec<serde_json::Value> {
+    let mut body = serde_json::json!({"pattern": pattern, "max": 1000});
+    let mut all = Vec::new();
+    for _ in 0..100_000 {
+        let page = subjects_page(client, &body).await;
+        all.extend(
+            page["subjects"]
+                .as_array()
+                .unwrap_or_else(|| panic!("`subjects` is a list: {page}"))
+                .iter()
+                .cloned(),
+        );
+        match &page["next"] {
+            serde_json::Value::Null => return all,
+            next => body["after"] = next.clone(),
+        }
+    }
+    panic!("subject listing never ended");
+}

@@ -5,6 +5,9 @@
 mod bench;
 mod cli;
 mod common;
+mod crash;
+mod durable;
 mod nats_client;
 mod python;
+mod snapshots;
 mod wire;

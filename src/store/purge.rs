@@ -1,0 +1,97 @@
+//! Deleting history: one subject, or every subject matching a pattern.
+//!
+//! A purge deletes what is durable up to the subject's head when it starts, in
+//! chunks of separate engine writes, so publishes (to the same subject too) go on
+//! meanwhile: a purge never goes through the sequencer and never holds it. The
+//! subject marker keeps the purged version and offset, so a restart never gives a
+//! version again. Snapshots of the subject go too; msg ids expire on their own.
+
+use bytes::Bytes;
+use canopy_subjects::Pattern;
+use slatedb::WriteBatch;
+
+use super::{Store, StoreError, keys, put_durably, record, write_durably};
+
+/// Deletes per engine write.
+const DELETE_CHUNK: usize = 1000;
+
+/// What a purge removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Purged {
+    pub subjects: u64,
+    pub messages: u64,
+}
+
+impl Store {
+    /// Deletes every message and snapshot of `subject` up to its current head.
+    pub async fn purge_subject(&self, tenant: &str, subject: &str) -> Result<Purged, StoreError> {
+        let Some(head) = self.get(tenant, subject, None).await? else {
+            return Ok(Purged::default());
+        };
+        // The marker first: should we stop half way, versions still never repeat.
+        put_durably(
+            self.db(),
+            keys::subject_marker(tenant, subject),
+            record::encode_marker(head.version, head.offset),
+        )
+        .await?;
+        let messages = self
+            .delete_range(
+                keys::message(tenant, subject, 1)..keys::message(tenant, subject, head.version + 1),
+            )
+            .await?;
+        self.delete_range(keys::snapshots_up_to(tenant, subject, head.version))
+            .await?;
+        Ok(Purged {
+            subjects: 1,
+            messages,
+        })
+    }
+
+    /// Purges every stored subject matching `pattern`, a page of subjects at a time.
+    pub async fn purge_pattern(
+        &self,
+        tenant: &str,
+        pattern: &Pattern,
+    ) -> Result<Purged, StoreError> {
+        let mut total = Purged::default();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .subjects(tenant, pattern, after.as_deref(), 100)
+                .await?;
+            for head in &page.subjects {
+                let purged = self.purge_subject(tenant, &head.subject).await?;
+                total.subjects += purged.subjects;
+                total.messages += purged.messages;
+            }
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(total),
+            }
+        }
+    }
+
+    async fn delete_range(&self, range: std::ops::Range<Bytes>) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        loop {
+            // A fresh scan per chunk: an iterator is not kept across our own writes.
+            let mut chunk = self.db().scan(range.clone()).await?;
+            let mut batch = WriteBatch::new();
+            let mut n = 0;
+            while n < DELETE_CHUNK {
+                let Some(kv) = chunk.next().await? else {
+                    break;
+                };
+                batch.delete(&kv.key);
+                n += 1;
+            }
+            if n == 0 {
+                return Ok(deleted);
+            }
+            write_durably(self.db(), batch).await?;
+            deleted += n as u64;
+            tokio::task::yield_now().await;
+        }
+    }
+}

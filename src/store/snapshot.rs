@@ -1,0 +1,246 @@
+//! Snapshots: a key stream's state as of a version, stored beside its history.
+//!
+//! Clients store their own snapshots (`put_snapshot`), and policies can have the
+//! server fold every N versions with a [`Reducer`](super::reduce::Reducer) — the
+//! compactor task below. "Replay from snapshot" is the latest snapshot and then the
+//! versions after it. History is kept unless a policy says to drop what a snapshot
+//! covers; the message at the snapshot's own version always stays, so the subject's
+//! head can still be recovered from its range. The compactor is best effort: a job
+//! that cannot run (a queue full, a version not durable in time) is skipped and the
+//! next multiple of N covers it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use slatedb::config::{DurabilityLevel, ReadOptions, ScanOptions};
+use slatedb::{Db, IterationOrder, WriteBatch};
+use tokio::sync::{mpsc, watch};
+
+use super::reduce::ReducerKind;
+use super::{Store, StoreError, keys, now_ms, put_durably, record, write_durably};
+
+/// A stored snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub subject: String,
+    pub version: u64,
+    pub time_ms: u64,
+    pub payload: Bytes,
+}
+
+/// A policy's instruction to fold a subject every `every` versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compaction {
+    pub every: u64,
+    pub reducer: ReducerKind,
+    /// Keep the events a snapshot covers (the default) or drop them.
+    pub keep_history: bool,
+}
+
+/// One fold to do: `subject` up to `version`.
+#[derive(Debug)]
+pub(super) struct CompactionJob {
+    pub tenant: Arc<str>,
+    pub subject: Arc<str>,
+    pub version: u64,
+    pub compaction: Compaction,
+}
+
+/// How long a job waits for its version to become durable.
+const DURABLE_WAIT: Duration = Duration::from_secs(30);
+/// Deletes per engine write when dropping covered history.
+const DELETE_CHUNK: usize = 1000;
+
+fn encode(time_ms: u64, payload: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(8 + payload.len());
+    out.put_u64(time_ms);
+    out.put_slice(payload);
+    out.freeze()
+}
+
+fn decode(subject: &str, version: u64, mut value: Bytes) -> Option<Snapshot> {
+    if value.len() < 8 {
+        return None;
+    }
+    let time_ms = value.get_u64();
+    Some(Snapshot {
+        subject: subject.to_owned(),
+        version,
+        time_ms,
+        payload: value,
+    })
+}
+
+fn durable_read() -> ReadOptions {
+    ReadOptions::default().with_durability_filter(DurabilityLevel::Remote)
+}
+
+/// The newest snapshot of `subject` at or below `at_or_below`.
+async fn latest(
+    db: &Db,
+    tenant: &str,
+    subject: &str,
+    at_or_below: u64,
+) -> Result<Option<Snapshot>, StoreError> {
+    let options = ScanOptions::default()
+        .with_durability_filter(DurabilityLevel::Remote)
+        .with_order(IterationOrder::Descending);
+    let mut newest = db
+        .scan_with_options(
+            keys::snapshots_up_to(tenant, subject, at_or_below),
+            &options,
+        )
+        .await?;
+    Ok(match newest.next().await? {
+        Some(kv) => keys::message_version(&kv.key).and_then(|v| decode(subject, v, kv.value)),
+        None => None,
+    })
+}
+
+impl Store {
+    /// Stores a client's snapshot of `subject` at `version`, which must exist.
+    pub async fn put_snapshot(
+        &self,
+        tenant: &str,
+        subject: &str,
+        version: u64,
+        payload: &[u8],
+    ) -> Result<(), StoreError> {
+        let head = self
+            .get(tenant, subject, None)
+            .await?
+            .map_or(0, |m| m.version);
+        if version == 0 || version > head {
+            return Err(StoreError::Refused(format!(
+                "{subject} is at version {head}: a snapshot must be at a version from 1 to {head}"
+            )));
+        }
+        put_durably(
+            self.db(),
+            keys::snapshot(tenant, subject, version),
+            encode(now_ms(), payload),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The newest snapshot of `subject`, or the newest at or below a version.
+    pub async fn snapshot(
+        &self,
+        tenant: &str,
+        subject: &str,
+        at_or_below: Option<u64>,
+    ) -> Result<Option<Snapshot>, StoreError> {
+        latest(self.db(), tenant, subject, at_or_below.unwrap_or(u64::MAX)).await
+    }
+}
+
+/// Runs folds as the sequencer asks for them, one at a time.
+pub(super) async fn compactor(
+    db: Arc<Db>,
+    mut durable: watch::Receiver<u64>,
+    mut jobs: mpsc::Receiver<CompactionJob>,
+) {
+    while let Some(job) = jobs.recv().await {
+        if let Err(error) = compact(&db, &mut durable, &job).await {
+            tracing::warn!(
+                %error,
+                tenant = &*job.tenant,
+                subject = &*job.subject,
+                version = job.version,
+                "compaction skipped"
+            );
+        }
+    }
+}
+
+async fn compact(
+    db: &Db,
+    durable: &mut watch::Receiver<u64>,
+    job: &CompactionJob,
+) -> Result<(), StoreError> {
+    let (tenant, subject, target) = (&*job.tenant, &*job.subject, job.version);
+    let deadline = tokio::time::Instant::now() + DURABLE_WAIT;
+    loop {
+        durable.borrow_and_update();
+        let key = keys::message(tenant, subject, target);
+        if db.get_with_options(&key, &durable_read()).await?.is_some() {
+            break;
+        }
+        if tokio::time::timeout_at(deadline, durable.changed())
+            .await
+            .is_err()
+        {
+            return Err(StoreError::Refused(format!(
+                "version {target} did not become durable in time"
+            )));
+        }
+    }
+    let base = latest(db, tenant, subject, target).await?;
+    let from = base.as_ref().map_or(1, |s| s.version + 1);
+    if from > target {
+        return Ok(());
+    }
+    let reducer = job.compaction.reducer.reducer();
+    let mut state: Option<Vec<u8>> = base.map(|s| s.payload.to_vec());
+    let options = ScanOptions::default().with_durability_filter(DurabilityLevel::Remote);
+    let mut events = db
+        .scan_with_options(keys::message_range(tenant, subject, from), &options)
+        .await?;
+    while let Some(kv) = events.next().await? {
+        let version = keys::message_version(&kv.key).unwrap_or(u64::MAX);
+        if version > target {
+            break;
+        }
+        let Some(event) = record::decode_record(kv.value) else {
+            continue;
+        };
+        match reducer.fold(state.as_deref(), &event.payload) {
+            Ok(next) => state = Some(next),
+            Err(reason) => {
+                tracing::warn!(subject, version, reason, "event left out of the snapshot");
+            }
+        }
+    }
+    let Some(state) = state else {
+        return Ok(());
+    };
+    put_durably(
+        db,
+        keys::snapshot(tenant, subject, target),
+        encode(now_ms(), &state),
+    )
+    .await?;
+    if !job.compaction.keep_history {
+        drop_covered(db, tenant, subject, target).await?;
+    }
+    Ok(())
+}
+
+/// Deletes the messages below `version`; the message at `version` stays so the
+/// subject's head is still recovered from its own range.
+async fn drop_covered(
+    db: &Db,
+    tenant: &str,
+    subject: &str,
+    version: u64,
+) -> Result<(), StoreError> {
+    let mut keys_seen = db
+        .scan(keys::message(tenant, subject, 1)..keys::message(tenant, subject, version))
+        .await?;
+    let mut batch = WriteBatch::new();
+    let mut pending = 0;
+    while let Some(kv) = keys_seen.next().await? {
+        batch.delete(&kv.key);
+        pending += 1;
+        if pending == DELETE_CHUNK {
+            write_durably(db, std::mem::take(&mut batch)).await?;
+            pending = 0;
+        }
+    }
+    if pending > 0 {
+        write_durably(db, batch).await?;
+    }
+    Ok(())
+}
