@@ -1,20 +1,50 @@
 #!/usr/bin/env bash
 # Runs every test of Canopy. On a fresh machine it first installs what the tests
-# need (a Python venv with nats-py under target/), so a clean clone needs nothing
-# but Rust and Python 3. A missing tool is an error here, never a skipped test.
+# need (a Python venv under target/ with nats-py and moto's S3 server), starts an
+# S3-compatible server (moto) on a free loopback port for the S3 tests, runs the
+# whole suite, runs the durable-stream tests again on the file and S3 backends, and
+# stops moto. A missing tool is an error here, never a skipped test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv=target/py-venv
-if ! "$venv/bin/python" -c 'import nats' 2>/dev/null; then
-  echo "test-all: installing nats-py into $venv" >&2
+if ! "$venv/bin/python" -c 'import nats, moto' 2>/dev/null; then
+  echo "test-all: installing nats-py and moto into $venv" >&2
   mkdir -p target
   if ! python3 -m venv "$venv" 2>/dev/null; then
     # Debian splits venv support out of python3.
     apt-get install -y python3-venv >&2
     python3 -m venv "$venv"
   fi
-  "$venv/bin/pip" install --quiet --disable-pip-version-check 'nats-py==2.16.0'
+  "$venv/bin/pip" install --quiet --disable-pip-version-check \
+    'nats-py==2.16.0' 'moto[server]==5.*'
 fi
 
+# moto's S3 server on a free loopback port, stopped however this script ends.
+port=$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$venv/bin/moto_server" -H 127.0.0.1 -p "$port" >target/moto.log 2>&1 &
+moto_pid=$!
+trap 'kill "$moto_pid" 2>/dev/null || true' EXIT
+for _ in $(seq 1 100); do
+  if "$venv/bin/python" -c "import socket; socket.create_connection(('127.0.0.1', $port), 0.2)" 2>/dev/null; then
+    break
+  fi
+  sleep 0.1
+done
+# An unsigned PUT creates the bucket.
+"$venv/bin/python" - "$port" <<'PY'
+import sys, urllib.request
+request = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/canopy-tests", method="PUT")
+urllib.request.urlopen(request, timeout=10).read()
+PY
+export CANOPY_TEST_S3_ENDPOINT="http://127.0.0.1:$port"
+
 cargo test --workspace --locked "$@"
+
+# The durable-stream tests again, on a local folder and on S3.
+rm -rf target/test-stores
+for backend in file s3; do
+  echo "test-all: durable tests on the $backend backend" >&2
+  CANOPY_TEST_BACKEND=$backend cargo test --locked --test it "$@" -- durable:: snapshots::
+done
+rm -rf target/test-stores

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use canopy_protocols::native::{
-    HeaderMap, ServerInfo, ServerOp, encode_hpub, encode_pub, encode_sub,
+    HeaderMap, ServerInfo, ServerOp, encode_hpub, encode_pub, encode_sub, encode_unsub,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -102,6 +102,7 @@ struct Api {
 /// A message received on the API connection.
 struct Answer {
     subject: Bytes,
+    sid: Bytes,
     headers: Option<Bytes>,
     payload: Bytes,
 }
@@ -131,22 +132,28 @@ impl Api {
         loop {
             match self.conn.next_op()? {
                 Some(ServerOp::Msg {
-                    subject, payload, ..
+                    subject,
+                    sid,
+                    payload,
+                    ..
                 }) => {
                     return Ok(Answer {
                         subject,
+                        sid,
                         headers: None,
                         payload,
                     });
                 }
                 Some(ServerOp::HMsg {
                     subject,
+                    sid,
                     headers,
                     payload,
                     ..
                 }) => {
                     return Ok(Answer {
                         subject,
+                        sid,
                         headers: Some(headers),
                         payload,
                     });
@@ -789,7 +796,10 @@ async fn replay_canopy(
 
 /// Times one read through an ephemeral push consumer: create request sent to the last
 /// message received (`--replay-max`, or fewer if the consumer says the subject has
-/// fewer). The consumer is deleted afterwards, untimed.
+/// fewer). JetStream delivers with the stored subject, to subscriptions of the exact
+/// deliver subject (not wildcards), so the deliver subject gets its own subscription
+/// (made before the clock starts) and deliveries are told by its sid. The consumer is
+/// deleted afterwards, untimed.
 async fn replay_jetstream(
     api: &mut Api,
     args: &DurableArgs,
@@ -797,7 +807,10 @@ async fn replay_jetstream(
 ) -> Result<(u64, usize), BenchError> {
     const ROLE: &str = "JetStream replay reader";
     let reply = api.reply("r");
-    let deliver = api.reply("c");
+    let deliver = format!("{}.deliver", api.reply("c"));
+    let sid = format!("c{}", api.next);
+    encode_sub(api.conn.wbuf(), deliver.as_bytes(), None, sid.as_bytes());
+    api.conn.ping_pong(api.timeout).await?;
     let body = json!({
         "stream_name": args.stream,
         "config": {
@@ -824,7 +837,7 @@ async fn replay_jetstream(
     let mut end = start;
     while name.is_none() || count < target {
         let answer = api.next_answer(ROLE).await?;
-        if answer.subject == deliver.as_bytes() {
+        if answer.sid == sid.as_bytes() {
             count += 1;
             end = now_ns();
         } else if answer.subject == reply.as_bytes() {
@@ -841,12 +854,7 @@ async fn replay_jetstream(
         }
     }
     let elapsed = end.saturating_sub(start);
-    if count == 0 {
-        return Err(BenchError::Api {
-            role: ROLE,
-            text: format!("{subject} has no stored messages"),
-        });
-    }
+    encode_unsub(api.conn.wbuf(), sid.as_bytes(), None);
     if let Some(name) = name.filter(|n| !n.is_empty()) {
         let deleted = api
             .request(
@@ -858,6 +866,12 @@ async fn replay_jetstream(
         if let Some((_, text)) = js_error(&deleted) {
             return Err(BenchError::Api { role: ROLE, text });
         }
+    }
+    if count == 0 {
+        return Err(BenchError::Api {
+            role: ROLE,
+            text: format!("{subject} has no stored messages"),
+        });
     }
     Ok((elapsed, count))
 }

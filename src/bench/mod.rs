@@ -252,7 +252,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     if options.size < clock::STAMP_LEN {
         return Err(BenchError::PayloadTooSmall(options.size));
     }
-    if options.msgs == 0 {
+    if options.msgs == 0 && options.shape != Shape::Replay {
         return Err(BenchError::NoMessages);
     }
     // Fix the epoch before any stamp.

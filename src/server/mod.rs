@@ -51,6 +51,7 @@ fn store_settings(config: &Config) -> Result<StoreSettings, ServerError> {
         dedupe_window: Duration::from_secs(store.dedupe_window_secs),
         max_batch: store.max_batch,
         queue_depth: store.queue_depth,
+        s3: store.s3.settings(),
         object_store: None,
     })
 }

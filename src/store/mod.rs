@@ -30,7 +30,7 @@ use bytes::Bytes;
 use slatedb::Db;
 use tokio::sync::{mpsc, watch};
 
-pub use open::{StoreLock, StoreUrl};
+pub use open::{S3Settings, StoreLock, StoreUrl};
 pub use purge::Purged;
 pub use read::{ReplayFrom, ReplayPage, StoredMessage, SubjectHead, SubjectsPage};
 pub use record::Record;
@@ -45,8 +45,12 @@ const COMPACTION_QUEUE: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("store location `{0}` is not understood: use file://PATH or memory://")]
+    #[error(
+        "store location `{0}` is not understood: use file://PATH, s3://BUCKET/PREFIX or memory://"
+    )]
     Url(String),
+    #[error("{0}")]
+    S3(String),
     #[error(
         "another canopy process is using the store at {path} (its lock file {lock} is held); \
          stop it first, or point this one at another data folder"
@@ -204,6 +208,8 @@ pub struct StoreSettings {
     pub max_batch: usize,
     /// Appends that may wait for the sequencer before publishers are held back.
     pub queue_depth: usize,
+    /// How to reach S3, for `s3://` URLs.
+    pub s3: S3Settings,
     /// An object store to use instead of the one `url` names (tests, fault
     /// injection); no lock is taken on it.
     pub object_store: Option<Arc<dyn object_store::ObjectStore>>,

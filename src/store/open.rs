@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use object_store::ObjectStore;
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use slatedb::Db;
@@ -25,6 +26,22 @@ pub enum StoreUrl {
     File(PathBuf),
     /// Memory only, gone when the process ends (`memory://`): for tests and trials.
     Memory,
+    /// An S3 bucket and a key prefix (`s3://bucket/prefix`).
+    S3 { bucket: String, prefix: String },
+}
+
+/// How to reach S3 or an S3-compatible server. Empty fields fall back to the usual
+/// AWS environment variables (`AWS_ACCESS_KEY_ID`, `AWS_REGION`, `AWS_ENDPOINT_URL`...).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct S3Settings {
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    /// Plain http, for S3-compatible servers on a private network or loopback.
+    pub allow_http: bool,
+    /// Path-style requests (`endpoint/bucket/key`), which most S3-compatible servers need.
+    pub path_style: bool,
 }
 
 impl std::str::FromStr for StoreUrl {
@@ -38,6 +55,15 @@ impl std::str::FromStr for StoreUrl {
             Ok(StoreUrl::File(PathBuf::from(path)))
         } else if url == "memory://" || url == "memory:" {
             Ok(StoreUrl::Memory)
+        } else if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(StoreError::Url(url.to_owned()));
+            }
+            Ok(StoreUrl::S3 {
+                bucket: bucket.to_owned(),
+                prefix: prefix.trim_matches('/').to_owned(),
+            })
         } else {
             Err(StoreError::Url(url.to_owned()))
         }
@@ -49,6 +75,7 @@ impl std::fmt::Display for StoreUrl {
         match self {
             StoreUrl::File(path) => write!(f, "file://{}", path.display()),
             StoreUrl::Memory => f.write_str("memory://"),
+            StoreUrl::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
         }
     }
 }
@@ -104,16 +131,46 @@ pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, Stor
                 (Arc::new(local), Some(lock))
             }
             (None, StoreUrl::Memory) => (Arc::new(InMemory::new()), None),
+            (None, StoreUrl::S3 { bucket, .. }) => (s3(bucket, &settings.s3)?, None),
         };
+    let path = match &settings.url {
+        StoreUrl::S3 { prefix, .. } if !prefix.is_empty() => format!("{prefix}/db"),
+        _ => "db".to_owned(),
+    };
     let engine_settings = Settings {
         flush_interval: Some(settings.flush_interval),
         ..Settings::default()
     };
-    let db = Db::builder("db", object_store)
+    let db = Db::builder(path, object_store)
         .with_settings(engine_settings)
         .build()
         .await?;
     Ok(Opened { db, lock })
+}
+
+fn s3(bucket: &str, s3: &S3Settings) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    let mut builder = AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        // A store must have one writer at a time: SlateDB's fencing needs conditional puts.
+        .with_conditional_put(S3ConditionalPut::ETagMatch)
+        .with_allow_http(s3.allow_http)
+        .with_virtual_hosted_style_request(!s3.path_style);
+    if let Some(endpoint) = &s3.endpoint {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Some(region) = &s3.region {
+        builder = builder.with_region(region);
+    }
+    if let Some(key) = &s3.access_key_id {
+        builder = builder.with_access_key_id(key);
+    }
+    if let Some(secret) = &s3.secret_access_key {
+        builder = builder.with_secret_access_key(secret);
+    }
+    let store = builder
+        .build()
+        .map_err(|e| StoreError::S3(format!("cannot set up the S3 client: {e}")))?;
+    Ok(Arc::new(store))
 }
 
 /// Writes the format record into a new store, accepts an older or equal format, and

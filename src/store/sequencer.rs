@@ -342,13 +342,16 @@ impl Sequencer {
             {
                 Ok(handle) => Some(handle),
                 Err(error) => {
-                    tracing::error!(%error, "store write failed; the round's appends are refused");
+                    report_failure(
+                        &error,
+                        "store write failed; the round's appends are refused",
+                    );
                     // What was assigned in memory is unknown to the store: forget it and
                     // read heads and offsets again on next use.
                     for tenant in index.keys() {
                         self.tenants.remove(tenant);
                     }
-                    let reason = format!("the store could not write: {error}");
+                    let reason = failure_reason("the store could not write", &error);
                     let failed = |(tenant, ack, _): (Arc<str>, AckTo, AppendOutcome)| {
                         (
                             tenant,
@@ -462,6 +465,33 @@ async fn load_next_offset(db: &Db, tenant: &str) -> Result<u64, StoreError> {
     .max(1))
 }
 
+fn is_fenced(error: &slatedb::Error) -> bool {
+    error.kind() == slatedb::ErrorKind::Closed(slatedb::CloseReason::Fenced)
+}
+
+/// Logs a failed write; a fenced store is said loudly, since this server can no
+/// longer store anything until it is restarted on a store of its own.
+fn report_failure(error: &slatedb::Error, what: &str) {
+    if is_fenced(error) {
+        tracing::error!(
+            %error,
+            "FENCED: another canopy server opened this store and took it over; this server \
+             stores nothing more and refuses every durable publish. Stop it, or point it at \
+             another store"
+        );
+    } else {
+        tracing::error!(%error, "{what}");
+    }
+}
+
+fn failure_reason(what: &str, error: &slatedb::Error) -> String {
+    if is_fenced(error) {
+        "this server was fenced: another canopy server has taken over its store".to_owned()
+    } else {
+        format!("{what}: {error}")
+    }
+}
+
 /// A subject's head, by one reverse seek of its message range; when the range is
 /// empty (never written, or purged) the subject marker says how far versions went.
 async fn load_head(db: &Db, tenant: &str, subject: &str) -> Result<Head, StoreError> {
@@ -501,8 +531,8 @@ async fn acknowledge(
         let acks = match result {
             Ok(()) => pending.acks,
             Err(error) => {
-                tracing::error!(%error, "a store write did not become durable");
-                let reason = format!("the store could not make the write durable: {error}");
+                report_failure(&error, "a store write did not become durable");
+                let reason = failure_reason("the store could not make the write durable", &error);
                 pending
                     .acks
                     .into_iter()

@@ -39,6 +39,7 @@ fn settings(object_store: Arc<dyn ObjectStore>) -> StoreSettings {
         dedupe_window: Duration::from_secs(60),
         max_batch: 256,
         queue_depth: 1024,
+        s3: S3Settings::default(),
         object_store: Some(object_store),
     }
 }

@@ -10,18 +10,24 @@ use crate::common::WAIT;
 const BIN: &str = env!("CARGO_BIN_EXE_canopy");
 
 /// A `canopy serve` child process, killed by PID when dropped.
-struct ServeProcess {
-    child: Child,
-    url: String,
-    log: tokio::task::JoinHandle<Vec<String>>,
+pub(crate) struct ServeProcess {
+    pub(crate) child: Child,
+    pub(crate) url: String,
+    pub(crate) log: tokio::task::JoinHandle<Vec<String>>,
 }
 
 impl ServeProcess {
     async fn start(extra: &[&str]) -> ServeProcess {
+        Self::start_with_env(extra, &[]).await
+    }
+
+    /// Starts `canopy serve` with extra flags and environment variables.
+    pub(crate) async fn start_with_env(extra: &[&str], env: &[(String, String)]) -> ServeProcess {
         let data = tempfile::tempdir().expect("tempdir");
         let mut child = Command::new(BIN)
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(extra)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .current_dir(data.path())
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())

@@ -12,10 +12,63 @@ use tokio::net::TcpStream;
 pub const WAIT: Duration = Duration::from_secs(10);
 
 /// A config on a free loopback port.
+/// The store backend the durable tests run on: `CANOPY_TEST_BACKEND` = `memory`
+/// (the default), `file` or `s3` (then `CANOPY_TEST_S3_ENDPOINT` names a running
+/// S3-compatible server with a bucket `canopy-tests`; scripts/test-all.sh starts
+/// moto's for it and runs the durable tests once per backend).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Memory,
+    File,
+    S3,
+}
+
+pub fn backend() -> Backend {
+    match std::env::var("CANOPY_TEST_BACKEND").as_deref() {
+        Ok("file") => Backend::File,
+        Ok("s3") => Backend::S3,
+        Ok("memory") | Err(_) => Backend::Memory,
+        Ok(other) => panic!("CANOPY_TEST_BACKEND={other}: use memory, file or s3"),
+    }
+}
+
+/// A fresh, unique name for a store location.
+fn unique() -> String {
+    format!("{:016x}", fastrand::u64(..))
+}
+
+/// Points `config` at the test S3 server, under `prefix`.
+pub fn use_s3(config: &mut Config, prefix: &str) {
+    let endpoint = std::env::var("CANOPY_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
+        panic!(
+            "CANOPY_TEST_S3_ENDPOINT is not set: run ./scripts/test-all.sh, which starts an \
+             S3-compatible server (moto) for the S3 tests"
+        )
+    });
+    config.store.url = format!("s3://canopy-tests/{prefix}");
+    config.store.s3.endpoint = Some(endpoint);
+    config.store.s3.region = Some("us-east-1".into());
+    config.store.s3.access_key_id = Some("test".into());
+    config.store.s3.secret_access_key = Some("test".into());
+    config.store.s3.allow_http = true;
+    config.store.s3.path_style = true;
+}
+
+/// A config on a free loopback port, with a fresh store on the test backend.
 pub fn test_config() -> Config {
     let mut config = Config::default();
     config.native.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.store.url = "memory://".into();
+    match backend() {
+        Backend::Memory => config.store.url = "memory://".into(),
+        Backend::File => {
+            // Under target/, which scripts/test-all.sh clears.
+            let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("target/test-stores")
+                .join(unique());
+            config.store.url = format!("file://{}", folder.display());
+        }
+        Backend::S3 => use_s3(&mut config, &unique()),
+    }
     config
 }
 
@@ -118,7 +171,27 @@ impl Raw {
 // Durable key streams: helpers shared by `durable.rs` and `crash.rs`.
 
 /// [`test_config`] with the store in a local folder (for restart tests).
+/// A config whose store outlives the server, for restart tests: the folder itself,
+/// or on the S3 backend a prefix named after it.
 pub fn file_config(folder: &std::path::Path) -> Config {
+    let mut config = test_config();
+    match backend() {
+        Backend::S3 => {
+            let name = folder
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(unique);
+            use_s3(&mut config, &name);
+        }
+        Backend::Memory | Backend::File => {
+            config.store.url = format!("file://{}", folder.display());
+        }
+    }
+    config
+}
+
+/// A config on a local folder whatever the backend: for what only folders have.
+pub fn local_folder_config(folder: &std::path::Path) -> Config {
     let mut config = test_config();
     config.store.url = format!("file://{}", folder.display());
     config

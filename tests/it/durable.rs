@@ -10,9 +10,9 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::common::{
-    Stored, WAIT, file_config, header, header_of, list_subjects, publish_acked, replay_all,
-    replay_collect, replay_page, replay_start, replay_subject, start, start_default, store_request,
-    subjects_page, test_config,
+    Stored, WAIT, file_config, header, header_of, list_subjects, local_folder_config,
+    publish_acked, replay_all, replay_collect, replay_page, replay_start, replay_subject, start,
+    start_default, store_request, subjects_page, test_config,
 };
 
 async fn connect(server: &canopy::server::RunningServer) -> async_nats::Client {
@@ -919,11 +919,11 @@ async fn msg_ids_versions_and_offsets_survive_a_restart() {
 #[tokio::test]
 async fn a_second_server_on_the_same_folder_refuses_to_start() {
     let folder = tempfile::tempdir().expect("tempdir");
-    let server = start(file_config(folder.path())).await;
+    let server = start(local_folder_config(folder.path())).await;
     let client = connect(&server).await;
     let before = publish_acked(&client, "lock.a", "before").await;
 
-    match canopy::server::Server::bind(file_config(folder.path())).await {
+    match canopy::server::Server::bind(local_folder_config(folder.path())).await {
         Ok(_) => panic!("a second server opened a folder that is in use"),
         Err(error) => {
             // As `canopy serve` prints it: the error and its causes.
@@ -946,7 +946,7 @@ async fn a_second_server_on_the_same_folder_refuses_to_start() {
     drop(client);
     server.stop().await;
     // Once the first has stopped, the folder is free again.
-    let server = start(file_config(folder.path())).await;
+    let server = start(local_folder_config(folder.path())).await;
     let client = connect(&server).await;
     assert_eq!(replay_subject(&client, "lock.a").await.len(), 2);
     server.stop().await;

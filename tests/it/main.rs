@@ -9,5 +9,6 @@ mod crash;
 mod durable;
 mod nats_client;
 mod python;
+mod s3;
 mod snapshots;
 mod wire;
