@@ -66,6 +66,15 @@ pub struct Server {
 
 impl Server {
     pub async fn bind(config: Config) -> Result<Server, ServerError> {
+        Self::bind_on(config, None).await
+    }
+
+    /// [`Server::bind`] with the store on a given object store instead of the one
+    /// `store.url` names: for tests and fault injection.
+    pub async fn bind_on(
+        config: Config,
+        object_store: Option<Arc<dyn object_store::ObjectStore>>,
+    ) -> Result<Server, ServerError> {
         let authz = Arc::new(Authorizer::from_config(&config.authz)?);
         let addr = config.native.listen;
         // Authentication arrives with tenancy; until then every client is anonymous.
@@ -102,11 +111,9 @@ impl Server {
         }
         let policies = Policies::new(&config.store.policies)?;
         let broker = Arc::new(Broker::new(authz, Arc::new(Metrics::default()), policies));
-        let store = Store::open(
-            store_settings(&config)?,
-            Arc::new(StoreRouter::new(&broker)),
-        )
-        .await?;
+        let mut settings = store_settings(&config)?;
+        settings.object_store = object_store;
+        let store = Store::open(settings, Arc::new(StoreRouter::new(&broker))).await?;
         tracing::info!(store = %config.store.url, "store open");
         broker.attach_store(Arc::new(store));
         Ok(Server {

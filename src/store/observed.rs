@@ -1,14 +1,17 @@
-//! An object store wrapper that counts what the engine asks of the store below it.
+//! An object store wrapper that counts what the engine asks of the store below it,
+//! and can make that store misbehave on demand.
 //!
-//! Used to prove "does not grow" claims (a restart reads a bounded number of
-//! objects, whatever the history holds) by counting requests instead of timing
-//! them, and the place where injected faults will live. It forwards every call
-//! unchanged; it must never alter data.
+//! Counting proves "does not grow" claims (a restart reads a bounded number of
+//! objects, whatever the history holds) without timing anything. [`Faults`] inject
+//! errors and delays, to show that a failing store gives publishers errors or late
+//! acks but never loses an acked message. It forwards every call unchanged
+//! otherwise; it must never alter data.
 
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -35,11 +38,61 @@ impl StoreCounters {
     }
 }
 
-/// Counts the requests to `inner`.
+/// Misbehaviour to inject, switchable while the store is in use.
+#[derive(Debug, Default)]
+pub struct Faults {
+    fail_writes: AtomicBool,
+    fail_reads: AtomicBool,
+    delay_ms: AtomicU64,
+}
+
+impl Faults {
+    /// Every put, copy and delete fails (as a network error would) while set.
+    pub fn fail_writes(&self, on: bool) {
+        self.fail_writes.store(on, Ordering::SeqCst);
+    }
+
+    /// Every get and list fails while set.
+    pub fn fail_reads(&self, on: bool) {
+        self.fail_reads.store(on, Ordering::SeqCst);
+    }
+
+    /// Every request waits this long first.
+    pub fn delay(&self, delay: Duration) {
+        self.delay_ms.store(
+            u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
+    }
+
+    async fn apply(&self, write: bool) -> Result<()> {
+        let delay = self.delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        let failing = if write {
+            self.fail_writes.load(Ordering::SeqCst)
+        } else {
+            self.fail_reads.load(Ordering::SeqCst)
+        };
+        if failing {
+            return Err(object_store::Error::Generic {
+                store: "faults",
+                source: Box::new(std::io::Error::other(
+                    "injected fault: the store is unreachable",
+                )),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Counts the requests to `inner`, and applies [`Faults`].
 #[derive(Debug)]
 pub struct ObservedStore {
     inner: Arc<dyn ObjectStore>,
     pub counters: Arc<StoreCounters>,
+    pub faults: Arc<Faults>,
 }
 
 impl ObservedStore {
@@ -47,6 +100,7 @@ impl ObservedStore {
         Self {
             inner,
             counters: Arc::default(),
+            faults: Arc::default(),
         }
     }
 
@@ -70,6 +124,7 @@ impl ObjectStore for ObservedStore {
         opts: PutOptions,
     ) -> Result<PutResult> {
         Self::count(&self.counters.puts);
+        self.faults.apply(true).await?;
         self.inner.put_opts(location, payload, opts).await
     }
 
@@ -79,16 +134,19 @@ impl ObjectStore for ObservedStore {
         opts: PutMultipartOptions,
     ) -> Result<Box<dyn MultipartUpload>> {
         Self::count(&self.counters.puts);
+        self.faults.apply(true).await?;
         self.inner.put_multipart_opts(location, opts).await
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         Self::count(&self.counters.gets);
+        self.faults.apply(false).await?;
         self.inner.get_opts(location, options).await
     }
 
     async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
         Self::count(&self.counters.gets);
+        self.faults.apply(false).await?;
         self.inner.get_ranges(location, ranges).await
     }
 
@@ -116,11 +174,13 @@ impl ObjectStore for ObservedStore {
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
         Self::count(&self.counters.lists);
+        self.faults.apply(false).await?;
         self.inner.list_with_delimiter(prefix).await
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
         Self::count(&self.counters.puts);
+        self.faults.apply(true).await?;
         self.inner.copy_opts(from, to, options).await
     }
 }

@@ -7,6 +7,7 @@ mod cli;
 mod common;
 mod crash;
 mod durable;
+mod faults;
 mod nats_client;
 mod python;
 mod s3;

@@ -1,0 +1,98 @@
+//! A misbehaving object store: injected errors and delays give publishers late acks,
+//! never a lost acked message; live pub/sub keeps flowing; the server recovers by
+//! itself when the store does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::memory::InMemory;
+
+use canopy::store::observed::ObservedStore;
+
+use crate::common::{WAIT, header, replay_subject, test_config};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_store_delays_acks_but_loses_nothing_and_live_traffic_flows() {
+    let observed = Arc::new(ObservedStore::new(Arc::new(InMemory::new())));
+    let faults = Arc::clone(&observed.faults);
+    let mut config = test_config();
+    config.store.url = "memory://".into();
+    let server = canopy::server::Server::bind_on(config, Some(observed))
+        .await
+        .expect("binds")
+        .spawn();
+    let client = async_nats::connect(server.native_url())
+        .await
+        .expect("connect");
+    let watcher = async_nats::connect(server.native_url())
+        .await
+        .expect("connect");
+    let mut live = watcher.subscribe("_INBOX.live.>").await.expect("sub");
+    let mut stored_live = watcher.subscribe("faulty.>").await.expect("sub");
+    watcher.flush().await.expect("flush");
+
+    let ack = |i: usize| {
+        let client = client.clone();
+        async move {
+            let answer = client
+                .request_with_headers(
+                    "faulty.a",
+                    header("Canopy-Ack", "durable"),
+                    Bytes::from(format!("m{i}")),
+                )
+                .await
+                .expect("answered");
+            let value: serde_json::Value = serde_json::from_slice(&answer.payload).expect("JSON");
+            assert!(value.get("error").is_none(), "{value}");
+            value
+        }
+    };
+    for i in 0..10 {
+        ack(i).await;
+    }
+
+    // The store goes away: acks wait, they are never sent early.
+    faults.fail_writes(true);
+    let pending: Vec<_> = (10..30).map(|i| tokio::spawn(ack(i))).collect();
+    // Live traffic flows meanwhile, stored subjects included.
+    for i in 0..100 {
+        client
+            .publish(format!("_INBOX.live.{i}"), Bytes::from_static(b"x"))
+            .await
+            .expect("publish");
+    }
+    for _ in 0..100 {
+        tokio::time::timeout(WAIT, live.next())
+            .await
+            .expect("live messages flow while the store fails")
+            .expect("open");
+    }
+    for _ in 0..30 {
+        tokio::time::timeout(WAIT, stored_live.next())
+            .await
+            .expect("stored subjects are delivered live while the store fails")
+            .expect("open");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        pending.iter().all(|p| !p.is_finished()),
+        "an ack was sent while nothing could be written"
+    );
+
+    // Slow but working again: every ack arrives, nothing is lost.
+    faults.delay(Duration::from_millis(50));
+    faults.fail_writes(false);
+    for task in pending {
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("acks arrive once the store is back")
+            .expect("ack task");
+    }
+    faults.delay(Duration::ZERO);
+    let history = replay_subject(&client, "faulty.a").await;
+    let versions: Vec<u64> = history.iter().map(|m| m.version).collect();
+    assert_eq!(versions, (1..=30).collect::<Vec<u64>>());
+    server.stop().await;
+}
