@@ -173,6 +173,8 @@ pub enum AckMode {
 pub struct RetentionConfig {
     /// Bytes kept per tenant, oldest dropped first (0 = no limit).
     pub max_bytes_per_tenant: u64,
+    /// Seconds between retention passes.
+    pub interval_secs: u64,
 }
 
 impl Default for StorePolicy {
@@ -195,6 +197,7 @@ impl Default for RetentionConfig {
     fn default() -> Self {
         Self {
             max_bytes_per_tenant: 10 * 1024 * 1024 * 1024,
+            interval_secs: 60,
         }
     }
 }

@@ -483,6 +483,7 @@ async fn append(broker: &Broker, store: &Store, call: &ApiCall) -> Result<(), Ap
             }),
             route: RouteTag::default(),
             compaction: policy.compaction(),
+            max_versions: policy.max_versions,
         })
         .await?;
     Ok(())

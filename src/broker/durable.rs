@@ -54,6 +54,43 @@ impl Policies {
     }
 }
 
+/// Retention as the policies and the tenant budget say.
+pub struct RetentionByPolicy {
+    policies: Policies,
+    max_tenant_bytes: u64,
+}
+
+impl RetentionByPolicy {
+    pub fn new(policies: Policies, max_tenant_bytes: u64) -> Self {
+        Self {
+            policies,
+            max_tenant_bytes,
+        }
+    }
+}
+
+impl crate::store::RetentionRules for RetentionByPolicy {
+    fn max_age_ms(&self, subject: &str) -> u64 {
+        self.policies
+            .for_subject(subject)
+            .map_or(0, |p| p.max_age_secs.saturating_mul(1000))
+    }
+
+    fn shortest_max_age_ms(&self) -> u64 {
+        self.policies
+            .list
+            .iter()
+            .filter(|p| p.store && p.max_age_secs > 0)
+            .map(|p| p.max_age_secs.saturating_mul(1000))
+            .min()
+            .unwrap_or(0)
+    }
+
+    fn max_tenant_bytes(&self) -> u64 {
+        self.max_tenant_bytes
+    }
+}
+
 /// What a publish's headers ask of the store.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StoreRequest {

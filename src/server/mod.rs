@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::broker::durable::{Policies, StoreRouter};
+use crate::broker::durable::{Policies, RetentionByPolicy, StoreRouter};
 use crate::broker::{Broker, Metrics};
 use crate::config::Config;
 use crate::store::{Store, StoreSettings};
@@ -115,7 +115,16 @@ impl Server {
         settings.object_store = object_store;
         let store = Store::open(settings, Arc::new(StoreRouter::new(&broker))).await?;
         tracing::info!(store = %config.store.url, "store open");
-        broker.attach_store(Arc::new(store));
+        let store = Arc::new(store);
+        let retention = RetentionByPolicy::new(
+            Policies::new(&config.store.policies)?,
+            config.store.retention.max_bytes_per_tenant,
+        );
+        store.start_retention(
+            Arc::new(retention),
+            Duration::from_secs(config.store.retention.interval_secs.max(1)),
+        );
+        broker.attach_store(store);
         Ok(Server {
             config: Arc::new(config),
             broker,

@@ -651,6 +651,7 @@ impl Connection {
             },
             ack,
             compaction: policy.compaction(),
+            max_versions: policy.max_versions,
         });
     }
 

@@ -7,6 +7,7 @@
 //!  batch     'g' tenant 0x00 first_offset:u64be             -> (subject, version) list of one group commit
 //!  msg id    'd' tenant 0x00 msg_id                         -> (subject, version, offset, time)
 //!  snapshot  's' tenant 0x00 subject 0x00 version:u64be     -> time, snapshot bytes
+//!  offsets   'o' tenant 0x00                                -> next offset floor (set when retention deletes batch keys)
 //!  format    'x' "format"                                   -> format version
 //! ```
 //!
@@ -20,6 +21,7 @@ pub const MESSAGE: u8 = b'm';
 pub const SUBJECT: u8 = b'h';
 pub const BATCH: u8 = b'g';
 pub const SNAPSHOT: u8 = b's';
+pub const OFFSET_FLOOR: u8 = b'o';
 pub const MSG_ID: u8 = b'd';
 pub const FORMAT_KEY: &[u8] = b"xformat";
 
@@ -140,6 +142,11 @@ pub fn batch_range(tenant: &str, first_offset: u64) -> std::ops::Range<Bytes> {
 
 pub fn batch_offset(key: &[u8]) -> Option<u64> {
     message_version(key)
+}
+
+/// The lowest next offset of a tenant, kept once the batch keys that proved it are gone.
+pub fn offset_floor(tenant: &str) -> Bytes {
+    prefix(OFFSET_FLOOR, tenant, 0).freeze()
 }
 
 pub fn msg_id(tenant: &str, id: &str) -> Bytes {

@@ -18,6 +18,7 @@ mod purge;
 mod read;
 mod record;
 pub mod reduce;
+mod retention;
 mod sequencer;
 mod snapshot;
 #[cfg(test)]
@@ -34,6 +35,7 @@ pub use open::{S3Settings, StoreLock, StoreUrl};
 pub use purge::Purged;
 pub use read::{ReplayFrom, ReplayPage, StoredMessage, SubjectHead, SubjectsPage};
 pub use record::Record;
+pub use retention::{RetentionPass, RetentionRules};
 pub use snapshot::{Compaction, Snapshot};
 
 /// The on-store format this binary writes. Older formats are opened (and migrated
@@ -129,6 +131,9 @@ pub struct AppendRequest {
     pub route: RouteTag,
     /// Fold the subject into a snapshot every N versions.
     pub compaction: Option<Compaction>,
+    /// Versions kept for the subject (0 = all): older ones are deleted as new ones
+    /// are appended.
+    pub max_versions: u64,
 }
 
 /// How the caller wants a stored message routed live; opaque to the store.
@@ -218,6 +223,7 @@ pub struct StoreSettings {
 /// The open store. Cheap to share behind an `Arc`.
 pub struct Store {
     db: Arc<Db>,
+    /// Cancelled by `close`: stops the sequencer and background passes.
     appends: mpsc::Sender<Input>,
     durable: watch::Receiver<u64>,
     _lock: Option<StoreLock>,

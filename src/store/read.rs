@@ -218,7 +218,7 @@ impl Store {
                 page.next = first + batch.messages.len() as u64;
                 continue;
             }
-            for (i, (subject, version)) in batch.messages.iter().enumerate() {
+            for (i, (subject, version, _)) in batch.messages.iter().enumerate() {
                 let offset = first + i as u64;
                 if offset < from_offset {
                     continue;

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  message record  offset:u64be time_ms:u64be header_len:u32be headers payload
-//!  batch entry     time_ms:u64be count:u32be { subject_len:u16be subject version:u64be }*
+//!  batch entry     time_ms:u64be count:u32be { subject_len:u16be subject version:u64be bytes:u32be }*
 //!  msg id entry    version:u64be offset:u64be time_ms:u64be subject
 //!  subject marker  purged_version:u64be purged_offset:u64be   (0 0 unless purged)
 //! ```
@@ -58,20 +58,22 @@ pub fn decode_record(mut value: Bytes) -> Option<Record> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BatchEntry {
     pub time_ms: u64,
-    pub messages: Vec<(String, u64)>,
+    /// (subject, version, bytes of headers and payload), in offset order.
+    pub messages: Vec<(String, u64, u32)>,
 }
 
 pub fn encode_batch<'a>(
     time_ms: u64,
-    messages: impl ExactSizeIterator<Item = (&'a str, u64)>,
+    messages: impl ExactSizeIterator<Item = (&'a str, u64, u32)>,
 ) -> Bytes {
-    let mut out = BytesMut::with_capacity(12 + messages.len() * 24);
+    let mut out = BytesMut::with_capacity(12 + messages.len() * 28);
     out.put_u64(time_ms);
     out.put_u32(u32::try_from(messages.len()).unwrap_or(u32::MAX));
-    for (subject, version) in messages {
+    for (subject, version, bytes) in messages {
         out.put_u16(u16::try_from(subject.len()).unwrap_or(u16::MAX));
         out.put_slice(subject.as_bytes());
         out.put_u64(version);
+        out.put_u32(bytes);
     }
     out.freeze()
 }
@@ -82,17 +84,18 @@ pub fn decode_batch(mut value: Bytes) -> Option<BatchEntry> {
     }
     let time_ms = value.get_u64();
     let count = usize::try_from(value.get_u32()).ok()?;
-    let mut messages = Vec::with_capacity(count.min(value.len() / 10));
+    let mut messages = Vec::with_capacity(count.min(value.len() / 14));
     for _ in 0..count {
         if value.len() < 2 {
             return None;
         }
         let len = usize::from(value.get_u16());
-        if value.len() < len + 8 {
+        if value.len() < len + 12 {
             return None;
         }
         let subject = std::str::from_utf8(&value.split_to(len)).ok()?.to_owned();
-        messages.push((subject, value.get_u64()));
+        let version = value.get_u64();
+        messages.push((subject, version, value.get_u32()));
     }
     Some(BatchEntry { time_ms, messages })
 }
@@ -169,11 +172,14 @@ mod tests {
 
     #[test]
     fn batches_and_msg_ids_round_trip() {
-        let list = [("a.b", 1u64), ("c", 9)];
-        let value = encode_batch(55, list.iter().map(|(s, v)| (*s, *v)));
+        let list = [("a.b", 1u64, 10u32), ("c", 9, 0)];
+        let value = encode_batch(55, list.iter().copied());
         let entry = decode_batch(value.clone()).expect("decodes");
         assert_eq!(entry.time_ms, 55);
-        assert_eq!(entry.messages, vec![("a.b".into(), 1), ("c".into(), 9)]);
+        assert_eq!(
+            entry.messages,
+            vec![("a.b".into(), 1, 10), ("c".into(), 9, 0)]
+        );
         assert_eq!(decode_batch(value.slice(..value.len() - 1)), None);
 
         let id = MsgIdEntry {

@@ -93,8 +93,8 @@ pub(super) struct Sequencer {
     compactions: mpsc::Sender<CompactionJob>,
 }
 
-/// A tenant's part of one round: its first offset and (subject, version) list.
-type RoundIndex = (u64, Vec<(Arc<str>, u64)>);
+/// A tenant's part of one round: its first offset and (subject, version, bytes) list.
+type RoundIndex = (u64, Vec<(Arc<str>, u64, u32)>);
 
 /// One accepted message, by position in the round's requests.
 struct Assigned {
@@ -237,9 +237,19 @@ impl Sequencer {
                     keys::message(&request.tenant, &request.subject, new_head.version),
                     record::encode_record(new_head.offset, now, &message.headers, &message.payload),
                 );
-                entry
-                    .1
-                    .push((Arc::clone(&request.subject), new_head.version));
+                if request.max_versions > 0 && new_head.version > request.max_versions {
+                    batch.delete(keys::message(
+                        &request.tenant,
+                        &request.subject,
+                        new_head.version - request.max_versions,
+                    ));
+                }
+                let size = message.headers.len() + message.payload.len();
+                entry.1.push((
+                    Arc::clone(&request.subject),
+                    new_head.version,
+                    u32::try_from(size).unwrap_or(u32::MAX),
+                ));
                 assigned.push(Assigned {
                     request: position,
                     message: i,
@@ -306,7 +316,7 @@ impl Sequencer {
         for (tenant, (first, messages)) in &index {
             batch.put(
                 keys::batch(tenant, *first),
-                record::encode_batch(now, messages.iter().map(|(s, v)| (&**s, *v))),
+                record::encode_batch(now, messages.iter().map(|(s, v, b)| (&**s, *v, *b))),
             );
         }
 
@@ -448,21 +458,27 @@ impl Sequencer {
     }
 }
 
-/// The offset after the last one the tenant's newest batch used (1 for a new tenant).
+/// The offset after the last one the tenant's newest batch used (1 for a new tenant),
+/// or the floor retention left when it deleted the newest batches.
 async fn load_next_offset(db: &Db, tenant: &str) -> Result<u64, StoreError> {
     let options = ScanOptions::default().with_order(IterationOrder::Descending);
     let mut newest = db
         .scan_with_options(keys::batch_range(tenant, 0), &options)
         .await?;
-    Ok(match newest.next().await? {
+    let from_batches = match newest.next().await? {
         Some(kv) => {
             let first = keys::batch_offset(&kv.key).unwrap_or(0);
             let count = record::decode_batch(kv.value).map_or(0, |b| b.messages.len() as u64);
             first + count
         }
         None => 1,
-    }
-    .max(1))
+    };
+    let floor = db
+        .get(keys::offset_floor(tenant))
+        .await?
+        .and_then(|v| <[u8; 8]>::try_from(&v[..]).ok())
+        .map_or(0, u64::from_be_bytes);
+    Ok(from_batches.max(floor).max(1))
 }
 
 fn is_fenced(error: &slatedb::Error) -> bool {

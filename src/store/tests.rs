@@ -61,6 +61,7 @@ fn request(subject: &str, payload: &str, n: u32) -> AppendRequest {
         }),
         route: RouteTag::default(),
         compaction: None,
+        max_versions: 0,
     }
 }
 
@@ -249,4 +250,152 @@ async fn a_newer_format_or_foreign_data_is_refused() {
         .err()
         .expect("refused");
     assert!(matches!(error, StoreError::Foreign), "{error}");
+}
+
+struct Rules {
+    max_age_ms: u64,
+    max_tenant_bytes: u64,
+}
+
+impl RetentionRules for Rules {
+    fn max_age_ms(&self, subject: &str) -> u64 {
+        if subject.starts_with("keep") {
+            0
+        } else {
+            self.max_age_ms
+        }
+    }
+
+    fn shortest_max_age_ms(&self) -> u64 {
+        self.max_age_ms
+    }
+
+    fn max_tenant_bytes(&self) -> u64 {
+        self.max_tenant_bytes
+    }
+}
+
+async fn versions(store: &Store, subject: &str) -> Vec<u64> {
+    store
+        .replay_subject("t", subject, ReplayFrom::Start, 1000, usize::MAX)
+        .await
+        .expect("replays")
+        .messages
+        .iter()
+        .map(|m| m.version)
+        .collect()
+}
+
+#[tokio::test]
+async fn retention_by_age_and_bytes_never_reuses_versions_or_offsets() {
+    let recorder = Arc::new(Recorder::default());
+    let store = Store::open(settings(Arc::new(InMemory::new())), recorder.clone())
+        .await
+        .expect("opens");
+    for i in 0..4 {
+        store
+            .append(request("old", "12345", i))
+            .await
+            .expect("queued");
+        store
+            .append(request("keep", "12345", 10 + i))
+            .await
+            .expect("queued");
+    }
+    acks(&recorder, 8).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let by_age = Rules {
+        max_age_ms: 5,
+        max_tenant_bytes: 0,
+    };
+    let pass = store.enforce_retention(&by_age, &stop).await.expect("pass");
+    assert_eq!(pass.messages, 4);
+    assert!(versions(&store, "old").await.is_empty());
+    assert_eq!(versions(&store, "keep").await, [1, 2, 3, 4]);
+    // A second pass finds nothing more to do.
+    assert_eq!(
+        store
+            .enforce_retention(&by_age, &stop)
+            .await
+            .expect("pass")
+            .messages,
+        0
+    );
+
+    // Budget: 4 kept messages of 5 bytes against 10 bytes: the 2 oldest go.
+    let by_bytes = Rules {
+        max_age_ms: 0,
+        max_tenant_bytes: 10,
+    };
+    let pass = store
+        .enforce_retention(&by_bytes, &stop)
+        .await
+        .expect("pass");
+    assert_eq!(pass.messages, 2);
+    assert_eq!(versions(&store, "keep").await, [3, 4]);
+    store.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn a_fully_expired_tenant_keeps_its_offsets_and_versions_after_restart() {
+    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let recorder = Arc::new(Recorder::default());
+    let store = Store::open(settings(Arc::clone(&inner)), recorder.clone())
+        .await
+        .expect("opens");
+    for i in 0..3 {
+        store.append(request("gone", "x", i)).await.expect("queued");
+    }
+    acks(&recorder, 3).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let rules = Rules {
+        max_age_ms: 5,
+        max_tenant_bytes: 0,
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    assert_eq!(
+        store
+            .enforce_retention(&rules, &stop)
+            .await
+            .expect("pass")
+            .messages,
+        3
+    );
+    store.close().await.expect("closes");
+
+    let recorder = Arc::new(Recorder::default());
+    let store = Store::open(settings(inner), recorder.clone())
+        .await
+        .expect("reopens");
+    store.append(request("gone", "y", 9)).await.expect("queued");
+    let got = acks(&recorder, 1).await;
+    assert!(
+        matches!(
+            got[0].1,
+            AppendOutcome::Stored {
+                version: 4,
+                offset: 4,
+                ..
+            }
+        ),
+        "{got:?}"
+    );
+    store.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn max_versions_keeps_the_newest_versions() {
+    let recorder = Arc::new(Recorder::default());
+    let store = Store::open(settings(Arc::new(InMemory::new())), recorder.clone())
+        .await
+        .expect("opens");
+    for i in 0..5 {
+        let mut r = request("capped", "x", i);
+        r.max_versions = 2;
+        store.append(r).await.expect("queued");
+    }
+    acks(&recorder, 5).await;
+    assert_eq!(versions(&store, "capped").await, [4, 5]);
+    store.close().await.expect("closes");
 }

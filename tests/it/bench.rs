@@ -74,3 +74,64 @@ async fn a_payload_too_small_for_the_timestamp_is_refused() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("at least 8 bytes"), "{stderr}");
 }
+
+#[tokio::test]
+async fn durable_and_replay_shapes_count_every_ack() {
+    let server = start_default().await;
+    let url = server.native_url();
+    let small = ["--subjects", "100", "--ack-window", "16"];
+    for expect in [false, true] {
+        let extra: Vec<&str> = small
+            .iter()
+            .copied()
+            .chain(expect.then_some("--expect"))
+            .collect();
+        let report = bench(&url, "durable", &extra).await;
+        assert_eq!(report["shape"], "durable");
+        assert_eq!(report["publishers"], 4);
+        assert_eq!(report["delivered"], MSGS, "expect: {expect}");
+        assert_eq!(report["latency"]["count"], MSGS, "expect: {expect}");
+        assert_eq!(report["durable"]["server_kind"], "canopy");
+        assert_eq!(report["durable"]["expect"], expect);
+        assert_eq!(report["durable"]["errors"], 0);
+    }
+    // 2000 messages over 100 fresh subjects: 20 each; read the first 10 of 5 subjects.
+    let replay = [
+        "--subjects",
+        "100",
+        "--prefix",
+        "bench.d.r",
+        "--replay-samples",
+        "5",
+        "--replay-max",
+        "10",
+    ];
+    let report = bench(&url, "replay", &replay).await;
+    assert_eq!(report["delivered"], MSGS);
+    assert_eq!(report["replay"]["samples"], 5);
+    assert_eq!(report["replay"]["min_count"], 10);
+    assert_eq!(
+        report["replay"]["times_ns"].as_array().map(Vec::len),
+        Some(5)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn expect_refuses_a_window_wider_than_the_subjects() {
+    let output = Command::new(BIN)
+        .args([
+            "bench",
+            "--server",
+            "nats://127.0.0.1:1",
+            "--shape",
+            "durable",
+        ])
+        .args(["--expect", "--subjects", "10", "--ack-window", "16"])
+        .output()
+        .await
+        .expect("bench runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--expect needs"), "{stderr}");
+}
