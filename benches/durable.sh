@@ -34,8 +34,11 @@ out=${OUT:-target/bench-durable}
 cargo build --release --quiet
 canopy=${CARGO_TARGET_DIR:-target}/release/canopy
 mkdir -p "$out"
-: >"$out/runs.jsonl"
-: >"$out/rss.jsonl"
+# APPEND=1 keeps the runs of an earlier invocation (e.g. PHASES="rss live" after the rest).
+if [[ ${APPEND:-0} != 1 ]]; then
+  : >"$out/runs.jsonl"
+  : >"$out/rss.jsonl"
+fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/canopy-durable-bench.XXXXXX")
 
 free_port() {
@@ -100,7 +103,7 @@ bench() { # label port run-name shape msgs extra...
   shift 5
   local json
   json=$("$canopy" bench --server "nats://127.0.0.1:$port" --shape "$shape" --msgs "$msgs" \
-    --size 128 --json "$@")
+    --size 128 --json "$@") || return 1
   printf '{"server_label":"%s","run":"%s","result":%s}\n' "$label" "$name" "$json" >>"$out/runs.jsonl"
   python3 -c 'import json, sys
 r = json.loads(sys.argv[1]); lat = r["latency"]
@@ -155,11 +158,12 @@ if [[ $PHASES == *rss* ]]; then
   for label in canopy nats-server; do
     if [[ $label == canopy ]]; then pid=$canopy_pid port=$canopy_port; else pid=$nats_pid port=$nats_port; fi
     before=$(rss_kib "$pid")
+    loaded=true
     bench "$label" "$port" "load distinct" durable "$RSS_SUBJECTS" \
-      --subjects "$RSS_SUBJECTS" --prefix bench.d.k
+      --subjects "$RSS_SUBJECTS" --prefix bench.d.k --timeout 30 || loaded=false
     sleep 2
-    printf '{"server_label":"%s","subjects":%d,"rss_before_kib":%d,"rss_kib":%d,"hwm_kib":%d}\n' \
-      "$label" "$RSS_SUBJECTS" "$before" "$(rss_kib "$pid")" "$(hwm_kib "$pid")" >>"$out/rss.jsonl"
+    printf '{"server_label":"%s","subjects":%d,"loaded":%s,"rss_before_kib":%d,"rss_kib":%d,"hwm_kib":%d}\n' \
+      "$label" "$RSS_SUBJECTS" "$loaded" "$before" "$(rss_kib "$pid")" "$(hwm_kib "$pid")" >>"$out/rss.jsonl"
   done
   stop_servers
 fi
@@ -247,7 +251,8 @@ if rss:
     for r in rss:
         loads = table.get(("load distinct", r["server_label"]), [])
         rate = f'{loads[-1]["msgs_per_sec"]:,.0f}' if loads else "-"
-        print(f'| {r["server_label"]} | {r["subjects"]:,} | {r["rss_before_kib"] / 1024:.0f} | '
+        subjects = f'{r["subjects"]:,}' + ("" if r.get("loaded", True) else " (load FAILED)")
+        print(f'| {r["server_label"]} | {subjects} | {r["rss_before_kib"] / 1024:.0f} | '
               f'{r["rss_kib"] / 1024:.0f} | {r["hwm_kib"] / 1024:.0f} | {rate} |')
 
 live = [n for n in order if ((n, "store on") in table)]

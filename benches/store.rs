@@ -40,6 +40,8 @@ fn settings(folder: &std::path::Path) -> StoreSettings {
         max_batch: 1024,
         queue_depth: 8192,
         s3: S3Settings::default(),
+        block_cache_bytes: 16 << 20,
+        meta_cache_bytes: 16 << 20,
         object_store: None,
     }
 }

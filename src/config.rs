@@ -91,6 +91,10 @@ pub struct StoreConfig {
     pub max_batch: usize,
     /// Publishes queued for the sequencer before publishers wait.
     pub queue_depth: usize,
+    /// MiB of memory for cached data blocks of the store.
+    pub block_cache_mb: u64,
+    /// MiB of memory for cached indexes and filters of the store.
+    pub meta_cache_mb: u64,
     /// First match decides whether and how a subject is stored.
     pub policies: Vec<StorePolicy>,
     pub retention: RetentionConfig,
@@ -210,6 +214,8 @@ impl Default for StoreConfig {
             dedupe_window_secs: 120,
             max_batch: 1024,
             queue_depth: 8192,
+            block_cache_mb: 64,
+            meta_cache_mb: 64,
             policies: vec![
                 StorePolicy {
                     pattern: "_INBOX.>".into(),

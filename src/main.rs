@@ -311,7 +311,15 @@ async fn run(command: Command) -> Result<()> {
         Command::Sub(args) => subscribe(args).await,
         Command::Get(args) => {
             let (mut client, timeout) = connect(&args.connect, "canopy get").await?;
-            cli::streams::get(&mut client, &args.subject, args.version, args.json, timeout).await
+            cli::streams::show_one(
+                &mut client,
+                "$CANOPY.get",
+                &args.subject,
+                args.version,
+                args.json,
+                timeout,
+            )
+            .await
         }
         Command::Replay(args) => {
             let (mut client, timeout) = connect(&args.connect, "canopy replay").await?;
@@ -342,7 +350,15 @@ async fn run(command: Command) -> Result<()> {
             connect: how,
         }) => {
             let (mut client, timeout) = connect(&how, "canopy snapshot").await?;
-            cli::streams::snapshot_get(&mut client, &subject, version, json, timeout).await
+            cli::streams::show_one(
+                &mut client,
+                "$CANOPY.snapshot.get",
+                &subject,
+                version,
+                json,
+                timeout,
+            )
+            .await
         }
         Command::Purge(args) => {
             let (mut client, timeout) = connect(&args.connect, "canopy purge").await?;

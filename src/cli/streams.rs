@@ -135,8 +135,11 @@ fn print(text: &str) -> bool {
         .is_ok()
 }
 
-pub async fn get(
+/// Prints the one message an API answers for a subject and version: a stored
+/// message (`$CANOPY.get`) or a snapshot (`$CANOPY.snapshot.get`).
+pub async fn show_one(
     client: &mut Client,
+    api: &str,
     subject: &str,
     version: Option<u64>,
     json_output: bool,
@@ -144,7 +147,7 @@ pub async fn get(
 ) -> Result<()> {
     let body = json!({"subject": subject, "version": version}).to_string();
     let answers = client
-        .request("$CANOPY.get", None, body.as_bytes(), timeout, None)
+        .request(api, None, body.as_bytes(), timeout, None)
         .await?;
     let answer = answers.first().context("no answer")?;
     check(answer)?;
@@ -333,23 +336,6 @@ pub async fn snapshot_put(
     let body = json!({"subject": subject, "version": version, "data": data});
     call_json(client, "$CANOPY.snapshot.put", &body, timeout).await?;
     println!("snapshot of {subject} at version {version} stored");
-    Ok(())
-}
-
-pub async fn snapshot_get(
-    client: &mut Client,
-    subject: &str,
-    version: Option<u64>,
-    json_output: bool,
-    timeout: Duration,
-) -> Result<()> {
-    let body = json!({"subject": subject, "version": version}).to_string();
-    let answers = client
-        .request("$CANOPY.snapshot.get", None, body.as_bytes(), timeout, None)
-        .await?;
-    let answer = answers.first().context("no answer")?;
-    check(answer)?;
-    print(&line(answer, json_output));
     Ok(())
 }
 

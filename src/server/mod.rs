@@ -52,6 +52,8 @@ fn store_settings(config: &Config) -> Result<StoreSettings, ServerError> {
         max_batch: store.max_batch,
         queue_depth: store.queue_depth,
         s3: store.s3.settings(),
+        block_cache_bytes: store.block_cache_mb.saturating_mul(1 << 20),
+        meta_cache_bytes: store.meta_cache_mb.saturating_mul(1 << 20),
         object_store: None,
     })
 }

@@ -215,6 +215,10 @@ pub struct StoreSettings {
     pub queue_depth: usize,
     /// How to reach S3, for `s3://` URLs.
     pub s3: S3Settings,
+    /// Memory for cached SST data blocks.
+    pub block_cache_bytes: u64,
+    /// Memory for cached SST indexes and filters.
+    pub meta_cache_bytes: u64,
     /// An object store to use instead of the one `url` names (tests, fault
     /// injection); no lock is taken on it.
     pub object_store: Option<Arc<dyn object_store::ObjectStore>>,

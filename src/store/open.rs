@@ -139,13 +139,38 @@ pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, Stor
     };
     let engine_settings = Settings {
         flush_interval: Some(settings.flush_interval),
+        // Smaller memtables and a cap on what waits for upload keep memory flat with
+        // many subjects (the defaults, 64 MiB L0 files and 1 GiB unflushed, made a
+        // million subjects cost about a GiB here).
+        l0_sst_size_bytes: 16 * 1024 * 1024,
+        max_unflushed_bytes: 128 * 1024 * 1024,
         ..Settings::default()
     };
     let db = Db::builder(path, object_store)
         .with_settings(engine_settings)
+        .with_db_cache(cache(settings), 0)
         .build()
         .await?;
     Ok(Opened { db, lock })
+}
+
+/// SST blocks and indexes kept in memory. Without them every seek (a head recovery,
+/// a replay) would read and parse SST indexes from the object store again.
+fn cache(settings: &StoreSettings) -> Arc<dyn slatedb::db_cache::DbCache> {
+    use slatedb::db_cache::moka::{MokaCache, MokaCacheOptions};
+    let moka = |bytes: u64| -> Option<Arc<dyn slatedb::db_cache::DbCache>> {
+        Some(Arc::new(MokaCache::new_with_opts(MokaCacheOptions {
+            max_capacity: bytes,
+            time_to_live: None,
+            time_to_idle: None,
+        })))
+    };
+    Arc::new(
+        slatedb::db_cache::SplitCache::new()
+            .with_block_cache(moka(settings.block_cache_bytes))
+            .with_meta_cache(moka(settings.meta_cache_bytes))
+            .build(),
+    )
 }
 
 fn s3(bucket: &str, s3: &S3Settings) -> Result<Arc<dyn ObjectStore>, StoreError> {

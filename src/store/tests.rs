@@ -40,6 +40,8 @@ fn settings(object_store: Arc<dyn ObjectStore>) -> StoreSettings {
         max_batch: 256,
         queue_depth: 1024,
         s3: S3Settings::default(),
+        block_cache_bytes: 16 << 20,
+        meta_cache_bytes: 16 << 20,
         object_store: Some(object_store),
     }
 }
