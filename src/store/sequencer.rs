@@ -14,6 +14,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use slatedb::config::{PutOptions, ScanOptions, Ttl, WriteOptions};
 use slatedb::{Db, IterationOrder, WriteBatch, WriteHandle};
@@ -31,6 +32,9 @@ use super::{
 const MSG_ID_CACHE: usize = 100_000;
 /// Group commits that may wait for durability before the sequencer holds back.
 const DURABILITY_QUEUE: usize = 256;
+/// Rounds the sequencer may decide ahead of the engine write of an earlier one: the
+/// write (memtable insert) runs on another task, in parallel with the next round.
+const WRITES_AHEAD: usize = 2;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Head {
@@ -77,6 +81,17 @@ impl MsgIds {
     }
 }
 
+/// One decided round, for the writer task.
+#[derive(Default)]
+struct RoundWrite {
+    batch: Option<WriteBatch>,
+    durable_acks: Vec<(Arc<str>, AckTo, AppendOutcome)>,
+    /// Acks that do not wait for durability: conflicts, and `received` appends.
+    immediate: Vec<(Arc<str>, AckTo, AppendOutcome)>,
+    /// The failure count when the round was decided.
+    epoch: u64,
+}
+
 /// A write whose acks wait for its durability.
 struct PendingDurable {
     handle: Option<WriteHandle>,
@@ -91,6 +106,9 @@ pub(super) struct Sequencer {
     max_batch: usize,
     durable_tx: watch::Sender<u64>,
     compactions: mpsc::Sender<CompactionJob>,
+    /// Counts failed writes; a change makes the next round forget memory's heads.
+    failures: Arc<AtomicU64>,
+    epoch_seen: u64,
 }
 
 /// A tenant's part of one round: its first offset and (subject, version, bytes) list.
@@ -120,6 +138,8 @@ impl Sequencer {
             max_batch: settings.max_batch.max(1),
             durable_tx,
             compactions,
+            failures: Arc::new(AtomicU64::new(0)),
+            epoch_seen: 0,
         }
     }
 
@@ -129,6 +149,14 @@ impl Sequencer {
             durable_rx,
             Arc::clone(&self.events),
             self.durable_tx.clone(),
+        ));
+        let (write_tx, write_rx) = mpsc::channel(WRITES_AHEAD);
+        let writer = tokio::spawn(write_rounds(
+            Arc::clone(&self.db),
+            Arc::clone(&self.events),
+            Arc::clone(&self.failures),
+            write_rx,
+            durable_tx,
         ));
         let mut requests = Vec::with_capacity(self.max_batch);
         let mut barriers = Vec::new();
@@ -153,23 +181,32 @@ impl Sequencer {
                     next = queue.try_recv().ok();
                 }
             }
-            let pending = self.round(&mut requests).await;
+            let write = self.round(&mut requests).await;
             for passed in barriers.drain(..) {
                 let _ = passed.send(());
             }
-            if durable_tx.send(pending).await.is_err() {
+            if write_tx.send(write).await.is_err() {
                 break;
             }
         }
-        drop(durable_tx);
+        drop(write_tx);
+        let _ = writer.await;
         let _ = acker.await;
     }
 
-    /// Decides, routes and writes one round of appends.
-    async fn round(&mut self, requests: &mut Vec<AppendRequest>) -> PendingDurable {
+    /// Decides and routes one round of appends, and prepares its write.
+    async fn round(&mut self, requests: &mut Vec<AppendRequest>) -> RoundWrite {
+        // A write failed since the last round: what memory holds may be ahead of the
+        // store, so read heads and offsets again.
+        let epoch = self.failures.load(Ordering::Acquire);
+        if epoch != self.epoch_seen {
+            self.tenants.clear();
+            self.epoch_seen = epoch;
+        }
         if let Err(error) = self.load(requests).await {
             tracing::error!(%error, "store read failed; refusing this round of appends");
-            return self.fail_all(requests, &error);
+            self.fail_all(requests, &error);
+            return RoundWrite::default();
         }
         let now = now_ms();
         let mut batch = WriteBatch::new();
@@ -342,58 +379,13 @@ impl Sequencer {
             self.events.sequenced(&sequenced);
         }
 
-        let handle = if index.is_empty() {
-            None
-        } else {
-            match self
-                .db
-                .write_with_options(batch, &WriteOptions::default())
-                .await
-            {
-                Ok(handle) => Some(handle),
-                Err(error) => {
-                    report_failure(
-                        &error,
-                        "store write failed; the round's appends are refused",
-                    );
-                    // What was assigned in memory is unknown to the store: forget it and
-                    // read heads and offsets again on next use.
-                    for tenant in index.keys() {
-                        self.tenants.remove(tenant);
-                    }
-                    let reason = failure_reason("the store could not write", &error);
-                    let failed = |(tenant, ack, _): (Arc<str>, AckTo, AppendOutcome)| {
-                        (
-                            tenant,
-                            ack,
-                            AppendOutcome::Failed {
-                                reason: reason.clone(),
-                            },
-                        )
-                    };
-                    self.events.acknowledged(
-                        acks.into_iter()
-                            .chain(
-                                immediate
-                                    .into_iter()
-                                    .filter(|(_, _, o)| matches!(o, AppendOutcome::Stored { .. })),
-                            )
-                            .map(failed)
-                            .collect(),
-                    );
-                    requests.clear();
-                    return PendingDurable {
-                        handle: None,
-                        acks: Vec::new(),
-                    };
-                }
-            }
-        };
-        if !immediate.is_empty() {
-            self.events.acknowledged(immediate);
-        }
         requests.clear();
-        PendingDurable { handle, acks }
+        RoundWrite {
+            batch: (!index.is_empty()).then_some(batch),
+            durable_acks: acks,
+            immediate,
+            epoch: self.epoch_seen,
+        }
     }
 
     /// Reads what the round needs and memory does not hold.
@@ -428,11 +420,7 @@ impl Sequencer {
         Ok(())
     }
 
-    fn fail_all(
-        &mut self,
-        requests: &mut Vec<AppendRequest>,
-        error: &StoreError,
-    ) -> PendingDurable {
+    fn fail_all(&mut self, requests: &mut Vec<AppendRequest>, error: &StoreError) {
         let reason = format!("the store could not read: {error}");
         let acks: Vec<_> = requests
             .drain(..)
@@ -450,10 +438,6 @@ impl Sequencer {
             .collect();
         if !acks.is_empty() {
             self.events.acknowledged(acks);
-        }
-        PendingDurable {
-            handle: None,
-            acks: Vec::new(),
         }
     }
 }
@@ -508,9 +492,15 @@ fn failure_reason(what: &str, error: &slatedb::Error) -> String {
     }
 }
 
-/// A subject's head, by one reverse seek of its message range; when the range is
-/// empty (never written, or purged) the subject marker says how far versions went.
+/// A subject's head. A subject that never existed has no marker: one point lookup,
+/// which the engine's bloom filters answer without reading data, so publishing to
+/// new subjects stays cheap however much is stored. An existing subject's head is one
+/// reverse seek of its message range; when the range is empty (purged or expired) the
+/// marker says how far versions went.
 async fn load_head(db: &Db, tenant: &str, subject: &str) -> Result<Head, StoreError> {
+    let Some(marker) = db.get(keys::subject_marker(tenant, subject)).await? else {
+        return Ok(Head::default());
+    };
     let options = ScanOptions::default().with_order(IterationOrder::Descending);
     let mut newest = db
         .scan_with_options(keys::message_range(tenant, subject, 1), &options)
@@ -521,15 +511,76 @@ async fn load_head(db: &Db, tenant: &str, subject: &str) -> Result<Head, StoreEr
             offset: record::decode_record(kv.value).map_or(0, |r| r.offset),
         });
     }
-    let floor = db
-        .get(keys::subject_marker(tenant, subject))
-        .await?
-        .and_then(record::decode_marker)
-        .unwrap_or((0, 0));
-    Ok(Head {
-        version: floor.0,
-        offset: floor.1,
-    })
+    let (version, offset) = record::decode_marker(marker).unwrap_or((0, 0));
+    Ok(Head { version, offset })
+}
+
+/// Writes decided rounds in order. A failed write, and every round decided before the
+/// sequencer learned of it (their versions follow the lost ones), is refused, so a
+/// subject's versions never skip.
+async fn write_rounds(
+    db: Arc<Db>,
+    events: Arc<dyn StoreEvents>,
+    failures: Arc<AtomicU64>,
+    mut rounds: mpsc::Receiver<RoundWrite>,
+    durable: mpsc::Sender<PendingDurable>,
+) {
+    while let Some(round) = rounds.recv().await {
+        let failed_before = failures.load(Ordering::Acquire);
+        let result = match round.batch {
+            None => Ok(None),
+            Some(_) if round.epoch != failed_before => {
+                Err("an earlier write failed before this one; retry".to_owned())
+            }
+            Some(batch) => match db.write_with_options(batch, &WriteOptions::default()).await {
+                Ok(handle) => Ok(Some(handle)),
+                Err(error) => {
+                    report_failure(
+                        &error,
+                        "store write failed; the round's appends are refused",
+                    );
+                    failures.fetch_add(1, Ordering::AcqRel);
+                    Err(failure_reason("the store could not write", &error))
+                }
+            },
+        };
+        match result {
+            Ok(handle) => {
+                if !round.immediate.is_empty() {
+                    events.acknowledged(round.immediate);
+                }
+                let pending = PendingDurable {
+                    handle,
+                    acks: round.durable_acks,
+                };
+                if durable.send(pending).await.is_err() {
+                    return;
+                }
+            }
+            Err(reason) => {
+                let failed = round
+                    .durable_acks
+                    .into_iter()
+                    .chain(
+                        round
+                            .immediate
+                            .into_iter()
+                            .filter(|(_, _, o)| matches!(o, AppendOutcome::Stored { .. })),
+                    )
+                    .map(|(tenant, ack, _)| {
+                        (
+                            tenant,
+                            ack,
+                            AppendOutcome::Failed {
+                                reason: reason.clone(),
+                            },
+                        )
+                    })
+                    .collect();
+                events.acknowledged(failed);
+            }
+        }
+    }
 }
 
 /// Waits for each write's durability in order, then sends its acks and moves the
