@@ -555,9 +555,10 @@ impl Connection {
             api::spawn(Arc::clone(&self.broker), call);
             return;
         }
-        if let Some(policy) = self.broker.store_policy(subject) {
-            let policy = policy.clone();
-            self.store_publish(&policy, subject, reply, headers, payload);
+        // The policy borrows the broker; an Arc clone, not a copy of the policy.
+        let broker = Arc::clone(&self.broker);
+        if let Some(policy) = broker.store_policy(subject) {
+            self.store_publish(policy, subject, reply, headers, payload);
             return;
         }
         let reply = reply.as_deref();
