@@ -98,37 +98,10 @@ pub struct StoreConfig {
     /// First match decides whether and how a subject is stored.
     pub policies: Vec<StorePolicy>,
     pub retention: RetentionConfig,
-    pub s3: S3Config,
+    /// How to reach S3 for `s3://` URLs; unset fields come from the AWS environment.
+    pub s3: crate::store::S3Settings,
 }
 
-/// How to reach S3 (for `s3://` URLs); unset fields come from the AWS environment.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct S3Config {
-    pub endpoint: Option<String>,
-    pub region: Option<String>,
-    pub access_key_id: Option<String>,
-    pub secret_access_key: Option<String>,
-    /// Allow plain http (S3-compatible servers on loopback or a private network).
-    pub allow_http: bool,
-    /// Path-style requests, which most S3-compatible servers need.
-    pub path_style: bool,
-}
-
-impl S3Config {
-    pub fn settings(&self) -> crate::store::S3Settings {
-        crate::store::S3Settings {
-            endpoint: self.endpoint.clone(),
-            region: self.region.clone(),
-            access_key_id: self.access_key_id.clone(),
-            secret_access_key: self.secret_access_key.clone(),
-            allow_http: self.allow_http,
-            path_style: self.path_style,
-        }
-    }
-}
-
-/// How the subjects matching `pattern` are stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StorePolicy {
@@ -225,7 +198,7 @@ impl Default for StoreConfig {
                 StorePolicy::default(),
             ],
             retention: RetentionConfig::default(),
-            s3: S3Config::default(),
+            s3: crate::store::S3Settings::default(),
         }
     }
 }

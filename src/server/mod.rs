@@ -51,7 +51,7 @@ fn store_settings(config: &Config) -> Result<StoreSettings, ServerError> {
         dedupe_window: Duration::from_secs(store.dedupe_window_secs),
         max_batch: store.max_batch,
         queue_depth: store.queue_depth,
-        s3: store.s3.settings(),
+        s3: store.s3.clone(),
         block_cache_bytes: store.block_cache_mb.saturating_mul(1 << 20),
         meta_cache_bytes: store.meta_cache_mb.saturating_mul(1 << 20),
         object_store: None,

@@ -32,7 +32,9 @@ pub enum StoreUrl {
 
 /// How to reach S3 or an S3-compatible server. Empty fields fall back to the usual
 /// AWS environment variables (`AWS_ACCESS_KEY_ID`, `AWS_REGION`, `AWS_ENDPOINT_URL`...).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Also the `[store.s3]` section of the configuration, as is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct S3Settings {
     pub endpoint: Option<String>,
     pub region: Option<String>,
