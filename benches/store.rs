@@ -53,6 +53,7 @@ fn append(subject: &str, payload: Bytes, ack: bool) -> AppendRequest {
         messages: vec![NewMessage {
             headers: Bytes::new(),
             payload,
+            flags: 0,
         }],
         expect: None,
         msg_id: None,
@@ -64,6 +65,7 @@ fn append(subject: &str, payload: Bytes, ack: bool) -> AppendRequest {
         route: RouteTag::default(),
         compaction: None,
         max_versions: 0,
+        retain: false,
     }
 }
 

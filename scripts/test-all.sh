@@ -1,24 +1,51 @@
 #!/usr/bin/env bash
 # Runs every test of Canopy. On a fresh machine it first installs what the tests
-# need (a Python venv under target/ with nats-py and moto's S3 server), starts an
+# need (a Python venv under target/ with nats-py, paho-mqtt and moto's S3 server;
+# Debian's mosquitto-clients for mosquitto_pub and mosquitto_sub), starts an
 # S3-compatible server (moto) on a free loopback port for the S3 tests, runs the
 # whole suite, runs the durable-stream tests again on the file and S3 backends, and
 # stops moto. A missing tool is an error here, never a skipped test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# apt-get as root (CI runs this script as root), through sudo otherwise.
+apt_install() {
+  if [ "$(id -u)" -eq 0 ]; then
+    apt-get install -y "$@" >&2 || { apt-get update >&2 && apt-get install -y "$@" >&2; }
+  elif command -v sudo >/dev/null; then
+    sudo apt-get install -y "$@" >&2 || { sudo apt-get update >&2 && sudo apt-get install -y "$@" >&2; }
+  else
+    echo "test-all: cannot install $* (not root and no sudo): install it and run again" >&2
+    exit 1
+  fi
+}
+
 venv=target/py-venv
-if ! "$venv/bin/python" -c 'import nats, moto' 2>/dev/null; then
-  echo "test-all: installing nats-py and moto into $venv" >&2
+if ! "$venv/bin/python" -c 'import nats, moto, paho.mqtt' 2>/dev/null; then
+  echo "test-all: installing nats-py, paho-mqtt and moto into $venv" >&2
   mkdir -p target
   if ! python3 -m venv "$venv" 2>/dev/null; then
     # Debian splits venv support out of python3.
-    apt-get install -y python3-venv >&2
+    apt_install python3-venv
     python3 -m venv "$venv"
   fi
   "$venv/bin/pip" install --quiet --disable-pip-version-check \
-    'nats-py==2.16.0' 'moto[server]==5.*'
+    'nats-py==2.16.0' 'moto[server]==5.*' 'paho-mqtt==2.*'
 fi
+"$venv/bin/python" -c 'import nats, moto, paho.mqtt' || {
+  echo "test-all: $venv lacks nats-py, moto or paho-mqtt after installing them" >&2
+  exit 1
+}
+
+# Mosquitto's command-line clients, for the MQTT tests.
+if ! command -v mosquitto_pub >/dev/null || ! command -v mosquitto_sub >/dev/null; then
+  echo "test-all: installing mosquitto-clients" >&2
+  apt_install mosquitto-clients
+fi
+command -v mosquitto_pub >/dev/null && command -v mosquitto_sub >/dev/null || {
+  echo "test-all: mosquitto_pub and mosquitto_sub are still missing" >&2
+  exit 1
+}
 
 # moto's S3 server on a free loopback port, stopped however this script ends.
 port=$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

@@ -39,6 +39,7 @@ pub enum ConfigError {
 pub struct Config {
     pub server: ServerConfig,
     pub native: NativeConfig,
+    pub mqtt: MqttConfig,
     pub store: StoreConfig,
     pub limits: LimitsConfig,
     pub authz: AuthzConfig,
@@ -53,6 +54,67 @@ pub struct ServerConfig {
     pub allow_anonymous: bool,
     /// How long shutdown waits for connections to flush.
     pub drain_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MqttConfig {
+    /// Address of the MQTT listener; `None` turns it off.
+    pub listen: Option<SocketAddr>,
+    /// Largest MQTT packet accepted (announced to v5 clients as Maximum Packet Size).
+    pub max_packet_size: usize,
+    /// QoS 1 and 2 publishes a client may have unacknowledged (v5 Receive Maximum).
+    pub receive_maximum: u16,
+    /// QoS 1 and 2 deliveries in flight to a client that announced no Receive Maximum.
+    pub max_inflight: u16,
+    /// Topic aliases a v5 client may define.
+    pub topic_alias_maximum: u16,
+    /// Longest keep-alive a client may ask for, in seconds (0: any).
+    pub max_keep_alive_secs: u16,
+    /// Longest session expiry a client may ask for, in seconds.
+    pub max_session_expiry_secs: u32,
+    /// Session expiry of a 3.x client that asked for a persistent session.
+    pub v3_session_expiry_secs: u32,
+    /// Bytes that may wait in one connection's outbox before it is a slow consumer.
+    pub max_pending_bytes: usize,
+    /// Deliveries waiting for the in-flight window, per connection, in bytes.
+    pub max_queued_bytes: usize,
+    /// The backlog one offline session may catch up on when it returns.
+    pub backlog_max_messages: usize,
+    pub backlog_max_bytes: usize,
+    pub backlog_max_age_secs: u64,
+    /// Seconds one socket write may block before the client is a slow consumer.
+    pub write_deadline_secs: u64,
+    /// Seconds a client has to send CONNECT after the TCP connection opens.
+    pub connect_timeout_secs: u64,
+    /// Simultaneous connections on this listener.
+    pub max_connections: usize,
+    /// Subscriptions per connection; 0 = no limit.
+    pub max_subscriptions: usize,
+}
+
+impl Default for MqttConfig {
+    fn default() -> Self {
+        Self {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 1883))),
+            max_packet_size: 1024 * 1024,
+            receive_maximum: 1024,
+            max_inflight: 64,
+            topic_alias_maximum: 64,
+            max_keep_alive_secs: 0,
+            max_session_expiry_secs: 7 * 24 * 3600,
+            v3_session_expiry_secs: 7 * 24 * 3600,
+            max_pending_bytes: 16 * 1024 * 1024,
+            max_queued_bytes: 16 * 1024 * 1024,
+            backlog_max_messages: 100_000,
+            backlog_max_bytes: 64 * 1024 * 1024,
+            backlog_max_age_secs: 7 * 24 * 3600,
+            write_deadline_secs: 10,
+            connect_timeout_secs: 10,
+            max_connections: 65_536,
+            max_subscriptions: 10_000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -323,6 +385,24 @@ impl Config {
         if n.ping_interval_secs == 0 || n.max_pings_outstanding == 0 {
             return Err(ConfigError::Invalid(
                 "native.ping_interval_secs and native.max_pings_outstanding must be above 0".into(),
+            ));
+        }
+        let m = &self.mqtt;
+        if m.max_packet_size < 64 || m.max_packet_size > 268_435_460 {
+            return Err(ConfigError::Invalid(
+                "mqtt.max_packet_size must be between 64 bytes and 256 MiB".into(),
+            ));
+        }
+        if m.receive_maximum == 0 || m.max_inflight == 0 {
+            return Err(ConfigError::Invalid(
+                "mqtt.receive_maximum and mqtt.max_inflight must be above 0".into(),
+            ));
+        }
+        if m.max_pending_bytes < m.max_packet_size || m.max_queued_bytes < m.max_packet_size {
+            return Err(ConfigError::Invalid(
+                "mqtt.max_pending_bytes and mqtt.max_queued_bytes must be at least \
+                 mqtt.max_packet_size, or no client could receive a full-size message"
+                    .into(),
             ));
         }
         if self.store.url.parse::<crate::store::StoreUrl>().is_err() {

@@ -60,7 +60,8 @@ enum Command {
 }
 
 const BENCH_ABOUT: &str = "Measure live pub/sub throughput and latency of any \
-NATS-protocol server (Canopy or nats-server), with the same raw client for both.
+NATS-protocol server (Canopy or nats-server), or with --protocol mqtt of any MQTT server \
+(Canopy's MQTT listener or Mosquitto), with the same raw client for both.
 
 Shapes:
   pubsub  1 publisher -> 1 subscriber on `bench.one`
@@ -71,6 +72,16 @@ Shapes:
           store (Canopy-Ack: durable; nats-server: a JetStream file stream), --ack-window unacked
           per connection, --expect adds an expected version; latency is send -> ack
   replay  loads --msgs like durable, then times reading one subject's first --replay-max messages
+
+MQTT shapes (--protocol mqtt, --server mqtt://HOST:PORT; MQTT 3.1.1 unless --mqtt-version 5):
+  mqtt-fanin     8 QoS 0 publishers over 10,000 topics `bench/s<i>` -> 1 subscriber on `bench/#`
+  mqtt-qos1      QoS 1 publishes over --topics `bench/q/<i>`, --publishers (4) x --window (64)
+                 unacked; PUBACKs/s, latency is send -> PUBACK
+  mqtt-fanout    1 QoS 0 publisher on `bench/x/<k>` -> 100 subscribers on `bench/x/+`
+  mqtt-idle      --conns idle connections (from 127.0.0.2.. against loopback), held --hold-secs;
+                 prints `mqtt-idle: holding N connections` on stderr once all are open
+  mqtt-retained  --retained QoS 1 RETAIN publishes to `ret/<i>`, then SUBSCRIBE `ret/#` timed to
+                 its SUBACK and to the last retained message
 
 Every payload starts with its send time, so latency is measured in this process: one way \
 for the publisher shapes, the round trip for reqrep. Throughput is messages received per \
@@ -87,7 +98,8 @@ Example: canopy bench --server nats://127.0.0.1:4222 --shape fanout --msgs 20000
 
 #[derive(Args)]
 struct BenchArgs {
-    /// The traffic pattern: pubsub, fanin, fanout, reqrep, durable or replay.
+    /// The traffic pattern: pubsub, fanin, fanout, reqrep, durable or replay; MQTT:
+    /// mqtt-fanin, mqtt-qos1, mqtt-fanout, mqtt-idle or mqtt-retained.
     #[arg(long, default_value = "pubsub", value_name = "SHAPE")]
     shape: bench::Shape,
     /// Messages to publish (fanin: in total over the 4 publishers; reqrep: requests).
@@ -100,17 +112,25 @@ struct BenchArgs {
     #[arg(long, default_value_t = 10_000, value_name = "N")]
     flush_every: u64,
     /// Publishers also wait while more than this many messages are published but not yet
-    /// received by every subscriber (0: no bound).
-    #[arg(long, default_value_t = 20_000, value_name = "N")]
-    max_in_flight: u64,
-    /// reqrep: requests outstanding at once (1 measures latency, 64 throughput).
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    window: u64,
+    /// received by every subscriber (0: no bound). Default 20,000; mqtt-fanout 2,000 (its
+    /// 100 subscribers can then have 200,000 deliveries queued in the server).
+    #[arg(long, value_name = "N")]
+    max_in_flight: Option<u64>,
+    /// reqrep: requests outstanding at once (1 measures latency, 64 throughput; default
+    /// 1); mqtt-qos1 and mqtt-retained: unacknowledged QoS 1 publishes per connection
+    /// (default 64).
+    #[arg(long, value_name = "N")]
+    window: Option<u64>,
+    /// nats or mqtt (default: mqtt for the mqtt-* shapes, nats otherwise).
+    #[arg(long, value_enum, value_name = "PROTOCOL")]
+    protocol: Option<bench::Protocol>,
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
     durable: bench::DurableArgs,
+    #[command(flatten)]
+    mqtt: bench::MqttArgs,
     #[command(flatten)]
     connect: ConnectArgs,
 }
@@ -123,6 +143,9 @@ struct ServeArgs {
     /// Address of the NATS-compatible listener, e.g. 127.0.0.1:4222 (port 0: any free port).
     #[arg(long, value_name = "ADDR")]
     listen: Option<std::net::SocketAddr>,
+    /// Address of the MQTT listener, e.g. 127.0.0.1:1883 (port 0: any free port).
+    #[arg(long, value_name = "ADDR")]
+    mqtt_listen: Option<std::net::SocketAddr>,
     /// Accept anonymous clients on non-loopback addresses.
     #[arg(long)]
     allow_anonymous: bool,
@@ -406,6 +429,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if let Some(listen) = args.listen {
         config.native.listen = listen;
     }
+    if let Some(listen) = args.mqtt_listen {
+        config.mqtt.listen = Some(listen);
+    }
     if args.allow_anonymous {
         config.server.allow_anonymous = true;
     }
@@ -556,18 +582,62 @@ async fn subscribe(args: SubArgs) -> Result<()> {
 }
 
 async fn run_bench(args: BenchArgs) -> Result<()> {
+    let protocol = args.protocol.unwrap_or(if args.shape.is_mqtt() {
+        bench::Protocol::Mqtt
+    } else {
+        bench::Protocol::Nats
+    });
+    if protocol == bench::Protocol::Mqtt {
+        return run_mqtt_bench(args).await;
+    }
     let options = bench::Options {
         server: args.connect.server,
         shape: args.shape,
         msgs: args.msgs,
         size: args.size,
         flush_every: args.flush_every,
-        max_in_flight: args.max_in_flight,
-        window: args.window,
+        max_in_flight: args.max_in_flight.unwrap_or(20_000),
+        window: args.window.unwrap_or(1),
         timeout: Duration::from_secs(args.connect.timeout.max(1)),
         durable: args.durable,
     };
     let report = bench::run(&options)
+        .await
+        .with_context(|| format!("bench {} against {}", options.shape, options.server))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{report}");
+    }
+    Ok(())
+}
+
+async fn run_mqtt_bench(args: BenchArgs) -> Result<()> {
+    let server = if args.connect.server == "nats://127.0.0.1:4222" {
+        // The NATS default means the flag was left out.
+        "mqtt://127.0.0.1:1883".to_owned()
+    } else {
+        args.connect.server
+    };
+    let options = bench::MqttOptions {
+        server,
+        shape: args.shape,
+        msgs: args.msgs,
+        size: args.size,
+        flush_every: args.flush_every,
+        max_in_flight: args
+            .max_in_flight
+            .unwrap_or(if args.shape == bench::Shape::MqttFanOut {
+                bench::MQTT_FANOUT_MAX_IN_FLIGHT
+            } else {
+                20_000
+            }),
+        window: args.window.unwrap_or(bench::QOS1_WINDOW),
+        publishers: args.durable.publishers,
+        timeout: Duration::from_secs(args.connect.timeout.max(1)),
+        mqtt: args.mqtt,
+    };
+    let report = bench::run_mqtt(&options)
         .await
         .with_context(|| format!("bench {} against {}", options.shape, options.server))?;
     if args.json {

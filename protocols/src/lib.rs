@@ -1,7 +1,8 @@
 //! Canopy's wire codecs, kept free of I/O.
 //!
 //! Owns: turning bytes into protocol frames and frames into bytes, for every front end Canopy
-//! speaks (today the NATS-compatible native protocol in [`native`]).
+//! speaks: the NATS-compatible native protocol in [`native`], and MQTT 3.1, 3.1.1 and 5.0 in
+//! [`mqtt`].
 //!
 //! Must never: do I/O, depend on tokio or on any client library, allocate without bound for
 //! input it has not validated, or panic on any input bytes.
@@ -16,4 +17,5 @@
     )
 )]
 
+pub mod mqtt;
 pub mod native;

@@ -124,6 +124,7 @@ impl Answer {
             reply: None,
             headers,
             payload,
+            ..Message::default()
         };
         self.broker.route(
             &self.routes,
@@ -466,7 +467,11 @@ async fn append(broker: &Broker, store: &Store, call: &ApiCall) -> Result<(), Ap
             map.encode(&mut block);
             block.freeze()
         };
-        messages.push(NewMessage { headers, payload });
+        messages.push(NewMessage {
+            headers,
+            payload,
+            flags: 0,
+        });
     }
     let reply = call.reply.clone().unwrap_or_default();
     store
@@ -484,6 +489,7 @@ async fn append(broker: &Broker, store: &Store, call: &ApiCall) -> Result<(), Ap
             route: RouteTag::default(),
             compaction: policy.compaction(),
             max_versions: policy.max_versions,
+            retain: false,
         })
         .await?;
     Ok(())

@@ -5,7 +5,8 @@
 //! its send time so subscribers in this process measure latency. Throughput is messages
 //! *received* per second, from the first send to the last receive. Two durable shapes
 //! (`durable`, `replay`, in [`durable`]) measure acked publishes and the replay of one
-//! subject, on Canopy's store and on JetStream alike.
+//! subject, on Canopy's store and on JetStream alike. The MQTT shapes (`mqtt-*`, in
+//! [`mqtt`], run by [`run_mqtt`]) measure Canopy's MQTT listener and Mosquitto alike.
 //!
 //! Owns: running one shape against one server and reporting it ([`run`], [`Report`]).
 //!
@@ -17,6 +18,7 @@ mod conn;
 mod durable;
 mod flow;
 mod histogram;
+mod mqtt;
 mod report;
 mod roles;
 mod shapes;
@@ -25,6 +27,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+pub use mqtt::{
+    FANOUT_MAX_IN_FLIGHT as MQTT_FANOUT_MAX_IN_FLIGHT, MqttArgs, MqttOptions, Protocol,
+    QOS1_WINDOW, run as run_mqtt,
+};
 pub use report::Report;
 
 /// Publisher connections of the fan-in shape.
@@ -58,17 +64,44 @@ pub enum Shape {
     /// Loads `--msgs` acked messages like `durable`, then times reading one subject's
     /// first `--replay-max` messages, for `--replay-samples` subjects.
     Replay,
+    /// MQTT: 8 QoS 0 publishers over 10,000 topics `bench/s<i>` to 1 subscriber on `bench/#`.
+    MqttFanIn,
+    /// MQTT: QoS 1 publishes from `--publishers` connections, `--window` unacked each.
+    MqttQos1,
+    /// MQTT: 1 QoS 0 publisher on `bench/x/<k>` to 100 subscribers on `bench/x/+`.
+    MqttFanOut,
+    /// MQTT: `--conns` idle connections, held `--hold-secs`.
+    MqttIdle,
+    /// MQTT: `--retained` retained messages loaded, then SUBSCRIBE `ret/#` timed.
+    MqttRetained,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 6] = [
+    pub const ALL: [Shape; 11] = [
         Shape::PubSub,
         Shape::FanIn,
         Shape::FanOut,
         Shape::ReqRep,
         Shape::Durable,
         Shape::Replay,
+        Shape::MqttFanIn,
+        Shape::MqttQos1,
+        Shape::MqttFanOut,
+        Shape::MqttIdle,
+        Shape::MqttRetained,
     ];
+
+    /// The shapes that speak MQTT (`--protocol mqtt`).
+    pub fn is_mqtt(self) -> bool {
+        matches!(
+            self,
+            Shape::MqttFanIn
+                | Shape::MqttQos1
+                | Shape::MqttFanOut
+                | Shape::MqttIdle
+                | Shape::MqttRetained
+        )
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -78,6 +111,11 @@ impl Shape {
             Shape::ReqRep => "reqrep",
             Shape::Durable => "durable",
             Shape::Replay => "replay",
+            Shape::MqttFanIn => "mqtt-fanin",
+            Shape::MqttQos1 => "mqtt-qos1",
+            Shape::MqttFanOut => "mqtt-fanout",
+            Shape::MqttIdle => "mqtt-idle",
+            Shape::MqttRetained => "mqtt-retained",
         }
     }
 }
@@ -89,7 +127,10 @@ impl fmt::Display for Shape {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("unknown shape `{0}`: expected pubsub, fanin, fanout, reqrep, durable or replay")]
+#[error(
+    "unknown shape `{0}`: expected pubsub, fanin, fanout, reqrep, durable or replay, or with \
+     --protocol mqtt: mqtt-fanin, mqtt-qos1, mqtt-fanout, mqtt-idle or mqtt-retained"
+)]
 pub struct UnknownShape(String);
 
 impl FromStr for Shape {
@@ -134,7 +175,7 @@ pub struct Options {
 /// a reply subject is answered with a PubAck.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DurableArgs {
-    /// durable/replay: publisher connections.
+    /// durable/replay (and mqtt-qos1, mqtt-retained): publisher connections.
     #[arg(long, default_value_t = DURABLE_PUBLISHERS, value_name = "N")]
     pub publishers: usize,
     /// durable/replay: subjects `<prefix>.<i>` published round robin; each belongs to one
@@ -265,5 +306,8 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         Shape::ReqRep => shapes::reqrep(&addr, options).await,
         Shape::Durable => durable::durable(&addr, options).await,
         Shape::Replay => durable::replay(&addr, options).await,
+        shape => Err(BenchError::Config(format!(
+            "shape {shape} speaks MQTT: use --protocol mqtt"
+        ))),
     }
 }

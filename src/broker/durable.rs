@@ -23,6 +23,9 @@ pub const FLAG_NO_ECHO: u32 = 1;
 pub const FLAG_NO_RESPONDERS: u32 = 2;
 /// [`AckTo::flags`] bit: answer in JetStream's error vocabulary.
 pub const ACK_JETSTREAM: u32 = 1;
+/// [`AckTo::flags`] bit: the ack goes to an MQTT connection's inbox, the address
+/// being [`envelope::ack_address`](super::envelope::ack_address).
+pub const ACK_MQTT: u32 = 2;
 
 /// The store policies, compiled: first match in configuration order wins.
 pub struct Policies {
@@ -198,6 +201,10 @@ impl StoreEvents for StoreRouter {
                 reply: message.route.reply.as_deref(),
                 headers,
                 payload: message.payload,
+                origin: message.route.origin,
+                flags: message.flags,
+                version: message.version,
+                offset: message.offset,
             };
             let skip = (message.route.flags & FLAG_NO_ECHO != 0).then_some(message.route.origin);
             let delivered = broker.route(tenant, skip, &routed, &mut scratch, &mut wakes);
@@ -216,6 +223,7 @@ impl StoreEvents for StoreRouter {
                     reply: None,
                     headers: Some(canopy_protocols::native::no_responders_block()),
                     payload: &[],
+                    ..Message::default()
                 };
                 broker.deliver_to_conn(
                     tenant,
@@ -238,6 +246,14 @@ impl StoreEvents for StoreRouter {
         let mut scratch = RouteScratch::default();
         let mut wakes = Wakes::default();
         for (tenant, ack, outcome) in acks {
+            if ack.flags & ACK_MQTT != 0 {
+                if let Some((conn, packet_id)) = super::envelope::parse_ack_address(&ack.address)
+                    && let Some(inbox) = broker.mqtt_acks().get(conn)
+                {
+                    inbox.push(super::envelope::StoreAck { packet_id, outcome });
+                }
+                continue;
+            }
             let Ok(address) = std::str::from_utf8(&ack.address) else {
                 continue;
             };
@@ -248,6 +264,7 @@ impl StoreEvents for StoreRouter {
                 reply: None,
                 headers: None,
                 payload: &body,
+                ..Message::default()
             };
             broker.route(&routes, None, &message, &mut scratch, &mut wakes);
         }

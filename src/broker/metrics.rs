@@ -15,6 +15,8 @@ pub struct Metrics {
     bytes_out: AtomicU64,
     slow_consumers: AtomicU64,
     stale_connections: AtomicU64,
+    /// Deliveries not sent: larger than the client's maximum packet size.
+    dropped: AtomicU64,
 }
 
 /// One reading of every counter.
@@ -28,6 +30,7 @@ pub struct MetricsSnapshot {
     pub bytes_out: u64,
     pub slow_consumers: u64,
     pub stale_connections: u64,
+    pub dropped: u64,
 }
 
 impl Metrics {
@@ -54,6 +57,10 @@ impl Metrics {
         self.slow_consumers.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub fn count_dropped(&self, n: u64) {
+        self.dropped.fetch_add(n, Ordering::Relaxed);
+    }
+
     pub fn count_stale_connection(&self) {
         self.stale_connections.fetch_add(1, Ordering::Relaxed);
     }
@@ -69,6 +76,7 @@ impl Metrics {
             bytes_out: get(&self.bytes_out),
             slow_consumers: get(&self.slow_consumers),
             stale_connections: get(&self.stale_connections),
+            dropped: get(&self.dropped),
         }
     }
 }

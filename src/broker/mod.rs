@@ -11,6 +11,7 @@
 //! their UNSUB maximum during a match are removed after it.
 
 pub mod durable;
+pub mod envelope;
 pub mod metrics;
 pub mod outbox;
 
@@ -36,6 +37,8 @@ pub struct Subscription {
     pub outbox: Arc<Outbox>,
     /// The client's subscription id, echoed in every MSG.
     pub sid: Bytes,
+    /// Set for an MQTT subscription: deliveries are envelopes, not MSG frames.
+    pub mqtt: Option<envelope::MqttOptions>,
     pub pattern: Pattern,
     pub queue: Option<Arc<str>>,
     /// Deliveries after which the subscription ends (UNSUB with a maximum); 0 = none.
@@ -95,13 +98,20 @@ impl Subscription {
 }
 
 /// A message as routing sees it: borrowed from the publisher's frame.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Message<'a> {
     pub subject: &'a str,
     pub reply: Option<&'a [u8]>,
     /// The raw NATS header block, when the message has one.
     pub headers: Option<&'a [u8]>,
     pub payload: &'a [u8],
+    /// The publishing connection (0: the server), for MQTT's no-local.
+    pub origin: u64,
+    /// [`envelope`] flags: the publish's MQTT QoS and RETAIN.
+    pub flags: u8,
+    /// Version and tenant offset of a stored message (0 when not stored).
+    pub version: u64,
+    pub offset: u64,
 }
 
 /// Reusable per-connection scratch space, so routing allocates nothing per message.
@@ -137,6 +147,8 @@ pub struct Broker {
     /// Set once at start, after the store opened (the store calls back into the
     /// broker, so the broker exists first).
     store: OnceLock<Arc<Store>>,
+    /// Where store acks for MQTT connections go.
+    mqtt_acks: envelope::AckInboxes,
 }
 
 impl Broker {
@@ -148,6 +160,7 @@ impl Broker {
             next_id: AtomicU64::new(1),
             policies,
             store: OnceLock::new(),
+            mqtt_acks: envelope::AckInboxes::default(),
         }
     }
 
@@ -164,6 +177,10 @@ impl Broker {
     pub fn store_policy(&self, subject: &str) -> Option<&crate::config::StorePolicy> {
         self.store.get()?;
         self.policies.for_subject(subject)
+    }
+
+    pub fn mqtt_acks(&self) -> &envelope::AckInboxes {
+        &self.mqtt_acks
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -203,10 +220,24 @@ impl Broker {
         pattern: Pattern,
         queue: Option<&str>,
     ) -> Arc<Subscription> {
+        self.subscribe_as(routes, outbox, sid, pattern, queue, None)
+    }
+
+    /// [`Broker::subscribe`] for any front end: `mqtt` makes deliveries envelopes.
+    pub fn subscribe_as(
+        &self,
+        routes: &TenantRoutes,
+        outbox: &Arc<Outbox>,
+        sid: Bytes,
+        pattern: Pattern,
+        queue: Option<&str>,
+        mqtt: Option<envelope::MqttOptions>,
+    ) -> Arc<Subscription> {
         let sub = Arc::new(Subscription {
             id: self.next_id(),
             outbox: Arc::clone(outbox),
             sid,
+            mqtt,
             pattern,
             queue: queue.map(Arc::from),
             max_msgs: AtomicU64::new(0),
@@ -370,6 +401,18 @@ fn deliver(
     spent: &mut Vec<Arc<Subscription>>,
     wakes: &mut Wakes,
 ) -> bool {
+    if let Some(options) = &sub.mqtt {
+        if options.no_local && msg.origin == sub.outbox.conn_id {
+            return false;
+        }
+        return match sub.outbox.push(|out| envelope::encode(out, msg, options)) {
+            Ok(()) => {
+                wakes.add(&sub.outbox);
+                true
+            }
+            Err(_) => false,
+        };
+    }
     match sub.admit() {
         None => return false,
         Some(true) => spent.push(Arc::clone(sub)),

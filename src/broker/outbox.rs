@@ -51,7 +51,8 @@ impl Outbox {
     pub fn new(conn_id: u64, max_pending: usize, metrics: Arc<Metrics>) -> Self {
         Self {
             conn_id,
-            buf: Mutex::new(BytesMut::with_capacity(4096)),
+            // Allocated on first use: idle connections hold no buffer.
+            buf: Mutex::new(BytesMut::new()),
             notify: Notify::new(),
             max_pending,
             state: AtomicU8::new(OPEN),

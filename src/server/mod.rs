@@ -6,6 +6,7 @@
 //! parses protocol bytes or routes messages; connection tasks do the one and the
 //! broker the other.
 
+pub mod mqtt;
 pub mod native;
 
 use std::net::SocketAddr;
@@ -64,6 +65,7 @@ pub struct Server {
     broker: Arc<Broker>,
     native: TcpListener,
     native_addr: SocketAddr,
+    mqtt: Option<(TcpListener, SocketAddr)>,
 }
 
 impl Server {
@@ -97,6 +99,25 @@ impl Server {
             addr,
             source,
         })?;
+        let mqtt = match config.mqtt.listen {
+            Some(addr) => {
+                if !authentication_configured
+                    && !addr.ip().is_loopback()
+                    && !config.server.allow_anonymous
+                {
+                    return Err(ServerError::AnonymousOutsideLoopback { addr });
+                }
+                let bind_error = |source| ServerError::Bind {
+                    protocol: "mqtt",
+                    addr,
+                    source,
+                };
+                let listener = TcpListener::bind(addr).await.map_err(bind_error)?;
+                let local = listener.local_addr().map_err(bind_error)?;
+                Some((listener, local))
+            }
+            None => None,
+        };
         if !authentication_configured {
             if native_addr.ip().is_loopback() {
                 tracing::info!(
@@ -132,11 +153,17 @@ impl Server {
             broker,
             native,
             native_addr,
+            mqtt,
         })
     }
 
     pub fn native_addr(&self) -> SocketAddr {
         self.native_addr
+    }
+
+    /// The MQTT listener's address, when MQTT is on.
+    pub fn mqtt_addr(&self) -> Option<SocketAddr> {
+        self.mqtt.as_ref().map(|(_, addr)| *addr)
     }
 
     pub fn metrics(&self) -> Arc<Metrics> {
@@ -154,7 +181,22 @@ impl Server {
             Arc::clone(&self.broker),
             self.native_addr,
         ));
+        let mqtt = self.mqtt.map(|(listener, addr)| {
+            tracing::info!(protocol = "mqtt", %addr, "listening");
+            let context = Arc::new(mqtt::MqttContext::new(
+                Arc::clone(&self.config),
+                Arc::clone(&self.broker),
+            ));
+            let tracker = tracker.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                mqtt::accept_loop(listener, context, &tracker, shutdown).await;
+            })
+        });
         native::accept_loop(self.native, context, &tracker, shutdown.clone()).await;
+        if let Some(accepting) = mqtt {
+            let _ = accepting.await;
+        }
         tracker.close();
         if tokio::time::timeout(drain, tracker.wait()).await.is_err() {
             tracing::warn!(
@@ -174,10 +216,12 @@ impl Server {
     pub fn spawn(self) -> RunningServer {
         let shutdown = CancellationToken::new();
         let native_addr = self.native_addr;
+        let mqtt_addr = self.mqtt_addr();
         let metrics = self.metrics();
         let task = tokio::spawn(self.run(shutdown.clone()));
         RunningServer {
             native_addr,
+            mqtt_addr,
             metrics,
             shutdown,
             task,
@@ -188,6 +232,8 @@ impl Server {
 /// A server running in a task of the current runtime.
 pub struct RunningServer {
     pub native_addr: SocketAddr,
+    /// Set when the MQTT listener is on (it is by default).
+    pub mqtt_addr: Option<SocketAddr>,
     pub metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     task: JoinHandle<()>,

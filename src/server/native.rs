@@ -568,6 +568,8 @@ impl Connection {
             reply,
             headers,
             payload: &payload,
+            origin: self.id,
+            ..Message::default()
         };
         let delivered = self.broker.publish(
             &self.routes,
@@ -585,6 +587,7 @@ impl Connection {
                 reply: None,
                 headers: Some(no_responders_block()),
                 payload: &[],
+                ..Message::default()
             };
             self.broker.deliver_to_conn(
                 &self.routes,
@@ -639,6 +642,7 @@ impl Connection {
             messages: vec![NewMessage {
                 headers: headers.unwrap_or_default(),
                 payload,
+                flags: 0,
             }],
             expect: request.expect,
             msg_id: request.msg_id,
@@ -653,6 +657,7 @@ impl Connection {
             ack,
             compaction: policy.compaction(),
             max_versions: policy.max_versions,
+            retain: false,
         });
     }
 
@@ -663,6 +668,7 @@ impl Connection {
             reply: None,
             headers: None,
             payload: body,
+            ..Message::default()
         };
         self.broker.route(
             &self.routes,

@@ -8,6 +8,8 @@
 //!  msg id    'd' tenant 0x00 msg_id                         -> (subject, version, offset, time)
 //!  snapshot  's' tenant 0x00 subject 0x00 version:u64be     -> time, snapshot bytes
 //!  offsets   'o' tenant 0x00                                -> next offset floor (set when retention deletes batch keys)
+//!  retained  'r' tenant 0x00 subject 0x00                   -> version, record of the subject's retained message
+//!  session   'q' tenant 0x00 client_id                      -> a front end's session state (opaque)
 //!  format    'x' "format"                                   -> format version
 //! ```
 //!
@@ -23,6 +25,8 @@ pub const BATCH: u8 = b'g';
 pub const SNAPSHOT: u8 = b's';
 pub const OFFSET_FLOOR: u8 = b'o';
 pub const MSG_ID: u8 = b'd';
+pub const RETAINED: u8 = b'r';
+pub const SESSION: u8 = b'q';
 pub const FORMAT_KEY: &[u8] = b"xformat";
 
 fn prefix(kind: u8, tenant: &str, extra: usize) -> BytesMut {
@@ -95,7 +99,40 @@ pub fn subject_marker_range(
     literal_prefix: &str,
     after: Option<&str>,
 ) -> std::ops::Range<Bytes> {
-    let base = prefix(SUBJECT, tenant, literal_prefix.len() + 1);
+    subject_keyed_range(SUBJECT, tenant, literal_prefix, after)
+}
+
+/// The key of a subject's retained message.
+pub fn retained(tenant: &str, subject: &str) -> Bytes {
+    let mut key = prefix(RETAINED, tenant, subject.len() + 1);
+    key.put_slice(subject.as_bytes());
+    key.put_u8(0);
+    key.freeze()
+}
+
+/// [`subject_marker_range`] for retained messages.
+pub fn retained_range(
+    tenant: &str,
+    literal_prefix: &str,
+    after: Option<&str>,
+) -> std::ops::Range<Bytes> {
+    subject_keyed_range(RETAINED, tenant, literal_prefix, after)
+}
+
+/// The key of a front end's session state.
+pub fn session(tenant: &str, client_id: &str) -> Bytes {
+    let mut key = prefix(SESSION, tenant, client_id.len());
+    key.put_slice(client_id.as_bytes());
+    key.freeze()
+}
+
+fn subject_keyed_range(
+    kind: u8,
+    tenant: &str,
+    literal_prefix: &str,
+    after: Option<&str>,
+) -> std::ops::Range<Bytes> {
+    let base = prefix(kind, tenant, literal_prefix.len() + 1);
     let start = match after {
         Some(after) => {
             let mut key = base.clone();

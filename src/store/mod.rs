@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, watch};
 
 pub use open::{S3Settings, StoreLock, StoreUrl};
 pub use purge::Purged;
-pub use read::{ReplayFrom, ReplayPage, StoredMessage, SubjectHead, SubjectsPage};
+pub use read::{ReplayFrom, ReplayPage, RetainedPage, StoredMessage, SubjectHead, SubjectsPage};
 pub use record::Record;
 pub use retention::{RetentionPass, RetentionRules};
 pub use snapshot::{Compaction, Snapshot};
@@ -114,6 +114,8 @@ pub struct NewMessage {
     /// The raw NATS header block, or empty.
     pub headers: Bytes,
     pub payload: Bytes,
+    /// Kept with the message, opaque to the store (see [`record::Record::flags`]).
+    pub flags: u8,
 }
 
 /// Messages for one subject, stored all or none, in order.
@@ -134,6 +136,9 @@ pub struct AppendRequest {
     /// Versions kept for the subject (0 = all): older ones are deleted as new ones
     /// are appended.
     pub max_versions: u64,
+    /// The message becomes the subject's retained message (an empty payload clears
+    /// it), MQTT's RETAIN.
+    pub retain: bool,
 }
 
 /// How the caller wants a stored message routed live; opaque to the store.
@@ -150,6 +155,8 @@ pub(crate) enum Input {
     Append(AppendRequest),
     /// Signalled once everything queued before it was handed to routing.
     Barrier(tokio::sync::oneshot::Sender<()>),
+    /// Signalled once everything queued before it is durable (and was routed).
+    DurableBarrier(tokio::sync::oneshot::Sender<()>),
 }
 
 /// What became of an append.
@@ -187,6 +194,7 @@ pub struct Sequenced<'a> {
     pub version: u64,
     pub offset: u64,
     pub time_ms: u64,
+    pub flags: u8,
     pub headers: &'a [u8],
     pub payload: &'a [u8],
     pub route: &'a RouteTag,
@@ -284,6 +292,22 @@ impl Store {
             .await
             .map_err(|_| StoreError::Closed)?;
         wait.await.map_err(|_| StoreError::Closed)
+    }
+
+    /// Resolves once every append queued before it was routed and is durable, so a
+    /// durable read started afterwards sees every message that routing did not hand
+    /// to subscriptions made before the call: how a session moves from reading
+    /// stored history to live delivery without a gap.
+    pub async fn durable_barrier(&self) -> Result<(), StoreError> {
+        let (passed, wait) = tokio::sync::oneshot::channel();
+        self.appends
+            .send(Input::DurableBarrier(passed))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        // A write that failed drops the barrier: nothing it held became durable, and
+        // nothing more will.
+        let _ = wait.await;
+        Ok(())
     }
 
     /// A watch of the highest offset (of any tenant) known durable; it moves whenever

@@ -42,6 +42,16 @@ impl Store {
             .await?;
         self.delete_range(keys::snapshots_up_to(tenant, subject, head.version))
             .await?;
+        // The retained message goes with the history it came from; one retained by a
+        // publish after the purge began stays.
+        let retained = keys::retained(tenant, subject);
+        if let Some(value) = self.db().get(&retained).await?
+            && record::decode_retained(value).is_none_or(|(version, _)| version <= head.version)
+        {
+            let mut batch = slatedb::WriteBatch::new();
+            batch.delete(&retained);
+            super::write_durably(self.db(), batch).await?;
+        }
         Ok(Purged {
             subjects: 1,
             messages,

@@ -21,8 +21,18 @@ pub struct StoredMessage {
     pub version: u64,
     pub offset: u64,
     pub time_ms: u64,
+    /// What the front end recorded with the publish (MQTT QoS and retain).
+    pub flags: u8,
     pub headers: Bytes,
     pub payload: Bytes,
+}
+
+/// One page of retained messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetainedPage {
+    pub messages: Vec<StoredMessage>,
+    /// Continue after this subject, when there may be more.
+    pub next: Option<String>,
 }
 
 /// Where a replay starts.
@@ -78,6 +88,7 @@ fn stored(subject: &str, version: u64, record: Record) -> StoredMessage {
         version,
         offset: record.offset,
         time_ms: record.time_ms,
+        flags: record.flags,
         headers: record.headers,
         payload: record.payload,
     }
@@ -177,6 +188,22 @@ impl Store {
         max: usize,
         max_bytes: usize,
     ) -> Result<ReplayPage, StoreError> {
+        let matches =
+            |subject: &str| Subject::parse_native(subject).is_ok_and(|s| pattern.matches(&s));
+        self.replay_matching(tenant, &matches, from, max, max_bytes)
+            .await
+    }
+
+    /// [`Store::replay_pattern`] for any set of subjects: `matches` says which. A
+    /// session's cursor reads its backlog this way, all its filters in one walk.
+    pub async fn replay_matching(
+        &self,
+        tenant: &str,
+        matches: &(dyn Fn(&str) -> bool + Sync),
+        from: ReplayFrom,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<ReplayPage, StoreError> {
         let from_offset = match from {
             ReplayFrom::Offset(o) => o.max(1),
             _ => 1,
@@ -185,25 +212,7 @@ impl Store {
             ReplayFrom::Time(t) => t,
             _ => 0,
         };
-        // The batch holding `from_offset` starts at or before it.
-        let first_batch = {
-            let options = durable_scan().with_order(IterationOrder::Descending);
-            let mut before = self
-                .db()
-                .scan_with_options(
-                    keys::batch(tenant, 0)..keys::batch(tenant, from_offset.saturating_add(1)),
-                    &options,
-                )
-                .await?;
-            match before.next().await? {
-                Some(kv) => keys::batch_offset(&kv.key).unwrap_or(0),
-                None => 0,
-            }
-        };
-        let mut batches = self
-            .db()
-            .scan_with_options(keys::batch_range(tenant, first_batch), &durable_scan())
-            .await?;
+        let mut batches = self.batches_from(tenant, from_offset).await?;
         let mut page = ReplayPage {
             next: from_offset,
             ..ReplayPage::default()
@@ -227,8 +236,7 @@ impl Store {
                     return Ok(page);
                 }
                 page.next = offset + 1;
-                let matches = Subject::parse_native(subject).is_ok_and(|s| pattern.matches(&s));
-                if !matches {
+                if !matches(subject) {
                     continue;
                 }
                 let value = self
@@ -243,6 +251,89 @@ impl Store {
         }
         page.caught_up = true;
         Ok(page)
+    }
+
+    /// Where a backlog read from `from_offset` should start so that it holds at most
+    /// `max_messages` matching messages and `max_bytes`, none stored before
+    /// `min_time_ms`: the newest ones are kept. Reads only the batch index. Returns
+    /// the start offset and how many matching messages it skips.
+    pub async fn backlog_start(
+        &self,
+        tenant: &str,
+        matches: &(dyn Fn(&str) -> bool + Sync),
+        from_offset: u64,
+        min_time_ms: u64,
+        max_messages: usize,
+        max_bytes: usize,
+    ) -> Result<(u64, u64), StoreError> {
+        let mut batches = self.batches_from(tenant, from_offset.max(1)).await?;
+        // (offset, bytes) of the matching messages kept so far, oldest first.
+        let mut kept: std::collections::VecDeque<(u64, usize)> = std::collections::VecDeque::new();
+        let (mut kept_bytes, mut skipped) = (0usize, 0u64);
+        let mut end = from_offset.max(1);
+        while let Some(kv) = batches.next().await? {
+            let first = keys::batch_offset(&kv.key).unwrap_or(0);
+            let Some(batch) = record::decode_batch(kv.value) else {
+                continue;
+            };
+            for (i, (subject, _, size)) in batch.messages.iter().enumerate() {
+                let offset = first + i as u64;
+                if offset < from_offset {
+                    continue;
+                }
+                end = offset + 1;
+                // Deleted entries keep their place with size u32::MAX.
+                if *size == u32::MAX || !matches(subject) {
+                    continue;
+                }
+                if batch.time_ms < min_time_ms {
+                    skipped += 1;
+                    continue;
+                }
+                let size = usize::try_from(*size).unwrap_or(usize::MAX);
+                kept.push_back((offset, size));
+                kept_bytes = kept_bytes.saturating_add(size);
+                while kept.len() > max_messages || (kept_bytes > max_bytes && kept.len() > 1) {
+                    if let Some((_, dropped)) = kept.pop_front() {
+                        kept_bytes -= dropped;
+                        skipped += 1;
+                    }
+                }
+            }
+        }
+        let start = if skipped == 0 {
+            from_offset.max(1)
+        } else {
+            kept.front().map_or(end, |(offset, _)| *offset)
+        };
+        Ok((start, skipped))
+    }
+
+    /// The batch index of `tenant` from the batch holding `from_offset` on.
+    async fn batches_from(
+        &self,
+        tenant: &str,
+        from_offset: u64,
+    ) -> Result<slatedb::DbIterator, StoreError> {
+        // The batch holding `from_offset` starts at or before it.
+        let first_batch = {
+            let options = durable_scan().with_order(IterationOrder::Descending);
+            let mut before = self
+                .db()
+                .scan_with_options(
+                    keys::batch(tenant, 0)..keys::batch(tenant, from_offset.saturating_add(1)),
+                    &options,
+                )
+                .await?;
+            match before.next().await? {
+                Some(kv) => keys::batch_offset(&kv.key).unwrap_or(0),
+                None => 0,
+            }
+        };
+        Ok(self
+            .db()
+            .scan_with_options(keys::batch_range(tenant, first_batch), &durable_scan())
+            .await?)
     }
 
     /// A page of the subjects matching `pattern` with their heads, in subject order,
@@ -284,6 +375,78 @@ impl Store {
             }
         }
         Ok(page)
+    }
+}
+
+impl Store {
+    /// A page of the retained messages of subjects matching `pattern`, in subject
+    /// order, after `after`. Only the retained index under the pattern's literal
+    /// prefix is walked, never the messages of other subjects.
+    pub async fn retained(
+        &self,
+        tenant: &str,
+        pattern: &Pattern,
+        after: Option<&str>,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<RetainedPage, StoreError> {
+        let prefix = literal_prefix(pattern);
+        let mut entries = self
+            .db()
+            .scan_with_options(
+                keys::retained_range(tenant, &prefix, after),
+                &durable_scan(),
+            )
+            .await?;
+        let mut page = RetainedPage::default();
+        let mut bytes = 0usize;
+        while let Some(kv) = entries.next().await? {
+            let Some(name) = keys::marker_subject(tenant, &kv.key) else {
+                continue;
+            };
+            if !Subject::parse_native(name).is_ok_and(|s| pattern.matches(&s)) {
+                continue;
+            }
+            if page.messages.len() >= max.max(1) || bytes >= max_bytes {
+                page.next = page.messages.last().map(|m| m.subject.clone());
+                return Ok(page);
+            }
+            if let Some((version, record)) = record::decode_retained(kv.value) {
+                bytes += record.headers.len() + record.payload.len();
+                page.messages.push(stored(name, version, record));
+            }
+        }
+        Ok(page)
+    }
+
+    /// The offset the tenant's next message will get (as far as the store knows
+    /// it: a message being sequenced right now may take it).
+    pub async fn next_offset(&self, tenant: &str) -> Result<u64, StoreError> {
+        super::sequencer::load_next_offset(self.db(), tenant).await
+    }
+
+    /// A front end's saved session state for `client_id`, if any.
+    pub async fn session(
+        &self,
+        tenant: &str,
+        client_id: &str,
+    ) -> Result<Option<Bytes>, StoreError> {
+        Ok(self.db().get(keys::session(tenant, client_id)).await?)
+    }
+
+    /// Saves (or with `None` removes) a session's state, durably.
+    pub async fn save_session(
+        &self,
+        tenant: &str,
+        client_id: &str,
+        state: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        let mut batch = slatedb::WriteBatch::new();
+        match state {
+            Some(state) => batch.put(keys::session(tenant, client_id), state),
+            None => batch.delete(keys::session(tenant, client_id)),
+        }
+        super::write_durably(self.db(), batch).await
     }
 }
 

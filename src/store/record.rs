@@ -1,7 +1,8 @@
 //! The values the store writes, and reading them back without trusting them.
 //!
 //! ```text
-//!  message record  offset:u64be time_ms:u64be header_len:u32be headers payload
+//!  message record  offset:u64be time_ms:u64be flags:u8 header_len:u24be headers payload
+//!  retained        version:u64be message record
 //!  batch entry     time_ms:u64be count:u32be { subject_len:u16be subject version:u64be bytes:u32be }*
 //!  msg id entry    version:u64be offset:u64be time_ms:u64be subject
 //!  subject marker  purged_version:u64be purged_offset:u64be   (0 0 unless purged)
@@ -13,11 +14,19 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+/// Headers longer than this cannot be stored: the length shares its word with the
+/// flags. Format 1 wrote the length as a u32 with the flags byte always 0, so its
+/// records read the same.
+pub const MAX_HEADERS: usize = (1 << 24) - 1;
+
 /// One stored message as read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub offset: u64,
     pub time_ms: u64,
+    /// Opaque to the store: what a front end recorded about the publish (MQTT: its
+    /// QoS and retain flag).
+    pub flags: u8,
     /// The raw NATS header block; empty when the message had none.
     pub headers: Bytes,
     pub payload: Bytes,
@@ -25,14 +34,57 @@ pub struct Record {
 
 const RECORD_FIXED: usize = 8 + 8 + 4;
 
-pub fn encode_record(offset: u64, time_ms: u64, headers: &[u8], payload: &[u8]) -> Bytes {
+pub fn encode_record(
+    offset: u64,
+    time_ms: u64,
+    flags: u8,
+    headers: &[u8],
+    payload: &[u8],
+) -> Bytes {
     let mut out = BytesMut::with_capacity(RECORD_FIXED + headers.len() + payload.len());
+    put_record(&mut out, offset, time_ms, flags, headers, payload);
+    out.freeze()
+}
+
+fn put_record(
+    out: &mut BytesMut,
+    offset: u64,
+    time_ms: u64,
+    flags: u8,
+    headers: &[u8],
+    payload: &[u8],
+) {
     out.put_u64(offset);
     out.put_u64(time_ms);
-    out.put_u32(u32::try_from(headers.len()).unwrap_or(u32::MAX));
-    out.put_slice(headers);
+    // Callers refuse longer header blocks; the cap keeps a bad caller from
+    // corrupting the flags.
+    let len = u32::try_from(headers.len().min(MAX_HEADERS)).unwrap_or(0);
+    out.put_u32(u32::from(flags) << 24 | len);
+    out.put_slice(headers.get(..MAX_HEADERS).unwrap_or(headers));
     out.put_slice(payload);
+}
+
+/// A retained message: the subject's version it came from, then its record.
+pub fn encode_retained(
+    version: u64,
+    offset: u64,
+    time_ms: u64,
+    flags: u8,
+    headers: &[u8],
+    payload: &[u8],
+) -> Bytes {
+    let mut out = BytesMut::with_capacity(8 + RECORD_FIXED + headers.len() + payload.len());
+    out.put_u64(version);
+    put_record(&mut out, offset, time_ms, flags, headers, payload);
     out.freeze()
+}
+
+pub fn decode_retained(mut value: Bytes) -> Option<(u64, Record)> {
+    if value.len() < 8 {
+        return None;
+    }
+    let version = value.get_u64();
+    Some((version, decode_record(value)?))
 }
 
 pub fn decode_record(mut value: Bytes) -> Option<Record> {
@@ -41,7 +93,9 @@ pub fn decode_record(mut value: Bytes) -> Option<Record> {
     }
     let offset = value.get_u64();
     let time_ms = value.get_u64();
-    let header_len = usize::try_from(value.get_u32()).ok()?;
+    let word = value.get_u32();
+    let flags = u8::try_from(word >> 24).unwrap_or(0);
+    let header_len = usize::try_from(word & 0x00FF_FFFF).ok()?;
     if header_len > value.len() {
         return None;
     }
@@ -49,6 +103,7 @@ pub fn decode_record(mut value: Bytes) -> Option<Record> {
     Some(Record {
         offset,
         time_ms,
+        flags,
         headers,
         payload: value,
     })
@@ -156,7 +211,7 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_garbage_is_refused() {
-        let value = encode_record(7, 1234, b"NATS/1.0\r\nA: b\r\n\r\n", b"payload");
+        let value = encode_record(7, 1234, 0, b"NATS/1.0\r\nA: b\r\n\r\n", b"payload");
         let record = decode_record(value.clone()).expect("decodes");
         assert_eq!(record.offset, 7);
         assert_eq!(record.time_ms, 1234);

@@ -90,12 +90,15 @@ struct RoundWrite {
     immediate: Vec<(Arc<str>, AckTo, AppendOutcome)>,
     /// The failure count when the round was decided.
     epoch: u64,
+    /// Signalled once this round (and so everything before it) is durable.
+    durable_barriers: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// A write whose acks wait for its durability.
 struct PendingDurable {
     handle: Option<WriteHandle>,
     acks: Vec<(Arc<str>, AckTo, AppendOutcome)>,
+    barriers: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 pub(super) struct Sequencer {
@@ -160,6 +163,7 @@ impl Sequencer {
         ));
         let mut requests = Vec::with_capacity(self.max_batch);
         let mut barriers = Vec::new();
+        let mut durable_barriers = Vec::new();
         loop {
             let first = tokio::select! {
                 biased;
@@ -176,12 +180,14 @@ impl Sequencer {
                 match input {
                     Input::Append(request) => requests.push(request),
                     Input::Barrier(passed) => barriers.push(passed),
+                    Input::DurableBarrier(passed) => durable_barriers.push(passed),
                 }
                 if requests.len() < self.max_batch {
                     next = queue.try_recv().ok();
                 }
             }
-            let write = self.round(&mut requests).await;
+            let mut write = self.round(&mut requests).await;
+            write.durable_barriers = std::mem::take(&mut durable_barriers);
             for passed in barriers.drain(..) {
                 let _ = passed.send(());
             }
@@ -272,8 +278,34 @@ impl Sequencer {
                 *next_offset += 1;
                 batch.put(
                     keys::message(&request.tenant, &request.subject, new_head.version),
-                    record::encode_record(new_head.offset, now, &message.headers, &message.payload),
+                    record::encode_record(
+                        new_head.offset,
+                        now,
+                        message.flags,
+                        &message.headers,
+                        &message.payload,
+                    ),
                 );
+                if request.retain {
+                    // MQTT's rule: an empty retained publish clears the retained
+                    // message; the publish itself is still stored and delivered.
+                    let key = keys::retained(&request.tenant, &request.subject);
+                    if message.payload.is_empty() {
+                        batch.delete(key);
+                    } else {
+                        batch.put(
+                            key,
+                            record::encode_retained(
+                                new_head.version,
+                                new_head.offset,
+                                now,
+                                message.flags,
+                                &message.headers,
+                                &message.payload,
+                            ),
+                        );
+                    }
+                }
                 if request.max_versions > 0 && new_head.version > request.max_versions {
                     batch.delete(keys::message(
                         &request.tenant,
@@ -370,6 +402,7 @@ impl Sequencer {
                         version: a.version,
                         offset: a.offset,
                         time_ms: now,
+                        flags: message.flags,
                         headers: &message.headers,
                         payload: &message.payload,
                         route: &request.route,
@@ -385,6 +418,7 @@ impl Sequencer {
             durable_acks: acks,
             immediate,
             epoch: self.epoch_seen,
+            durable_barriers: Vec::new(),
         }
     }
 
@@ -444,7 +478,7 @@ impl Sequencer {
 
 /// The offset after the last one the tenant's newest batch used (1 for a new tenant),
 /// or the floor retention left when it deleted the newest batches.
-async fn load_next_offset(db: &Db, tenant: &str) -> Result<u64, StoreError> {
+pub(super) async fn load_next_offset(db: &Db, tenant: &str) -> Result<u64, StoreError> {
     let options = ScanOptions::default().with_order(IterationOrder::Descending);
     let mut newest = db
         .scan_with_options(keys::batch_range(tenant, 0), &options)
@@ -552,6 +586,7 @@ async fn write_rounds(
                 let pending = PendingDurable {
                     handle,
                     acks: round.durable_acks,
+                    barriers: round.durable_barriers,
                 };
                 if durable.send(pending).await.is_err() {
                     return;
@@ -620,6 +655,9 @@ async fn acknowledge(
         }
         if !acks.is_empty() {
             events.acknowledged(acks);
+        }
+        for passed in pending.barriers {
+            let _ = passed.send(());
         }
     }
 }

@@ -53,6 +53,7 @@ fn request(subject: &str, payload: &str, n: u32) -> AppendRequest {
         messages: vec![NewMessage {
             headers: Bytes::new(),
             payload: Bytes::from(payload.to_owned()),
+            flags: 0,
         }],
         expect: None,
         msg_id: None,
@@ -64,6 +65,7 @@ fn request(subject: &str, payload: &str, n: u32) -> AppendRequest {
         route: RouteTag::default(),
         compaction: None,
         max_versions: 0,
+        retain: false,
     }
 }
 
@@ -146,6 +148,7 @@ async fn expectations_msg_ids_and_atomic_appends() {
     both.messages.push(NewMessage {
         headers: Bytes::new(),
         payload: Bytes::from_static(b"4"),
+        flags: 0,
     });
     both.expect = Some(Expectation::Version(1));
     both.msg_id = Some("m".into());

@@ -25,7 +25,13 @@ impl ServeProcess {
     pub(crate) async fn start_with_env(extra: &[&str], env: &[(String, String)]) -> ServeProcess {
         let data = tempfile::tempdir().expect("tempdir");
         let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--mqtt-listen",
+                "127.0.0.1:0",
+            ])
             .args(extra)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .current_dir(data.path())
@@ -197,7 +203,13 @@ async fn serve_refuses_anonymous_network_listeners_with_a_reason() {
     let out = tokio::time::timeout(
         WAIT,
         Command::new(BIN)
-            .args(["serve", "--listen", "0.0.0.0:0"])
+            .args([
+                "serve",
+                "--listen",
+                "0.0.0.0:0",
+                "--mqtt-listen",
+                "127.0.0.1:0",
+            ])
             .output(),
     )
     .await

@@ -58,6 +58,7 @@ pub fn use_s3(config: &mut Config, prefix: &str) {
 pub fn test_config() -> Config {
     let mut config = Config::default();
     config.native.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.mqtt.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
     match backend() {
         Backend::Memory => config.store.url = "memory://".into(),
         Backend::File => {

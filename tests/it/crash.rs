@@ -52,7 +52,13 @@ struct Serve {
 impl Serve {
     async fn start(data: &Path) -> Serve {
         let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--mqtt-listen",
+                "127.0.0.1:0",
+            ])
             .env("CANOPY_STORE__URL", format!("file://{}", data.display()))
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
@@ -317,7 +323,13 @@ async fn a_second_canopy_serve_on_the_same_folder_refuses_and_says_why() {
     let second = tokio::time::timeout(
         WAIT,
         Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--mqtt-listen",
+                "127.0.0.1:0",
+            ])
             .env("CANOPY_STORE__URL", format!("file://{}", data.display()))
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())

@@ -3,6 +3,7 @@
 //! CI links once.
 
 mod bench;
+mod bench_mqtt;
 mod cli;
 mod common;
 mod crash;
@@ -10,6 +11,8 @@ mod deploy;
 mod durable;
 mod faults;
 mod format;
+mod mqtt;
+mod mqtt_native;
 mod nats_client;
 mod python;
 mod s3;

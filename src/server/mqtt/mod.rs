@@ -1,0 +1,91 @@
+//! The MQTT front end (3.1, 3.1.1 and 5.0): the accept loop, and what every MQTT
+//! connection shares.
+//!
+//! MQTT clients live in the same subject space as native ones: a topic is a subject in
+//! its MQTT rendering, a publish is routed and stored exactly like a native one, and
+//! a subscription sits in the same trie, marked so that routing queues envelopes for
+//! it instead of `MSG` frames (`broker::envelope`). Retained messages and offline
+//! backlogs are read from the store; sessions are saved there. This module must
+//! never touch storage internals or decode bytes itself (the codec lives in
+//! `canopy-protocols`).
+
+mod connection;
+pub mod session;
+pub mod translate;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use canopy_subjects::Limits as SubjectLimits;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::broker::Broker;
+use crate::config::Config;
+
+/// What every MQTT connection shares.
+pub struct MqttContext {
+    config: Arc<Config>,
+    broker: Arc<Broker>,
+    subject_limits: SubjectLimits,
+    sessions: session::Sessions,
+    open: AtomicUsize,
+    /// Wills waiting for their delay; the server waits for none of them at shutdown.
+    tracker: TaskTracker,
+}
+
+impl MqttContext {
+    pub fn new(config: Arc<Config>, broker: Arc<Broker>) -> Self {
+        let subject_limits = SubjectLimits {
+            max_len: config.limits.max_subject_len,
+            max_tokens: config.limits.max_subject_tokens,
+        };
+        Self {
+            config,
+            broker,
+            subject_limits,
+            sessions: session::Sessions::default(),
+            open: AtomicUsize::new(0),
+            tracker: TaskTracker::new(),
+        }
+    }
+}
+
+/// Accepts MQTT connections until `shutdown` fires; each gets its own task in
+/// `tracker`.
+pub async fn accept_loop(
+    listener: TcpListener,
+    context: Arc<MqttContext>,
+    tracker: &TaskTracker,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(error) => {
+                tracing::warn!(%error, protocol = "mqtt", "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let context = Arc::clone(&context);
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            let open = context.open.fetch_add(1, Ordering::AcqRel) + 1;
+            if open > context.config.mqtt.max_connections {
+                // MQTT has no way to refuse before CONNECT; closing is the answer.
+                tracing::warn!(%peer, "mqtt connection refused: maximum connections reached");
+                drop(stream);
+            } else {
+                connection::serve(stream, peer, Arc::clone(&context), shutdown).await;
+            }
+            context.open.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+}
