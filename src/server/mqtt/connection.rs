@@ -50,8 +50,8 @@ const WRITE_BATCH: usize = 64 * 1024;
 /// forgotten beyond this.
 const MAX_OPEN_REQUESTS: usize = 1024;
 /// Retained messages and backlog read from the store per step.
-const STORE_PAGE: usize = 512;
-const STORE_PAGE_BYTES: usize = 1024 * 1024;
+const STORE_PAGE: usize = 4096;
+const STORE_PAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// Serves one MQTT connection until it ends.
 pub(super) async fn serve(
@@ -83,7 +83,9 @@ pub(super) async fn serve(
         Ok(Ok(connect)) => connect,
     };
     let Some(mut connection) =
-        Connection::accept(connect, peer, &context, decoder, &mut writer).await
+        // Boxed, like every rare step with store reads in it: a task's memory is the
+        // size of its largest state, and an idle connection should not pay for them.
+        Box::pin(Connection::accept(connect, peer, &context, decoder, &mut writer)).await
     else {
         return;
     };
@@ -92,7 +94,7 @@ pub(super) async fn serve(
     let close = connection
         .run(&mut reader, &mut writer, rbuf, &shutdown)
         .await;
-    connection.finish(close, &mut writer).await;
+    Box::pin(connection.finish(close, &mut writer)).await;
     metrics.connection_closed();
 }
 
@@ -267,7 +269,7 @@ struct Connection {
     problem_info: bool,
     /// Session expiry in seconds; 0 ends the session with the connection.
     session_expiry: u32,
-    will: Option<Will>,
+    will: Option<Box<Will>>,
 
     // From the client.
     aliases: HashMap<u16, Bytes>,
@@ -299,7 +301,8 @@ struct Connection {
     scratch: RouteScratch,
     wakes: Wakes,
     store_acks: Vec<StoreAck>,
-    properties: Properties,
+    /// Scratch for a delivery's properties, made on first use.
+    properties: Option<Box<Properties>>,
     /// Scratch for the MQTT rendering of a delivery's subject.
     topic: String,
     /// The inbox prefix (`_INBOX.mqtt-<conn>.`) and its subscription, once this
@@ -432,7 +435,13 @@ impl Connection {
         let store = broker.store().cloned();
         let saved = match (&store, connect.clean_start) {
             (Some(store), true) => {
-                if let Err(error) = store.save_session(&key.0, &key.1, None).await {
+                // A lookup first (bloom filters answer it for the many clients that
+                // never had a session): a delete is a durable write.
+                let exists = store
+                    .session(&key.0, &key.1)
+                    .await
+                    .map_or(true, |s| s.is_some());
+                if exists && let Err(error) = store.save_session(&key.0, &key.1, None).await {
                     tracing::warn!(%error, client = %client_id, "cannot clear the saved mqtt session");
                 }
                 None
@@ -495,7 +504,7 @@ impl Connection {
             last_read: Instant::now(),
             problem_info: props.request_problem_information != Some(0),
             session_expiry,
-            will: connect.will.clone(),
+            will: connect.will.clone().map(Box::new),
             aliases: HashMap::new(),
             inbound: HashMap::new(),
             appends: Vec::new(),
@@ -519,7 +528,7 @@ impl Connection {
             scratch: RouteScratch::default(),
             wakes: Wakes::default(),
             store_acks: Vec::new(),
-            properties: Properties::default(),
+            properties: None,
             topic: String::new(),
             reply_inbox: None,
             requests: VecDeque::new(),
@@ -678,6 +687,8 @@ impl Connection {
         let mut written = 0usize;
         let mut progress = Instant::now();
         let takeover = self.claim.takeover.clone();
+        let timer = tokio::time::sleep_until(self.deadline(None));
+        tokio::pin!(timer);
         // Packets that arrived with CONNECT.
         if !rbuf.is_empty()
             && let Err(close) = self.process(&mut rbuf)
@@ -705,10 +716,13 @@ impl Connection {
                 progress = Instant::now();
             }
             let writing = written < out.len();
-            let keep_alive = self
-                .keep_alive
-                .map(|k| self.last_read + k + k / 2)
-                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
+            // One timer for the keep-alive and the write deadline, moved earlier only
+            // when it must be: registering a timer per loop turn would cost more than
+            // the turn itself under load.
+            let due = self.deadline(writing.then_some(progress + deadline));
+            if due < timer.deadline() {
+                timer.as_mut().reset(due);
+            }
             // Every arm is cancel-safe: `write` and `read_buf` move no bytes unless
             // they complete, and the others keep no state when dropped.
             let step = tokio::select! {
@@ -723,10 +737,6 @@ impl Connection {
                         Ok(())
                     }
                 },
-                _ = tokio::time::sleep_until(progress + deadline), if writing => {
-                    self.outbox.mark_slow();
-                    Err(Close::protocol(reason::QUOTA_EXCEEDED, "slow consumer: writes are blocked"))
-                }
                 _ = self.outbox.woken(), if !writing => Ok(()),
                 ready = reader.readable() => match ready {
                     Err(_) => Err(Close::Gone),
@@ -750,17 +760,55 @@ impl Connection {
                         }
                     }
                 },
-                _ = tokio::time::sleep_until(keep_alive) => {
-                    Err(Close::protocol(reason::KEEP_ALIVE_TIMEOUT, "keep alive timeout"))
+                () = &mut timer => {
+                    let now = Instant::now();
+                    if writing && progress + deadline <= now {
+                        self.outbox.mark_slow();
+                        Err(Close::protocol(reason::QUOTA_EXCEEDED, "slow consumer: writes are blocked"))
+                    } else if self.keep_alive_due().is_some_and(|due| due <= now) {
+                        Err(Close::protocol(reason::KEEP_ALIVE_TIMEOUT, "keep alive timeout"))
+                    } else {
+                        timer.as_mut().reset(self.deadline(writing.then_some(progress + deadline)));
+                        Ok(())
+                    }
                 }
             };
             if let Err(close) = step {
                 return close;
             }
-            if let Err(close) = self.catch_up().await {
+            if let Err(close) = self.take_store_acks() {
+                return close;
+            }
+            if self.has_store_work()
+                && let Err(close) = Box::pin(self.catch_up()).await
+            {
                 return close;
             }
         }
+    }
+
+    /// Whether [`Connection::catch_up`] has anything to do.
+    fn has_store_work(&self) -> bool {
+        !self.appends.is_empty()
+            || self.session_dirty
+            || (self.queued_bytes < self.context.config.mqtt.max_queued_bytes
+                && (!self.retained_jobs.is_empty()
+                    || self.backlog.as_ref().is_some_and(|b| !b.done)))
+    }
+
+    /// When the client must have sent something (1.5 × its keep-alive), if ever.
+    fn keep_alive_due(&self) -> Option<Instant> {
+        self.keep_alive.map(|k| self.last_read + k + k / 2)
+    }
+
+    /// The earliest of the keep-alive and `write` deadlines (far away when neither).
+    fn deadline(&self, write: Option<Instant>) -> Instant {
+        let far = Instant::now() + Duration::from_secs(86_400);
+        self.keep_alive_due()
+            .into_iter()
+            .chain(write)
+            .min()
+            .unwrap_or(far)
     }
 
     /// Asynchronous work the last step left: appends for the store, store acks,
@@ -1003,19 +1051,19 @@ impl Connection {
         } else {
             now_ms().saturating_sub(delivery.time_ms) / 1000
         };
-        let mut properties = std::mem::take(&mut self.properties);
+        let mut properties = self.properties.take().unwrap_or_default();
         if self.level == Level::V5 {
             if translate::outbound(&delivery.headers, &delivery.reply, 0, age, &mut properties)
                 .is_none()
             {
-                self.properties = properties;
+                self.properties = Some(properties);
                 return false;
             }
             properties.subscription_identifiers = delivery.subscription_ids.clone();
         } else {
-            properties = Properties::default();
+            *properties = Properties::default();
             if translate::expired(&delivery.headers, age) {
-                self.properties = properties;
+                self.properties = Some(properties);
                 return false;
             }
         }
@@ -1032,7 +1080,7 @@ impl Connection {
             &properties,
             &delivery.payload,
         );
-        self.properties = properties;
+        self.properties = Some(properties);
         self.topic = topic;
         let size = out.len() - start;
         if result.is_err() || size > self.client_max_packet {
@@ -1857,7 +1905,7 @@ impl Connection {
         let deadline = Duration::from_secs(self.context.config.mqtt.write_deadline_secs.max(1));
         // Publishes already decoded still go to the store; their acks may not
         // reach this client any more, and it will send them again.
-        let _ = self.catch_up().await;
+        let _ = Box::pin(self.catch_up()).await;
         let told = match &close {
             Close::Server { code, reason } => Some((*code, Some(reason.clone()))),
             Close::TakenOver => Some((reason::SESSION_TAKEN_OVER, None)),
@@ -2058,5 +2106,33 @@ mod tests {
         assert_eq!((qos, ids), (2, vec![1, 2]));
         assert_eq!(matcher.delivery("a.b.c", mqtt_flags(1, false)).0, 1);
         assert_eq!(matcher.delivery("b.x", 0), (1, vec![]));
+    }
+}
+
+#[cfg(test)]
+mod task_size {
+    use super::*;
+
+    /// Every connected device costs at least its task, whose size is the largest
+    /// state of `serve`: rare steps with store reads must stay boxed so that an idle
+    /// connection does not pay for them (the MQTT idle benchmark measures the rest).
+    #[tokio::test]
+    async fn an_idle_connection_task_stays_small() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let broker = Arc::new(Broker::new(
+            Arc::new(crate::tenancy::Authorizer::default()),
+            Arc::new(crate::broker::Metrics::default()),
+            crate::broker::durable::Policies::new(&[]).expect("policies"),
+        ));
+        let config = Arc::new(crate::config::Config::default());
+        let context = Arc::new(MqttContext::new(config, broker));
+        let task = serve(client, addr, context, CancellationToken::new());
+        let size = std::mem::size_of_val(&task);
+        assert!(size <= 2_500, "the connection task grew to {size} bytes");
+        assert!(std::mem::size_of::<Connection>() <= 1_000);
     }
 }
