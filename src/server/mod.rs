@@ -6,6 +6,7 @@
 //! parses protocol bytes or routes messages; connection tasks do the one and the
 //! broker the other.
 
+mod listener;
 pub mod mqtt;
 pub mod native;
 

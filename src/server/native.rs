@@ -11,7 +11,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use canopy_protocols::native::{
@@ -53,7 +52,6 @@ pub struct NativeContext {
     subject_limits: SubjectLimits,
     server_id: String,
     listen: SocketAddr,
-    open: AtomicUsize,
 }
 
 impl NativeContext {
@@ -73,7 +71,6 @@ impl NativeContext {
             subject_limits,
             server_id: server_id(),
             listen,
-            open: AtomicUsize::new(0),
         }
     }
 
@@ -112,36 +109,27 @@ pub async fn accept_loop(
     tracker: &TaskTracker,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, peer) = match accepted {
-            Ok(pair) => pair,
-            Err(error) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
+    let max = context.config.native.max_connections;
+    super::listener::accept_loop(
+        listener,
+        "native",
+        max,
+        tracker,
+        shutdown.clone(),
+        |stream, peer, admitted| {
+            let context = Arc::clone(&context);
+            let shutdown = shutdown.clone();
+            async move {
+                if admitted {
+                    Connection::new(stream, peer, context).run(shutdown).await;
+                } else {
+                    let info = context.info(0, peer);
+                    refuse(stream, &info, "maximum connections exceeded").await;
+                }
             }
-        };
-        let _ = stream.set_nodelay(true);
-        let context = Arc::clone(&context);
-        let shutdown = shutdown.clone();
-        tracker.spawn(async move {
-            let open = context.open.fetch_add(1, Ordering::AcqRel) + 1;
-            if open > context.config.native.max_connections {
-                let info = context.info(0, peer);
-                refuse(stream, &info, "maximum connections exceeded").await;
-            } else {
-                Connection::new(stream, peer, Arc::clone(&context))
-                    .run(shutdown)
-                    .await;
-            }
-            context.open.fetch_sub(1, Ordering::AcqRel);
-        });
-    }
+        },
+    )
+    .await;
 }
 
 /// Answers a connection that cannot be served: INFO first, as clients expect, then

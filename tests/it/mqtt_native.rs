@@ -411,3 +411,263 @@ async fn next_v4<T>(
     .await
     .expect("the awaited mqtt packet arrives")
 }
+
+/// A raw MQTT 5 connection, for what no client library will send.
+async fn raw_v5(
+    server: &canopy::server::RunningServer,
+    max_packet: Option<u32>,
+) -> tokio::net::TcpStream {
+    use canopy_protocols::mqtt::{Connect, Level, Packet, Properties, encode};
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(server.mqtt_addr.expect("mqtt"))
+        .await
+        .expect("connect");
+    let connect = Connect {
+        level: Level::V5,
+        client_id: format!("raw-{}", fastrand::u32(..)),
+        clean_start: true,
+        keep_alive: 30,
+        username: None,
+        password: None,
+        will: None,
+        properties: Properties {
+            maximum_packet_size: max_packet,
+            ..Properties::default()
+        },
+    };
+    let mut out = bytes::BytesMut::new();
+    encode(&Packet::Connect(Box::new(connect)), Level::V5, &mut out).expect("encode");
+    stream.write_all(&out).await.expect("send CONNECT");
+    let connack = read_packet(&mut stream).await.expect("CONNACK");
+    assert!(
+        matches!(connack, Packet::ConnAck(ref ack) if ack.code == 0),
+        "{connack:?}"
+    );
+    stream
+}
+
+/// The next packet from the server, or `None` once it closed the connection.
+async fn read_packet(stream: &mut tokio::net::TcpStream) -> Option<canopy_protocols::mqtt::Packet> {
+    use canopy_protocols::mqtt::{Decoder, Level};
+    use tokio::io::AsyncReadExt;
+    let mut decoder = Decoder::with_level(Level::V5, 1 << 20);
+    let mut buf = bytes::BytesMut::new();
+    tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(packet) = decoder
+                .decode(&mut buf)
+                .expect("the server sends valid packets")
+            {
+                return Some(packet);
+            }
+            let mut chunk = [0u8; 1];
+            // One byte at a time: nothing after this packet is taken from the socket.
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => buf.extend_from_slice(&chunk),
+            }
+        }
+    })
+    .await
+    .expect("the server answers in time")
+}
+
+#[tokio::test]
+async fn bad_packets_close_only_their_connection_with_the_reason() {
+    use canopy_protocols::mqtt::{Packet, reason};
+    use tokio::io::AsyncWriteExt;
+    let mut config = test_config();
+    config.mqtt.max_packet_size = 1024;
+    let server = start(config).await;
+    let (bystander, mut bystander_events) = connected_v5("bystander", &server).await;
+    subscribed_v5(&bystander, &mut bystander_events, "still/here").await;
+
+    // PUBLISH with QoS 3: malformed.
+    let mut malformed = raw_v5(&server, None).await;
+    malformed
+        .write_all(&[0x36, 0x05, 0x00, 0x01, b'a', 0x00, 0x01])
+        .await
+        .expect("send");
+    match read_packet(&mut malformed).await {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason, reason::MALFORMED_PACKET),
+        other => panic!("expected DISCONNECT 0x81, got {other:?}"),
+    }
+    assert!(
+        read_packet(&mut malformed).await.is_none(),
+        "then the connection closes"
+    );
+
+    // A packet larger than the server's maximum: refused from its fixed header.
+    let mut large = raw_v5(&server, None).await;
+    large
+        .write_all(&[0x30, 0xD0, 0x0F])
+        .await
+        .expect("send the header of a 2,000-byte PUBLISH");
+    large.write_all(&[0u8; 600]).await.expect("send part of it");
+    match read_packet(&mut large).await {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason, reason::PACKET_TOO_LARGE),
+        other => panic!("expected DISCONNECT 0x95, got {other:?}"),
+    }
+
+    // A second CONNECT: a protocol error.
+    let mut twice = raw_v5(&server, None).await;
+    twice
+        .write_all(&[
+            0x10, 0x0D, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x05, 0x02, 0x00, 0x1E, 0x00, 0x00,
+            0x00,
+        ])
+        .await
+        .expect("send");
+    match read_packet(&mut twice).await {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason, reason::PROTOCOL_ERROR),
+        other => panic!("expected DISCONNECT 0x82, got {other:?}"),
+    }
+
+    // Everyone else goes on.
+    bystander
+        .publish("still/here", QoS5::AtLeastOnce, false, "yes")
+        .await
+        .expect("queued");
+    let publish = next_v5(&mut bystander_events, |p| match p {
+        Packet5::Publish(publish) => Some(publish.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(&publish.payload[..], b"yes");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_delivery_larger_than_the_clients_maximum_is_not_sent() {
+    use canopy_protocols::mqtt::{
+        Level, Packet, Properties, QoS, Subscribe, SubscribeFilter, encode,
+    };
+    use tokio::io::AsyncWriteExt;
+    let server = start_default().await;
+    let mut small = raw_v5(&server, Some(64)).await;
+    let subscribe = Subscribe {
+        packet_id: 1,
+        filters: vec![SubscribeFilter {
+            filter: "sizes/#".into(),
+            qos: QoS::AtMostOnce,
+            no_local: false,
+            retain_as_published: false,
+            retain_handling: 0,
+        }],
+        properties: Properties::default(),
+    };
+    let mut out = bytes::BytesMut::new();
+    encode(&Packet::Subscribe(subscribe), Level::V5, &mut out).expect("encode");
+    small.write_all(&out).await.expect("send");
+    assert!(matches!(
+        read_packet(&mut small).await,
+        Some(Packet::SubAck(_))
+    ));
+    let nats = async_nats::connect(server.native_url())
+        .await
+        .expect("nats");
+    nats.publish("sizes.big", vec![b'x'; 200].into())
+        .await
+        .expect("publish");
+    nats.publish("sizes.small", "ok".into())
+        .await
+        .expect("publish");
+    nats.flush().await.expect("flush");
+    match read_packet(&mut small).await {
+        Some(Packet::Publish(publish)) => {
+            assert_eq!(
+                publish.topic.as_str(),
+                "sizes/small",
+                "the 200-byte one was dropped"
+            );
+        }
+        other => panic!("expected the small PUBLISH, got {other:?}"),
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_offline_backlog_beyond_its_bound_keeps_the_newest() {
+    let mut config = test_config();
+    config.mqtt.backlog_max_messages = 3;
+    let server = start(config).await;
+    let mut options = v5_options("away", &server);
+    options.set_clean_start(false);
+    options.set_session_expiry_interval(Some(600));
+    let (client, mut events) = Client5::new(options.clone(), 64);
+    next_v5(&mut events, |p| {
+        matches!(p, Packet5::ConnAck(_)).then_some(())
+    })
+    .await;
+    subscribed_v5(&client, &mut events, "feed/#").await;
+    client.disconnect().await.expect("disconnect queued");
+    let _ = tokio::time::timeout(WAIT, async { while events.poll().await.is_ok() {} }).await;
+
+    let nats = async_nats::connect(server.native_url())
+        .await
+        .expect("nats");
+    for i in 1..=5 {
+        crate::common::publish_acked(&nats, "feed.x", format!("m{i}")).await;
+    }
+    let (_client, mut events) = Client5::new(options, 64);
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
+    while let Ok(Ok(event)) = tokio::time::timeout_at(deadline, events.poll()).await {
+        if let Event5::Incoming(Packet5::Publish(publish)) = event {
+            got.push(String::from_utf8_lossy(&publish.payload).into_owned());
+        }
+    }
+    assert_eq!(got, ["m3", "m4", "m5"], "the oldest two are skipped");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_expired_retained_message_is_not_delivered() {
+    let server = start_default().await;
+    let (client, mut events) = connected_v5("expiring", &server).await;
+    let short = PublishProperties {
+        message_expiry_interval: Some(1),
+        ..PublishProperties::default()
+    };
+    client
+        .publish_with_properties("exp/short", QoS5::AtLeastOnce, true, "gone soon", short)
+        .await
+        .expect("queued");
+    next_v5(&mut events, |p| {
+        matches!(p, Packet5::PubAck(_)).then_some(())
+    })
+    .await;
+    client
+        .publish("exp/long", QoS5::AtLeastOnce, true, "stays")
+        .await
+        .expect("queued");
+    next_v5(&mut events, |p| {
+        matches!(p, Packet5::PubAck(_)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let (late, mut late_events) = connected_v5("expiring-late", &server).await;
+    late.subscribe("exp/#", QoS5::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    let publish = next_v5(&mut late_events, |p| match p {
+        Packet5::Publish(publish) => Some(publish.clone()),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        &publish.topic[..],
+        b"exp/long",
+        "the expired one is skipped"
+    );
+    let more = tokio::time::timeout(Duration::from_millis(500), async {
+        loop {
+            if let Ok(Event5::Incoming(Packet5::Publish(p))) = late_events.poll().await {
+                return p;
+            }
+        }
+    })
+    .await;
+    assert!(more.is_err(), "nothing else arrives: {more:?}");
+    server.stop().await;
+}

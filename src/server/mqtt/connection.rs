@@ -1187,10 +1187,7 @@ impl Connection {
                 self.complete(ack.packet_id, Stage::Released, 2);
                 Ok(())
             }
-            Packet::Subscribe(subscribe) => {
-                self.subscribe(subscribe);
-                Ok(())
-            }
+            Packet::Subscribe(subscribe) => self.subscribe(subscribe),
             Packet::Unsubscribe(unsubscribe) => {
                 self.unsubscribe(unsubscribe);
                 Ok(())
@@ -1682,7 +1679,17 @@ impl Connection {
         Ok(())
     }
 
-    fn subscribe(&mut self, subscribe: Subscribe) {
+    fn subscribe(&mut self, subscribe: Subscribe) -> Result<(), Close> {
+        if subscribe
+            .filters
+            .iter()
+            .any(|f| f.no_local && f.filter.starts_with("$share/"))
+        {
+            return Err(Close::protocol(
+                reason::PROTOCOL_ERROR,
+                "no-local cannot be set on a shared subscription",
+            ));
+        }
         let subscription_id = subscribe
             .properties
             .subscription_identifiers
@@ -1690,6 +1697,7 @@ impl Connection {
             .copied()
             .unwrap_or(0);
         let mut codes = Vec::with_capacity(subscribe.filters.len());
+        let mut refused = Vec::new();
         for filter in subscribe.filters {
             let saved = SavedSubscription {
                 filter: filter.filter.clone(),
@@ -1715,6 +1723,7 @@ impl Connection {
                     filter.qos as u8
                 }
                 Err(code) => {
+                    refused.push(format!("{}: {}", filter.filter, refusal(code)));
                     if self.level == Level::V5 {
                         code
                     } else {
@@ -1725,11 +1734,14 @@ impl Connection {
             codes.push(code);
         }
         self.session_dirty |= self.persistent();
+        let why = (!refused.is_empty()).then(|| refused.join("; "));
+        let properties = self.ack_properties(why);
         self.put_control(&Packet::SubAck(SubAck {
             packet_id: subscribe.packet_id,
             codes,
-            properties: Properties::default(),
+            properties,
         }));
+        Ok(())
     }
 
     /// Adds (or replaces) one subscription. Returns its pattern, its options,
@@ -2010,6 +2022,16 @@ impl SessionMatcher {
             keep |= plain.iter().any(|s| s.retain_as_published);
         });
         keep
+    }
+}
+
+/// What a SUBACK failure code means, for its reason string.
+fn refusal(code: u8) -> &'static str {
+    match code {
+        reason::NOT_AUTHORIZED => "not authorized",
+        reason::TOPIC_FILTER_INVALID => "not a valid topic filter",
+        reason::QUOTA_EXCEEDED => "too many subscriptions on this connection",
+        _ => "refused",
     }
 }
 

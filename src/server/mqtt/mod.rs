@@ -14,7 +14,6 @@ pub mod session;
 pub mod translate;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use canopy_subjects::Limits as SubjectLimits;
 use tokio::net::TcpListener;
@@ -30,7 +29,6 @@ pub struct MqttContext {
     broker: Arc<Broker>,
     subject_limits: SubjectLimits,
     sessions: session::Sessions,
-    open: AtomicUsize,
     /// Wills waiting for their delay; the server waits for none of them at shutdown.
     tracker: TaskTracker,
 }
@@ -46,7 +44,6 @@ impl MqttContext {
             broker,
             subject_limits,
             sessions: session::Sessions::default(),
-            open: AtomicUsize::new(0),
             tracker: TaskTracker::new(),
         }
     }
@@ -60,32 +57,25 @@ pub async fn accept_loop(
     tracker: &TaskTracker,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, peer) = match accepted {
-            Ok(pair) => pair,
-            Err(error) => {
-                tracing::warn!(%error, protocol = "mqtt", "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
+    let max = context.config.mqtt.max_connections;
+    super::listener::accept_loop(
+        listener,
+        "mqtt",
+        max,
+        tracker,
+        shutdown.clone(),
+        |stream, peer, admitted| {
+            let context = Arc::clone(&context);
+            let shutdown = shutdown.clone();
+            async move {
+                if admitted {
+                    connection::serve(stream, peer, context, shutdown).await;
+                } else {
+                    // MQTT has no way to refuse before CONNECT; closing is the answer.
+                    tracing::warn!(%peer, "mqtt connection refused: maximum connections reached");
+                }
             }
-        };
-        let _ = stream.set_nodelay(true);
-        let context = Arc::clone(&context);
-        let shutdown = shutdown.clone();
-        tracker.spawn(async move {
-            let open = context.open.fetch_add(1, Ordering::AcqRel) + 1;
-            if open > context.config.mqtt.max_connections {
-                // MQTT has no way to refuse before CONNECT; closing is the answer.
-                tracing::warn!(%peer, "mqtt connection refused: maximum connections reached");
-                drop(stream);
-            } else {
-                connection::serve(stream, peer, Arc::clone(&context), shutdown).await;
-            }
-            context.open.fetch_sub(1, Ordering::AcqRel);
-        });
-    }
+        },
+    )
+    .await;
 }

@@ -19,6 +19,9 @@ pub const CONTENT_TYPE: &str = "Content-Type";
 pub const CORRELATION_DATA: &str = "Canopy-Correlation-Data";
 pub const PAYLOAD_FORMAT: &str = "Canopy-Payload-Format";
 pub const MESSAGE_EXPIRY: &str = "Canopy-Message-Expiry";
+/// The response topic (as a native subject), kept with the message so that a stored
+/// or retained request still says where to answer: a reply subject is not stored.
+pub const RESPONSE_TOPIC: &str = "Canopy-Response-Topic";
 
 /// Why a publish's properties cannot become a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,7 +55,8 @@ pub fn inbound(
     if properties.payload_format_indicator == Some(1) && std::str::from_utf8(payload).is_err() {
         return Err(Unmappable::PayloadNotUtf8);
     }
-    let wanted = !properties.user_properties.is_empty()
+    let wanted = parts.reply.is_some()
+        || !properties.user_properties.is_empty()
         || properties.content_type.is_some()
         || properties.correlation_data.is_some()
         || properties.payload_format_indicator == Some(1)
@@ -78,6 +82,13 @@ pub fn inbound(
     }
     if let Some(expiry) = properties.message_expiry_interval {
         map.append(MESSAGE_EXPIRY, expiry.to_string());
+    }
+    if let Some(reply) = parts
+        .reply
+        .as_deref()
+        .and_then(|r| std::str::from_utf8(r).ok())
+    {
+        map.append(RESPONSE_TOPIC, reply);
     }
     let mut block = BytesMut::new();
     map.encode(&mut block);
@@ -134,6 +145,13 @@ pub fn outbound(
                 }
             }
             PAYLOAD_FORMAT if value.trim() == "utf-8" => out.payload_format_indicator = Some(1),
+            RESPONSE_TOPIC => {
+                if out.response_topic.is_none()
+                    && let Ok(subject) = Subject::parse_native(value.trim())
+                {
+                    out.response_topic = Some(subject.to_mqtt());
+                }
+            }
             MESSAGE_EXPIRY => {
                 if let Ok(secs) = value.trim().parse::<u64>() {
                     let left = secs.checked_sub(age_secs).filter(|left| *left > 0)?;
@@ -223,6 +241,7 @@ mod tests {
         let map = HeaderMap::parse(&parts.headers).expect("a header block");
         assert_eq!(map.get("Canopy-Expected-Version"), Some("3"));
         assert_eq!(parts.reply.as_deref(), Some(&b"replies.dev%201"[..]));
+        assert_eq!(map.get(RESPONSE_TOPIC), Some("replies.dev%201"));
         let mut back = Properties::default();
         outbound(&parts.headers, b"replies.dev%201", 9, 10, &mut back).expect("not expired");
         assert_eq!(back.user_properties, properties.user_properties);
@@ -232,6 +251,9 @@ mod tests {
         assert_eq!(back.payload_format_indicator, Some(1));
         assert_eq!(back.message_expiry_interval, Some(50), "counted down");
         assert_eq!(back.subscription_identifiers, vec![9]);
+        // A stored message has no reply subject; the header still says where to answer.
+        outbound(&parts.headers, b"", 0, 0, &mut back).expect("not expired");
+        assert_eq!(back.response_topic, properties.response_topic);
         assert!(outbound(&parts.headers, b"", 0, 60, &mut back).is_none());
         assert!(expired(&parts.headers, 61));
         assert!(!expired(&parts.headers, 59));
