@@ -20,6 +20,7 @@
 # Env: CANOPY_STORE__FLUSH_INTERVAL_MS, CANOPY_STORE__MAX_BATCH etc. pass through to Canopy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/servers.sh
 
 ROUNDS=${ROUNDS:-3}
 SCALE=${SCALE:-1}
@@ -41,29 +42,6 @@ if [[ ${APPEND:-0} != 1 ]]; then
 fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/canopy-durable-bench.XXXXXX")
 
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-wait_port() { # port pid name
-  for _ in $(seq 1 200); do
-    if ! kill -0 "$2" 2>/dev/null; then
-      echo "durable.sh: $3 exited before listening (log: $out/$3.log)" >&2
-      return 1
-    fi
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.05
-  done
-  echo "durable.sh: $3 not listening on port $1 after 10 s" >&2
-  return 1
-}
-
-pids=()
-stop_servers() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  pids=()
-}
 cleanup() {
   stop_servers
   rm -rf "$tmp"
@@ -80,7 +58,7 @@ start_canopy() { # name [VAR=value...]
   env CANOPY_STORE__URL="file://$tmp/$name" "$@" \
     "$canopy" serve --listen "127.0.0.1:$canopy_port" --log warn >"$out/$name.log" 2>&1 &
   canopy_pid=$!
-  pids+=("$canopy_pid")
+  started "$canopy_pid"
   wait_port "$canopy_port" "$canopy_pid" "$name"
 }
 
@@ -91,7 +69,7 @@ start_nats() { # name
   nats_port=$(free_port)
   "$NATS_SERVER" -js -sd "$tmp/$name" -a 127.0.0.1 -p "$nats_port" >"$out/$name.log" 2>&1 &
   nats_pid=$!
-  pids+=("$nats_pid")
+  started "$nats_pid"
   wait_port "$nats_port" "$nats_pid" "$name"
 }
 

@@ -10,6 +10,7 @@
 # Raw JSON of every run goes to target/bench-live/runs.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/servers.sh
 
 ROUNDS=${ROUNDS:-3}
 SCALE=${SCALE:-1}
@@ -26,43 +27,21 @@ RUNS=(
 
 command -v "$NATS_SERVER" >/dev/null || { echo "live.sh: $NATS_SERVER not found" >&2; exit 1; }
 cargo build --release --quiet
-canopy=target/release/canopy
+canopy=${CARGO_TARGET_DIR:-target}/release/canopy
 out=target/bench-live
 mkdir -p "$out"
 : >"$out/runs.jsonl"
 
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-wait_port() { # port pid name
-  for _ in $(seq 1 200); do
-    if ! kill -0 "$2" 2>/dev/null; then
-      echo "live.sh: $3 exited before listening (log: $out/$3.log)" >&2
-      return 1
-    fi
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.05
-  done
-  echo "live.sh: $3 not listening on port $1 after 10 s" >&2
-  return 1
-}
-
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT INT TERM
+trap stop_servers EXIT INT TERM
 
 nats_port=$(free_port)
 "$NATS_SERVER" -a 127.0.0.1 -p "$nats_port" >"$out/nats-server.log" 2>&1 &
-pids+=($!)
+started $!
 wait_port "$nats_port" "$!" nats-server
 
 canopy_port=$(free_port)
 "$canopy" serve --listen "127.0.0.1:$canopy_port" --log warn >"$out/canopy.log" 2>&1 &
-pids+=($!)
+started $!
 wait_port "$canopy_port" "$!" canopy
 
 echo "live.sh: $(nproc) CPUs shared by the load tool and the server under test;" \

@@ -29,6 +29,7 @@
 # target/bench-mqtt/runs.jsonl; only processes this script started are stopped, by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/servers.sh
 
 ROUNDS=${ROUNDS:-3}
 SCALE=${SCALE:-1}
@@ -58,23 +59,6 @@ rm -rf "$out"/store-*
 : >"$out/mosquitto.log"
 failures=0
 
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-wait_port() { # port pid name
-  for _ in $(seq 1 200); do
-    if ! kill -0 "$2" 2>/dev/null; then
-      echo "mqtt.sh: $3 exited before listening (log: $out/$3.log)" >&2
-      return 1
-    fi
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.05
-  done
-  echo "mqtt.sh: $3 not listening on port $1 after 10 s" >&2
-  return 1
-}
-
 rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 # utime + stime of a process, in clock ticks.
 cpu_ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'; }
@@ -82,17 +66,10 @@ fds() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
 TICK=$(getconf CLK_TCK)
 secs_since() { awk -v a="$1" -v b="$(cpu_ticks "$2")" -v t="$TICK" 'BEGIN { printf "%.3f", (b - a) / t }'; }
 
-mosquitto_pid= canopy_pid= bench_pid=
-stop_pid() {
-  if [[ -n $1 ]] && kill -0 "$1" 2>/dev/null; then
-    kill "$1" 2>/dev/null || true
-    wait "$1" 2>/dev/null || true
-  fi
-}
+bench_pid=
 cleanup() {
   stop_pid "$bench_pid"
-  stop_pid "$mosquitto_pid"
-  stop_pid "$canopy_pid"
+  stop_servers
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -117,6 +94,7 @@ log_type warning
 EOF
   "$MOSQUITTO" -c "$out/mosquitto.conf" >>"$out/mosquitto.log" 2>&1 &
   mosquitto_pid=$!
+  started "$mosquitto_pid"
   wait_port "$mosquitto_port" "$mosquitto_pid" mosquitto
 
   canopy_port=$(free_port)
@@ -125,14 +103,8 @@ EOF
   CANOPY_STORE__URL="file://$store" "$canopy" serve --listen "127.0.0.1:$canopy_port" \
     --mqtt-listen "127.0.0.1:$canopy_mqtt_port" --log warn >>"$out/canopy.log" 2>&1 &
   canopy_pid=$!
+  started "$canopy_pid"
   wait_port "$canopy_mqtt_port" "$canopy_pid" canopy
-}
-
-stop_servers() {
-  stop_pid "$mosquitto_pid"
-  stop_pid "$canopy_pid"
-  mosquitto_pid= canopy_pid=
-  rm -rf "$store"
 }
 
 record_failure() { # label name round stderr-file
@@ -243,6 +215,7 @@ for round in $(seq 1 "$ROUNDS"); do
     done
   done
   stop_servers
+  rm -rf "$store"
 done
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 

@@ -59,6 +59,12 @@ pub struct Client {
 
 /// `nats://host:port`, `host:port` or `host` (port 4222) → `host:port`.
 pub fn address_of(url: &str) -> String {
+    host_port(url, 4222)
+}
+
+/// `scheme://host:port`, `host:port` or `host` (then `default_port`) → `host:port`. Any
+/// scheme is dropped, so `mqtt://` URLs (`canopy bench --protocol mqtt`) read the same way.
+pub fn host_port(url: &str, default_port: u16) -> String {
     let rest = url
         .split_once("://")
         .map_or(url, |(_, rest)| rest)
@@ -69,7 +75,7 @@ pub fn address_of(url: &str) -> String {
     {
         rest.to_owned()
     } else {
-        format!("{rest}:4222")
+        format!("{rest}:{default_port}")
     }
 }
 
@@ -312,7 +318,7 @@ fn lossy(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::address_of;
+    use super::{address_of, host_port};
 
     #[test]
     fn addresses_accept_the_usual_spellings() {
@@ -320,5 +326,9 @@ mod tests {
         assert_eq!(address_of("127.0.0.1:4333"), "127.0.0.1:4333");
         assert_eq!(address_of("localhost"), "localhost:4222");
         assert_eq!(address_of("nats://localhost/"), "localhost:4222");
+        assert_eq!(host_port("mqtt://127.0.0.1:1884", 1883), "127.0.0.1:1884");
+        assert_eq!(host_port("mqtt://localhost", 1883), "localhost:1883");
+        assert_eq!(host_port("127.0.0.1", 1883), "127.0.0.1:1883");
+        assert_eq!(host_port("tcp://[::1]:9/", 1883), "[::1]:9");
     }
 }

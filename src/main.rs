@@ -582,44 +582,17 @@ async fn subscribe(args: SubArgs) -> Result<()> {
 }
 
 async fn run_bench(args: BenchArgs) -> Result<()> {
-    let protocol = args.protocol.unwrap_or(if args.shape.is_mqtt() {
-        bench::Protocol::Mqtt
-    } else {
-        bench::Protocol::Nats
-    });
-    if protocol == bench::Protocol::Mqtt {
-        return run_mqtt_bench(args).await;
-    }
-    let options = bench::Options {
-        server: args.connect.server,
-        shape: args.shape,
-        msgs: args.msgs,
-        size: args.size,
-        flush_every: args.flush_every,
-        max_in_flight: args.max_in_flight.unwrap_or(20_000),
-        window: args.window.unwrap_or(1),
-        timeout: Duration::from_secs(args.connect.timeout.max(1)),
-        durable: args.durable,
-    };
-    let report = bench::run(&options)
-        .await
-        .with_context(|| format!("bench {} against {}", options.shape, options.server))?;
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        println!("{report}");
-    }
-    Ok(())
-}
-
-async fn run_mqtt_bench(args: BenchArgs) -> Result<()> {
-    let server = if args.connect.server == "nats://127.0.0.1:4222" {
+    let protocol = args
+        .protocol
+        .unwrap_or_else(|| bench::Protocol::of(args.shape));
+    let server = if args.connect.server == bench::Protocol::Nats.default_server() {
         // The NATS default means the flag was left out.
-        "mqtt://127.0.0.1:1883".to_owned()
+        protocol.default_server().to_owned()
     } else {
         args.connect.server
     };
-    let options = bench::MqttOptions {
+    let options = bench::Options {
+        protocol,
         server,
         shape: args.shape,
         msgs: args.msgs,
@@ -627,17 +600,13 @@ async fn run_mqtt_bench(args: BenchArgs) -> Result<()> {
         flush_every: args.flush_every,
         max_in_flight: args
             .max_in_flight
-            .unwrap_or(if args.shape == bench::Shape::MqttFanOut {
-                bench::MQTT_FANOUT_MAX_IN_FLIGHT
-            } else {
-                20_000
-            }),
-        window: args.window.unwrap_or(bench::QOS1_WINDOW),
-        publishers: args.durable.publishers,
+            .unwrap_or_else(|| args.shape.default_max_in_flight()),
+        window: args.window.unwrap_or_else(|| protocol.default_window()),
         timeout: Duration::from_secs(args.connect.timeout.max(1)),
+        durable: args.durable,
         mqtt: args.mqtt,
     };
-    let report = bench::run_mqtt(&options)
+    let report = bench::run(&options)
         .await
         .with_context(|| format!("bench {} against {}", options.shape, options.server))?;
     if args.json {

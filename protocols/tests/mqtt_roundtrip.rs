@@ -8,7 +8,7 @@
 //! Must never: generate a packet the specification makes invalid (that is the vectors' and
 //! the corpus' job).
 
-mod mqtt_stream;
+mod common;
 
 use bytes::{Bytes, BytesMut};
 use canopy_protocols::mqtt::{
@@ -22,7 +22,9 @@ use proptest::prelude::*;
 
 const MAX: usize = 1 << 20;
 
-/// Where a property block sits, for [`restrict`].
+/// Where a property block sits, for [`restrict`]. The codec has the same list (crate-private);
+/// this one is written down again on purpose, with [`restrict`], so the test states MQTT 5.0
+/// table 2.2.2.2 independently of the codec's property table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Carrier {
     Connect,
@@ -176,24 +178,23 @@ fn restrict(mut p: Properties, carrier: Carrier, level: Level) -> Properties {
     if level != Level::V5 {
         return Properties::default();
     }
-    let is = |list: &[Carrier]| list.contains(&carrier);
-    if !is(&[Publish, Will]) {
+    if !matches!(carrier, Publish | Will) {
         p.payload_format_indicator = None;
         p.message_expiry_interval = None;
         p.content_type = None;
         p.response_topic = None;
         p.correlation_data = None;
     }
-    if !is(&[Publish, Subscribe]) {
+    if !matches!(carrier, Publish | Subscribe) {
         p.subscription_identifiers.clear();
     }
     if carrier == Subscribe {
         p.subscription_identifiers.truncate(1);
     }
-    if !is(&[Connect, ConnAck, Disconnect]) {
+    if !matches!(carrier, Connect | ConnAck | Disconnect) {
         p.session_expiry_interval = None;
     }
-    if !is(&[ConnAck]) {
+    if !matches!(carrier, ConnAck) {
         p.assigned_client_identifier = None;
         p.server_keep_alive = None;
         p.response_information = None;
@@ -203,29 +204,32 @@ fn restrict(mut p: Properties, carrier: Carrier, level: Level) -> Properties {
         p.subscription_identifiers_available = None;
         p.shared_subscription_available = None;
     }
-    if !is(&[Connect, ConnAck, Auth]) {
+    if !matches!(carrier, Connect | ConnAck | Auth) {
         p.authentication_method = None;
         p.authentication_data = None;
     }
-    if !is(&[Connect]) {
+    if !matches!(carrier, Connect) {
         p.request_problem_information = None;
         p.request_response_information = None;
     }
-    if !is(&[Will]) {
+    if !matches!(carrier, Will) {
         p.will_delay_interval = None;
     }
-    if !is(&[ConnAck, Disconnect]) {
+    if !matches!(carrier, ConnAck | Disconnect) {
         p.server_reference = None;
     }
-    if !is(&[ConnAck, Ack, SubAck, UnsubAck, Disconnect, Auth]) {
+    if !matches!(
+        carrier,
+        ConnAck | Ack | SubAck | UnsubAck | Disconnect | Auth
+    ) {
         p.reason_string = None;
     }
-    if !is(&[Connect, ConnAck]) {
+    if !matches!(carrier, Connect | ConnAck) {
         p.receive_maximum = None;
         p.topic_alias_maximum = None;
         p.maximum_packet_size = None;
     }
-    if !is(&[Publish]) {
+    if !matches!(carrier, Publish) {
         p.topic_alias = None;
     }
     p
@@ -553,23 +557,18 @@ proptest! {
         prop_assert_eq!(decoder.level(), Some(level));
     }
 
+    /// `encode` writes a PUBLISH through `encode_publish` today; this keeps the two equal
+    /// should that change. Taking `p` apart field by field stops compiling when `Publish`
+    /// gains a field, which the fast path must then take as well.
     #[test]
     fn encode_publish_matches_encode(
         (level, p) in level().prop_flat_map(|l| (Just(l), publish(l)))
     ) {
+        let Publish { dup, qos, retain, topic, packet_id, payload, properties } = &p;
         let mut fast = BytesMut::new();
-        encode_publish(
-            &mut fast,
-            level,
-            p.dup,
-            p.qos,
-            p.retain,
-            p.topic.as_bytes(),
-            p.packet_id,
-            &p.properties,
-            &p.payload,
-        )
-        .unwrap();
+        let (topic, id) = (topic.as_bytes(), *packet_id);
+        encode_publish(&mut fast, level, *dup, *qos, *retain, topic, id, properties, payload)
+            .unwrap();
         let packet = Packet::Publish(p);
         prop_assert_eq!(&fast[..], &encoded(&packet, level)[..]);
     }
@@ -586,11 +585,11 @@ proptest! {
         let mut expected = vec![connect];
         expected.extend(packets);
         let decoder = Decoder::new(MAX);
-        let whole = mqtt_stream::whole(&decoder, &stream);
+        let whole = common::stream::whole(&decoder, &stream);
         prop_assert_eq!(&whole.error, &None);
         prop_assert_eq!(whole.left, 0);
-        prop_assert_eq!(&whole.packets, &expected);
-        let split = mqtt_stream::run(&decoder, &stream, &mut cuts.into_iter());
+        prop_assert_eq!(&whole.frames, &expected);
+        let split = common::stream::run(&decoder, &stream, &mut cuts.into_iter());
         prop_assert_eq!(split, whole);
     }
 

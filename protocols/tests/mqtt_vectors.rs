@@ -195,31 +195,25 @@ fn decodes_mqtt_3_1_connect() {
 
 #[test]
 fn refuses_reserved_flags() {
-    // SUBSCRIBE, UNSUBSCRIBE and PUBREL need exactly 0b0010.
-    assert_error(
-        at(Level::V311, b"\x80\x06\x00\x01\x00\x01a\x00"),
-        0x81,
-        "flags",
-    );
-    assert_error(
-        at(Level::V5, b"\x83\x07\x00\x01\x00\x00\x01a\x00"),
-        0x81,
-        "flags",
-    );
-    assert_error(at(Level::V311, b"\xa0\x05\x00\x01\x00\x01a"), 0x81, "flags");
-    assert_error(at(Level::V311, b"\x60\x02\x00\x01"), 0x81, "flags");
-    assert_error(at(Level::V5, b"\x6a\x02\x00\x01"), 0x81, "flags");
-    // Every other type but PUBLISH needs 0.
-    assert_error(at(Level::V311, b"\xc1\x00"), 0x81, "flags");
-    assert_error(at(Level::V5, b"\xd8\x00"), 0x81, "flags");
-    assert_error(at(Level::V311, b"\x42\x02\x00\x01"), 0x81, "flags");
-    assert_error(at(Level::V5, b"\xe4\x00"), 0x81, "flags");
-    assert_error(at(Level::V5, b"\xf1\x00"), 0x81, "flags");
-    assert_error(
-        server(b"\x11\x0d\x00\x04MQTT\x04\x02\x00\x3c\x00\x01a"),
-        0x81,
-        "flags",
-    );
+    let reserved: [(Level, &[u8]); 10] = [
+        // SUBSCRIBE, UNSUBSCRIBE and PUBREL need exactly 0b0010.
+        (Level::V311, b"\x80\x06\x00\x01\x00\x01a\x00"),
+        (Level::V5, b"\x83\x07\x00\x01\x00\x00\x01a\x00"),
+        (Level::V311, b"\xa0\x05\x00\x01\x00\x01a"),
+        (Level::V311, b"\x60\x02\x00\x01"),
+        (Level::V5, b"\x6a\x02\x00\x01"),
+        // Every other type but PUBLISH needs 0.
+        (Level::V311, b"\xc1\x00"),
+        (Level::V5, b"\xd8\x00"),
+        (Level::V311, b"\x42\x02\x00\x01"),
+        (Level::V5, b"\xe4\x00"),
+        (Level::V5, b"\xf1\x00"),
+    ];
+    for (level, bytes) in reserved {
+        assert_error(at(level, bytes), 0x81, "flags");
+    }
+    let connect = b"\x11\x0d\x00\x04MQTT\x04\x02\x00\x3c\x00\x01a";
+    assert_error(server(connect), 0x81, "flags");
     // The reserved CONNECT flag (bit 0 of the connect flags byte).
     let e = assert_error(
         server(b"\x10\x0d\x00\x04MQTT\x04\x03\x00\x3c\x00\x01a"),

@@ -5,7 +5,7 @@ mod common;
 
 use bytes::{Bytes, BytesMut};
 use canopy_protocols::native::*;
-use common::{Outcome, assert_every_split, bytewise, whole};
+use common::stream::{OutcomeOf, assert_every_split, bytewise, run, whole};
 use proptest::prelude::*;
 
 fn small() -> Limits {
@@ -15,12 +15,12 @@ fn small() -> Limits {
     }
 }
 
-fn client(input: &[u8]) -> Outcome<ClientOp> {
-    whole::<ClientDecoder>(Limits::default(), input)
+fn client(input: &[u8]) -> OutcomeOf<ClientDecoder> {
+    whole(&ClientDecoder::new(Limits::default()), input)
 }
 
-fn server(input: &[u8]) -> Outcome<ServerOp> {
-    whole::<ServerDecoder>(Limits::default(), input)
+fn server(input: &[u8]) -> OutcomeOf<ServerDecoder> {
+    whole(&ServerDecoder::new(Limits::default()), input)
 }
 
 fn b(s: &str) -> Bytes {
@@ -115,10 +115,10 @@ fn mixed_server_stream_decodes_every_op() {
 
 #[test]
 fn split_anywhere_gives_the_same_frames() {
-    let expected = client(MIXED_CLIENT);
-    assert_every_split::<ClientDecoder>(Limits::default(), MIXED_CLIENT, &expected);
-    let expected = server(MIXED_SERVER);
-    assert_every_split::<ServerDecoder>(Limits::default(), MIXED_SERVER, &expected);
+    let decoder = ClientDecoder::new(Limits::default());
+    assert_every_split(&decoder, MIXED_CLIENT, &client(MIXED_CLIENT));
+    let decoder = ServerDecoder::new(Limits::default());
+    assert_every_split(&decoder, MIXED_SERVER, &server(MIXED_SERVER));
 }
 
 #[test]
@@ -132,46 +132,47 @@ fn split_anywhere_gives_the_same_error() {
         b"PING\r\nBOGUS\r\n",
         b"PING\r\nCONNECT {]\r\n",
     ];
+    let decoder = ClientDecoder::new(small());
     for case in cases {
-        let expected = whole::<ClientDecoder>(small(), case);
+        let expected = whole(&decoder, case);
         assert!(expected.error.is_some(), "{case:?}");
-        assert_every_split::<ClientDecoder>(small(), case, &expected);
+        assert_every_split(&decoder, case, &expected);
     }
 }
 
 #[test]
 fn control_line_limit_is_exact() {
-    let limits = small();
+    let decoder = ClientDecoder::new(small());
     // "SUB " + subject + " 1" = 64 bytes: allowed; 65: rejected.
     let ok = format!("SUB {} 1\r\n", "a".repeat(58));
-    let out = whole::<ClientDecoder>(limits, ok.as_bytes());
+    let out = whole(&decoder, ok.as_bytes());
     assert_eq!(out.error, None);
     assert_eq!(out.frames.len(), 1);
     let long = format!("SUB {} 1\r\n", "a".repeat(59));
-    let out = whole::<ClientDecoder>(limits, long.as_bytes());
+    let out = whole(&decoder, long.as_bytes());
     assert_eq!(out.error, Some(ProtocolError::MaxControlLineExceeded));
     // Without any terminator yet, 66 buffered bytes are already too many.
-    let out = whole::<ClientDecoder>(limits, &[b'a'; 66]);
+    let out = whole(&decoder, &[b'a'; 66]);
     assert_eq!(out.error, Some(ProtocolError::MaxControlLineExceeded));
-    let out = whole::<ClientDecoder>(limits, &[b'a'; 65]);
+    let out = whole(&decoder, &[b'a'; 65]);
     assert_eq!(out.error, None);
     assert_eq!(out.left, 65);
 }
 
 #[test]
 fn payload_limit_is_checked_before_the_payload() {
-    let limits = small();
-    let out = whole::<ClientDecoder>(limits, b"PUB a 33\r\n");
+    let decoder = ClientDecoder::new(small());
+    let out = whole(&decoder, b"PUB a 33\r\n");
     assert_eq!(
         out.error,
         Some(ProtocolError::MaxPayloadViolation { size: 33, max: 32 })
     );
-    let out = whole::<ClientDecoder>(limits, b"HPUB a 12 33\r\n");
+    let out = whole(&decoder, b"HPUB a 12 33\r\n");
     assert_eq!(
         out.error,
         Some(ProtocolError::MaxPayloadViolation { size: 33, max: 32 })
     );
-    let out = whole::<ServerDecoder>(limits, b"MSG a 1 33\r\n");
+    let out = whole(&ServerDecoder::new(small()), b"MSG a 1 33\r\n");
     assert_eq!(
         out.error,
         Some(ProtocolError::MaxPayloadViolation { size: 33, max: 32 })
@@ -179,7 +180,7 @@ fn payload_limit_is_checked_before_the_payload() {
     let payload = [b'x'; 32];
     let mut frame = BytesMut::new();
     encode_pub(&mut frame, b"a", None, &payload);
-    let out = bytewise::<ClientDecoder>(limits, &frame);
+    let out = bytewise(&decoder, &frame);
     assert_eq!(out.error, None);
     assert_eq!(out.frames.len(), 1);
 }
@@ -408,11 +409,12 @@ proptest! {
         for op in &ops {
             encode_client_op(&mut wire, op);
         }
-        let out = whole::<ClientDecoder>(Limits::default(), &wire);
+        let decoder = ClientDecoder::new(Limits::default());
+        let out = whole(&decoder, &wire);
         prop_assert_eq!(out.error, None);
         prop_assert_eq!(&out.frames, &ops);
         let at = cut.index(wire.len()).max(1);
-        let split = common::run::<ClientDecoder>(Limits::default(), &wire, &mut [at].into_iter());
+        let split = run(&decoder, &wire, &mut [at].into_iter());
         prop_assert_eq!(split.frames, ops);
     }
 
@@ -422,11 +424,12 @@ proptest! {
         for op in &ops {
             encode_server_op(&mut wire, op);
         }
-        let out = whole::<ServerDecoder>(Limits::default(), &wire);
+        let decoder = ServerDecoder::new(Limits::default());
+        let out = whole(&decoder, &wire);
         prop_assert_eq!(out.error, None);
         prop_assert_eq!(&out.frames, &ops);
         let at = cut.index(wire.len()).max(1);
-        let split = common::run::<ServerDecoder>(Limits::default(), &wire, &mut [at].into_iter());
+        let split = run(&decoder, &wire, &mut [at].into_iter());
         prop_assert_eq!(split.frames, ops);
     }
 }

@@ -3,8 +3,9 @@
 //! to nats-server, so both are measured through the same client.
 //!
 //! Owns: the handshake (INFO, CONNECT, PING/PONG), batching writes into
-//! [`WRITE_BATCH`]-byte `write_all`s, answering server PINGs, and turning `-ERR` (slow
-//! consumer above all) and closed sockets into errors.
+//! [`WRITE_BATCH`]-byte `write_all`s (for both protocols' connections), what the shared
+//! roles do on a NATS connection ([`Connection`]), answering server PINGs, and turning
+//! `-ERR` (slow consumer above all) and closed sockets into errors.
 //!
 //! Must never: silently skip an `-ERR` or an end of stream, hold a `ServerOp` across reads
 //! (callers decode everything a read brought before reading again), or buffer writes
@@ -12,15 +13,16 @@
 
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use canopy_protocols::native::{
     ConnectOptions, Limits, ServerDecoder, ServerInfo, ServerOp, encode_connect, encode_ping,
-    encode_pong,
+    encode_pong, encode_pub,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::BenchError;
+use super::roles::Connection;
 
 /// Writes go out once this many bytes are buffered.
 pub const WRITE_BATCH: usize = 64 * 1024;
@@ -109,29 +111,10 @@ impl Conn {
         &self.info
     }
 
-    /// The write buffer: encode into it, then [`Conn::send`] (at the latest once it holds
+    /// The write buffer: encode into it, then [`Connection::send`] (at the latest once it holds
     /// [`WRITE_BATCH`] bytes).
     pub fn wbuf(&mut self) -> &mut BytesMut {
         &mut self.wbuf
-    }
-
-    /// Sends everything buffered.
-    pub async fn send(&mut self) -> Result<(), BenchError> {
-        if !self.wbuf.is_empty() {
-            self.stream.write_all(&self.wbuf).await?;
-            self.wbuf.clear();
-        }
-        Ok(())
-    }
-
-    /// Reads whatever the socket has into the read buffer; the end of the stream is an
-    /// error (the server never closes a healthy benchmark connection).
-    pub async fn read_more(&mut self) -> Result<(), BenchError> {
-        self.rbuf.reserve(READ_CHUNK);
-        if self.stream.read_buf(&mut self.rbuf).await? == 0 {
-            return Err(BenchError::Closed { role: self.role });
-        }
-        Ok(())
     }
 
     /// The next message-like operation already read (`MSG`, `HMSG`, `PONG`), or `None` when
@@ -151,15 +134,50 @@ impl Conn {
         }
     }
 
-    /// Queues a PING and sends everything buffered.
-    pub async fn send_ping(&mut self) -> Result<(), BenchError> {
+    /// Sends everything buffered plus a PING and waits for its PONG: the server has
+    /// processed all of it.
+    pub async fn ping_pong(&mut self, timeout: Duration) -> Result<(), BenchError> {
+        self.send_ping().await?;
+        self.wait_pong(timeout).await
+    }
+}
+
+/// The NATS side of the shared roles: PUB, PING/PONG, MSG and HMSG.
+impl Connection for Conn {
+    #[inline]
+    fn queue(&mut self, subject: &[u8], payload: &[u8]) -> Result<(), BenchError> {
+        encode_pub(&mut self.wbuf, subject, None, payload);
+        Ok(())
+    }
+
+    #[inline]
+    fn buffered(&self) -> usize {
+        self.wbuf.len()
+    }
+
+    async fn send(&mut self) -> Result<(), BenchError> {
+        if !self.wbuf.is_empty() {
+            self.stream.write_all(&self.wbuf).await?;
+            self.wbuf.clear();
+        }
+        Ok(())
+    }
+
+    /// The server never closes a healthy benchmark connection.
+    async fn read_more(&mut self) -> Result<(), BenchError> {
+        self.rbuf.reserve(READ_CHUNK);
+        if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+            return Err(BenchError::Closed { role: self.role });
+        }
+        Ok(())
+    }
+
+    async fn send_ping(&mut self) -> Result<(), BenchError> {
         encode_ping(&mut self.wbuf);
         self.send().await
     }
 
-    /// Waits for the next PONG. Only for connections without subscriptions: a message
-    /// arriving meanwhile is an error.
-    pub async fn wait_pong(&mut self, timeout: Duration) -> Result<(), BenchError> {
+    async fn wait_pong(&mut self, timeout: Duration) -> Result<(), BenchError> {
         let role = self.role;
         tokio::time::timeout(timeout, async {
             loop {
@@ -181,10 +199,19 @@ impl Conn {
         .map_err(|_| BenchError::Timeout { role, timeout })?
     }
 
-    /// Sends everything buffered plus a PING and waits for its PONG: the server has
-    /// processed all of it.
-    pub async fn ping_pong(&mut self, timeout: Duration) -> Result<(), BenchError> {
-        self.send_ping().await?;
-        self.wait_pong(timeout).await
+    /// `MSG` and `HMSG` payloads; PONGs are passed over.
+    #[inline]
+    fn next_message(&mut self) -> Result<Option<Bytes>, BenchError> {
+        loop {
+            match self.next_op()? {
+                Some(ServerOp::Msg { payload, .. } | ServerOp::HMsg { payload, .. }) => {
+                    return Ok(Some(payload));
+                }
+                Some(_) => {}
+                None => return Ok(None),
+            }
+        }
     }
+
+    async fn finish(self) {}
 }

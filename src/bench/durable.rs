@@ -33,10 +33,10 @@ use serde_json::{Value, json};
 
 use super::clock::{now_ns, stamp};
 use super::conn::{Conn, WRITE_BATCH};
-use super::histogram::Histogram;
+use super::measured::Measured;
 use super::report::{DurableInfo, ReplayStats};
-use super::roles::stalled_read;
-use super::shapes::Tasks;
+use super::roles::{Acked, Connection as _, share};
+use super::timed::Tasks;
 use super::{BenchError, DurableArgs, Options, Report};
 
 /// The header block asking Canopy for a durable ack.
@@ -264,15 +264,6 @@ struct Slot {
 
 const FREE: u32 = u32::MAX;
 
-/// What one publisher's acks came to.
-pub struct Acked {
-    pub count: u64,
-    pub errors: u64,
-    pub first_error: Option<String>,
-    pub last_ns: u64,
-    pub latency: Histogram,
-}
-
 /// The fields of an ack both servers send (Canopy adds `version`).
 #[derive(Deserialize)]
 struct AckBody {
@@ -414,13 +405,7 @@ impl Publisher {
     /// Publishes `count` messages round robin over this publisher's subjects, keeping
     /// the window full, until every one is answered.
     async fn run(&mut self, count: u64, expect: bool) -> Result<Acked, BenchError> {
-        let mut acked = Acked {
-            count: 0,
-            errors: 0,
-            first_error: None,
-            last_ns: now_ns(),
-            latency: Histogram::new(),
-        };
+        let mut acked = Acked::new(now_ns());
         let n = self.subjects.len().max(1);
         let (mut sent, mut answered) = (0u64, 0u64);
         while answered < count {
@@ -440,7 +425,7 @@ impl Publisher {
                 }
             }
             self.conn.send().await?;
-            stalled_read(&mut self.conn, self.idle, answered, count).await?;
+            self.conn.stalled_read(self.idle, answered, count).await?;
             let now = now_ns();
             while let Some(op) = self.conn.next_op()? {
                 let (subject, headers, payload) = match op {
@@ -472,7 +457,7 @@ impl Publisher {
                     });
                 }
                 let local = slot.subject as usize;
-                acked.latency.record(now.saturating_sub(slot.sent_ns));
+                acked.acks.latency.record(now.saturating_sub(slot.sent_ns));
                 slot.subject = FREE;
                 if let Some(i) = index {
                     self.free.push(i as u32);
@@ -481,20 +466,17 @@ impl Publisher {
                     *flag = false;
                 }
                 answered += 1;
-                acked.last_ns = now;
+                acked.acks.last_ns = now;
                 match read_ack(self.kind, headers.as_deref(), &payload) {
                     Ok(head) => {
-                        acked.count += 1;
+                        acked.acks.count += 1;
                         if let Some(h) = self.heads.get_mut(local) {
                             *h = head;
                         }
                     }
-                    Err(text) => {
-                        acked.errors += 1;
-                        acked.first_error.get_or_insert_with(|| {
-                            format!("{}: {text}", String::from_utf8_lossy(&self.subjects[local]))
-                        });
-                    }
+                    Err(text) => acked.refused(|| {
+                        format!("{}: {text}", String::from_utf8_lossy(&self.subjects[local]))
+                    }),
                 }
             }
         }
@@ -588,13 +570,12 @@ async fn load(addr: &str, options: &Options, msgs: u64, expect: bool) -> Result<
         publishers = priming.join().await?;
     }
     let start = now_ns();
-    let n64 = n as u64;
     let running = Tasks(
         publishers
             .into_iter()
             .enumerate()
             .map(|(p, mut publisher)| {
-                let count = msgs / n64 + u64::from((p as u64) < msgs % n64);
+                let count = share(msgs, n, p);
                 tokio::spawn(async move { publisher.run(count, expect).await })
             })
             .collect(),
@@ -613,52 +594,19 @@ fn durable_report(
     load: &Load,
 ) -> Result<Report, BenchError> {
     let args = &options.durable;
-    let mut latency = Histogram::new();
-    let (mut count, mut errors, mut last) = (0, 0, load.start);
-    let mut first = None;
-    for acked in &load.acked {
-        latency.merge(&acked.latency);
-        count += acked.count;
-        errors += acked.errors;
-        last = last.max(acked.last_ns);
-        if first.is_none() {
-            first.clone_from(&acked.first_error);
-        }
-    }
-    if let Some(first) = first {
-        return Err(BenchError::AckErrors {
-            errors,
-            answered: count + errors,
-            first,
-        });
-    }
-    let elapsed_secs = (last.saturating_sub(load.start) as f64 / 1e9).max(1e-9);
+    Acked::check(&load.acked)?;
+    let measured = Measured::new(options.msgs, options.size, args.publishers, 0)
+        .received(load.start, load.acked.iter().map(|a| &a.acks));
     Ok(Report {
-        shape: options.shape.name(),
-        server: options.server.clone(),
-        server_version: info.version,
-        server_go: info.go,
-        msgs: options.msgs,
-        size: options.size,
-        publishers: args.publishers,
-        subscribers: 0,
-        max_in_flight: None,
-        window: None,
-        delivered: count,
-        elapsed_secs,
-        msgs_per_sec: count as f64 / elapsed_secs,
-        published_per_sec: options.msgs as f64 / elapsed_secs,
-        latency: latency.summary(),
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         durable: Some(DurableInfo {
             server_kind: kind.name(),
             acks: kind.acks(args),
             subjects: args.subjects,
             ack_window: args.ack_window,
             expect,
-            errors,
+            errors: load.acked.iter().map(|a| a.errors).sum(),
         }),
-        replay: None,
+        ..Report::new(options, info, measured)
     })
 }
 

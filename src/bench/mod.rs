@@ -6,9 +6,14 @@
 //! *received* per second, from the first send to the last receive. Two durable shapes
 //! (`durable`, `replay`, in [`durable`]) measure acked publishes and the replay of one
 //! subject, on Canopy's store and on JetStream alike. The MQTT shapes (`mqtt-*`, in
-//! [`mqtt`], run by [`run_mqtt`]) measure Canopy's MQTT listener and Mosquitto alike.
+//! [`mqtt`], with `--protocol mqtt`) measure Canopy's MQTT listener and Mosquitto alike.
 //!
-//! Owns: running one shape against one server and reporting it ([`run`], [`Report`]).
+//! Both protocols share the roles (publish, subscribe: [`roles`]), the start of a timed
+//! run ([`timed`]), flow control ([`flow`]) and what a run measures ([`measured`]); only
+//! the connections, the shapes and the report around the measurements are their own.
+//!
+//! Owns: the options of a run ([`Options`]), running one shape against one server and
+//! reporting it ([`run`], [`Outcome`]).
 //!
 //! Must never: be used inside the server, count a slow-consumer disconnect or a stall as
 //! a finished run (they are errors), or panic on anything the network does.
@@ -18,20 +23,20 @@ mod conn;
 mod durable;
 mod flow;
 mod histogram;
+mod measured;
 mod mqtt;
 mod report;
 mod roles;
 mod shapes;
+mod timed;
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-pub use mqtt::{
-    FANOUT_MAX_IN_FLIGHT as MQTT_FANOUT_MAX_IN_FLIGHT, MqttArgs, MqttOptions, Protocol,
-    QOS1_WINDOW, run as run_mqtt,
-};
+pub use mqtt::{MqttArgs, MqttReport};
 pub use report::Report;
+use serde::Serialize;
 
 /// Publisher connections of the fan-in shape.
 pub const FANIN_PUBLISHERS: usize = 4;
@@ -103,6 +108,15 @@ impl Shape {
         )
     }
 
+    /// `--max-in-flight` when left out: 20,000, but mqtt-fanout
+    /// [`mqtt::FANOUT_MAX_IN_FLIGHT`] (per subscriber, with 100 of them).
+    pub fn default_max_in_flight(self) -> u64 {
+        match self {
+            Shape::MqttFanOut => mqtt::FANOUT_MAX_IN_FLIGHT,
+            _ => 20_000,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Shape::PubSub => "pubsub",
@@ -144,28 +158,73 @@ impl FromStr for Shape {
     }
 }
 
+/// Which protocol `canopy bench` speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Protocol {
+    /// The NATS protocol (Canopy's native listener, nats-server).
+    Nats,
+    /// MQTT 3.1.1 or 5.0 (Canopy's MQTT listener, Mosquitto).
+    Mqtt,
+}
+
+impl Protocol {
+    /// The protocol of `shape` when `--protocol` is left out.
+    pub fn of(shape: Shape) -> Protocol {
+        if shape.is_mqtt() {
+            Protocol::Mqtt
+        } else {
+            Protocol::Nats
+        }
+    }
+
+    /// The server when `--server` is left out.
+    pub fn default_server(self) -> &'static str {
+        match self {
+            Protocol::Nats => "nats://127.0.0.1:4222",
+            Protocol::Mqtt => "mqtt://127.0.0.1:1883",
+        }
+    }
+
+    /// `--window` when left out: reqrep 1 (latency); MQTT QoS 1 shapes
+    /// [`mqtt::QOS1_WINDOW`].
+    pub fn default_window(self) -> u64 {
+        match self {
+            Protocol::Nats => 1,
+            Protocol::Mqtt => mqtt::QOS1_WINDOW,
+        }
+    }
+}
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// `nats://host:port`, `host:port` or `host`.
+    pub protocol: Protocol,
+    /// `nats://host:port` (MQTT: `mqtt://host:port`), `host:port` or `host` (port 4222,
+    /// MQTT 1883).
     pub server: String,
     pub shape: Shape,
     /// Messages published (fan-in: in total over all publishers; reqrep: requests).
+    /// Unused by mqtt-idle and mqtt-retained.
     pub msgs: u64,
     /// Payload bytes, at least 8 (the send timestamp).
     pub size: usize,
-    /// Publishers send a PING after this many messages, with at most one unanswered.
+    /// Publishers send a ping (PING, PINGREQ) after this many messages, with at most one
+    /// unanswered.
     pub flush_every: u64,
     /// Publishers wait while more than this many messages are published but not yet
     /// received by every subscriber (0: no bound).
     pub max_in_flight: u64,
-    /// reqrep: requests outstanding at once.
+    /// reqrep: requests outstanding at once; MQTT QoS 1 shapes: unacknowledged publishes
+    /// per connection (lowered to a v5 server's Receive Maximum).
     pub window: u64,
-    /// Connect and PONG deadline, and how long receivers wait without any message
-    /// before the run fails as stalled.
+    /// Connect and PONG deadline, and how long NATS receivers wait without any message
+    /// before the run fails as stalled (MQTT: TCP connect to CONNACK; stalls are
+    /// `--stall-secs`).
     pub timeout: Duration,
-    /// The durable and replay shapes.
+    /// The durable and replay shapes (`publishers` also for mqtt-qos1 and mqtt-retained).
     pub durable: DurableArgs,
+    /// The MQTT shapes.
+    pub mqtt: MqttArgs,
 }
 
 /// Flags of the durable and replay shapes (`canopy bench --shape durable|replay`).
@@ -288,8 +347,33 @@ impl BenchError {
     }
 }
 
-/// Runs one shape against one server and reports it.
-pub async fn run(options: &Options) -> Result<Report, BenchError> {
+/// The report of either protocol: the same JSON and one-line summary as the report itself.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Outcome {
+    Nats(Report),
+    Mqtt(MqttReport),
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Nats(report) => report.fmt(f),
+            Outcome::Mqtt(report) => report.fmt(f),
+        }
+    }
+}
+
+/// Runs one shape against one server in `options.protocol` and reports it.
+pub async fn run(options: &Options) -> Result<Outcome, BenchError> {
+    match options.protocol {
+        Protocol::Nats => run_nats(options).await.map(Outcome::Nats),
+        Protocol::Mqtt => mqtt::run(options).await.map(Outcome::Mqtt),
+    }
+}
+
+/// Runs one NATS shape.
+async fn run_nats(options: &Options) -> Result<Report, BenchError> {
     if options.size < clock::STAMP_LEN {
         return Err(BenchError::PayloadTooSmall(options.size));
     }

@@ -23,8 +23,11 @@
 //! but not yet received by every subscriber (the same end-to-end bound as the NATS
 //! shapes, [`super::flow`]), so neither server is pushed into dropping a slow consumer.
 //!
-//! Owns: the MQTT shapes, their options ([`MqttArgs`], [`MqttOptions`]) and their report
-//! ([`MqttReport`]).
+//! The publisher and subscriber roles, the start of the timed run, flow control and the
+//! measurements are the NATS shapes' own ([`super::roles`], [`super::timed`],
+//! [`super::measured`]), played over [`conn::MqttConn`].
+//!
+//! Owns: the MQTT shapes, their flags ([`MqttArgs`]) and their report ([`MqttReport`]).
 //!
 //! Must never: be used inside the server, pass a connection the server closed, a refused
 //! CONNECT/SUBSCRIBE/PUBLISH, a dropped message or a stall (no progress for
@@ -41,7 +44,7 @@ use std::time::Duration;
 
 pub use report::MqttReport;
 
-use super::{BenchError, Shape, clock};
+use super::{BenchError, Options, Shape, clock};
 
 /// Publisher connections of `mqtt-fanin`.
 pub const FANIN_PUBLISHERS: usize = 8;
@@ -61,15 +64,6 @@ pub const QOS1_WINDOW: u64 = 64;
 /// backlogs of both servers (Mosquitto 100, Canopy 128), whose overflow drops SYNs and
 /// shows up as 1 s connect times (the SYN retransmission), not as the server's speed.
 pub const CONNECT_PARALLEL: usize = 64;
-
-/// Which protocol `canopy bench` speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Protocol {
-    /// The NATS protocol (Canopy's native listener, nats-server).
-    Nats,
-    /// MQTT 3.1.1 or 5.0 (Canopy's MQTT listener, Mosquitto).
-    Mqtt,
-}
 
 /// The MQTT level the benchmark connections speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -144,56 +138,18 @@ impl Default for MqttArgs {
     }
 }
 
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct MqttOptions {
-    /// `mqtt://host:port`, `host:port` or `host` (port 1883).
-    pub server: String,
-    pub shape: Shape,
-    /// Messages published (fan-in: in total over all publishers). Unused by `mqtt-idle`
-    /// and `mqtt-retained`.
-    pub msgs: u64,
-    /// Payload bytes, at least 8 (the send timestamp).
-    pub size: usize,
-    /// QoS 0 publishers send a PINGREQ after this many messages, at most one unanswered.
-    pub flush_every: u64,
-    /// QoS 0 publishers wait while more than this many messages are published but not yet
-    /// received by every subscriber (0: no bound).
-    pub max_in_flight: u64,
-    /// Unacknowledged QoS 1 publishes per connection (lowered to a v5 server's Receive
-    /// Maximum).
-    pub window: u64,
-    /// Publisher connections of `mqtt-qos1` and of the `mqtt-retained` load.
-    pub publishers: usize,
-    /// Connect deadline (TCP connect to CONNACK).
-    pub timeout: Duration,
-    pub mqtt: MqttArgs,
-}
-
-impl MqttOptions {
+impl MqttArgs {
+    /// How long without progress fails a run as stalled.
     fn stall(&self) -> Duration {
-        Duration::from_secs(self.mqtt.stall_secs.max(1))
+        Duration::from_secs(self.stall_secs.max(1))
     }
 }
 
-/// `mqtt://host:port`, `tcp://host:port`, `host:port` or `host` as `host:port`.
-pub fn address_of(url: &str) -> String {
-    let rest = url
-        .split_once("://")
-        .map_or(url, |(_, rest)| rest)
-        .trim_end_matches('/');
-    if rest
-        .rsplit_once(':')
-        .is_some_and(|(_, port)| port.parse::<u16>().is_ok())
-    {
-        rest.to_owned()
-    } else {
-        format!("{rest}:1883")
-    }
-}
+/// Port of `mqtt://host` URLs without one.
+const MQTT_PORT: u16 = 1883;
 
 /// Runs one MQTT shape against one server and reports it.
-pub async fn run(options: &MqttOptions) -> Result<MqttReport, BenchError> {
+pub async fn run(options: &Options) -> Result<MqttReport, BenchError> {
     if options.size < clock::STAMP_LEN {
         return Err(BenchError::PayloadTooSmall(options.size));
     }
@@ -206,7 +162,7 @@ pub async fn run(options: &MqttOptions) -> Result<MqttReport, BenchError> {
     }
     // Fix the epoch before any stamp.
     clock::now_ns();
-    let text = address_of(&options.server);
+    let text = canopy::client::host_port(&options.server, MQTT_PORT);
     let addr: SocketAddr = tokio::net::lookup_host(&text)
         .await
         .map_err(|source| BenchError::Connect {
@@ -225,18 +181,5 @@ pub async fn run(options: &MqttOptions) -> Result<MqttReport, BenchError> {
             "shape {other} speaks the NATS protocol: leave out --protocol mqtt \
              (MQTT shapes: mqtt-fanin, mqtt-qos1, mqtt-fanout, mqtt-idle, mqtt-retained)"
         ))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addresses_default_to_port_1883() {
-        assert_eq!(address_of("mqtt://127.0.0.1:1884"), "127.0.0.1:1884");
-        assert_eq!(address_of("mqtt://localhost"), "localhost:1883");
-        assert_eq!(address_of("127.0.0.1"), "127.0.0.1:1883");
-        assert_eq!(address_of("tcp://[::1]:9/"), "[::1]:9");
     }
 }

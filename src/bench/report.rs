@@ -1,15 +1,18 @@
-//! The result of one run: a struct for `--json` and a one-line summary for people.
+//! The result of one NATS run: a struct for `--json` and a one-line summary for people.
 //!
-//! Owns: what a run reports and how it is printed.
+//! Owns: what a NATS run reports beyond what every run measures ([`Measured`]): the
+//! server's INFO, the durable and replay details, and how it is printed.
 //!
 //! Must never: compute anything from the network (shapes fill it in), or print a rate
 //! without saying what was counted.
 
 use std::fmt;
 
+use canopy_protocols::native::ServerInfo;
 use serde::Serialize;
 
-use super::histogram::Summary;
+use super::Options;
+use super::measured::{Measured, micros, percentiles, rate};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -19,30 +22,9 @@ pub struct Report {
     /// `version` and `go` from the server's INFO (Canopy says `go: canopy <version>`).
     pub server_version: String,
     pub server_go: String,
-    /// Messages published (reqrep: requests sent).
-    pub msgs: u64,
-    pub size: usize,
-    pub publishers: usize,
-    pub subscribers: usize,
-    /// Publisher shapes: the end-to-end bound on messages in flight (0: none).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_in_flight: Option<u64>,
-    /// reqrep: requests outstanding at once.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub window: Option<u64>,
-    /// Messages received by all subscribers together (fan-out: 10 per publish; reqrep:
-    /// replies).
-    pub delivered: u64,
-    /// From the first send to the last receive.
-    pub elapsed_secs: f64,
-    /// `delivered / elapsed_secs`.
-    pub msgs_per_sec: f64,
-    /// `msgs / elapsed_secs`.
-    pub published_per_sec: f64,
-    /// One-way send-to-receive time (reqrep: round trip), in nanoseconds.
-    pub latency: Summary,
-    /// CPUs this process could use; the server under test shares them if it is local.
-    pub cpus: usize,
+    /// Counts, span, rates and latency (reqrep: round trip; durable/replay: send -> ack).
+    #[serde(flatten)]
+    pub measured: Measured,
     /// durable/replay: what was asked of the store (`latency` is then send -> ack).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub durable: Option<DurableInfo>,
@@ -86,44 +68,40 @@ pub struct ReplayStats {
     pub times_ns: Vec<u64>,
 }
 
-fn micros(ns: u64) -> String {
-    let us = ns as f64 / 1000.0;
-    if us >= 1000.0 {
-        format!("{:.2} ms", us / 1000.0)
-    } else {
-        format!("{us:.1} µs")
-    }
-}
-
-fn rate(per_sec: f64) -> String {
-    if per_sec >= 1e6 {
-        format!("{:.2}M", per_sec / 1e6)
-    } else {
-        format!("{:.1}k", per_sec / 1e3)
+impl Report {
+    /// What `options` asked of the server `info` describes, and what was measured.
+    pub fn new(options: &Options, info: ServerInfo, measured: Measured) -> Report {
+        Report {
+            shape: options.shape.name(),
+            server: options.server.clone(),
+            server_version: info.version,
+            server_go: info.go,
+            measured,
+            durable: None,
+            replay: None,
+        }
     }
 }
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = &self.measured;
         if let Some(d) = &self.durable {
             write!(
                 f,
                 "{:<7} {} acked of {} x {} B, {} pub over {} subjects, window {}{}: {} acks/s \
-                 in {:.2} s; ack latency p50 {} p99 {} p99.9 {} max {} [{} {}; {}]",
+                 in {:.2} s; ack latency {} [{} {}; {}]",
                 self.shape,
-                self.delivered,
-                self.msgs,
-                self.size,
-                self.publishers,
+                m.delivered,
+                m.msgs,
+                m.size,
+                m.publishers,
                 d.subjects,
                 d.ack_window,
                 if d.expect { ", expected versions" } else { "" },
-                rate(self.msgs_per_sec),
-                self.elapsed_secs,
-                micros(self.latency.p50_ns),
-                micros(self.latency.p99_ns),
-                micros(self.latency.p999_ns),
-                micros(self.latency.max_ns),
+                rate(m.msgs_per_sec),
+                m.elapsed_secs,
+                percentiles(&m.latency),
                 d.server_kind,
                 self.server_version,
                 d.acks,
@@ -145,32 +123,29 @@ impl fmt::Display for Report {
             }
             return Ok(());
         }
-        let what = match self.window {
+        let what = match m.window {
             Some(window) => format!(
                 "{} requests x {} B, window {window}: {} round trips/s",
-                self.msgs,
-                self.size,
-                rate(self.msgs_per_sec)
+                m.msgs,
+                m.size,
+                rate(m.msgs_per_sec)
             ),
             None => format!(
                 "{} msgs x {} B, {} pub -> {} sub: {} msgs/s received ({} published/s)",
-                self.msgs,
-                self.size,
-                self.publishers,
-                self.subscribers,
-                rate(self.msgs_per_sec),
-                rate(self.published_per_sec)
+                m.msgs,
+                m.size,
+                m.publishers,
+                m.subscribers,
+                rate(m.msgs_per_sec),
+                rate(m.published_per_sec)
             ),
         };
         write!(
             f,
-            "{:<7} {what} in {:.2} s; latency p50 {} p99 {} p99.9 {} max {} [{} {}]",
+            "{:<7} {what} in {:.2} s; latency {} [{} {}]",
             self.shape,
-            self.elapsed_secs,
-            micros(self.latency.p50_ns),
-            micros(self.latency.p99_ns),
-            micros(self.latency.p999_ns),
-            micros(self.latency.max_ns),
+            m.elapsed_secs,
+            percentiles(&m.latency),
             self.server_version,
             self.server_go,
         )

@@ -1,24 +1,82 @@
 //! What each benchmark connection does once a run starts: publish, subscribe, request,
-//! respond. Each is one async loop over one [`Conn`], run as its own task.
+//! respond, and what the roles hand back ([`Received`], [`Acked`]). Each role is one
+//! async loop over one connection, run as its own task.
 //!
-//! Owns: flow control of publishers (a PING every `flush_every` messages, at most one
-//! unanswered), counting deliveries, recording latencies from payload stamps, and the
-//! request window.
+//! The publisher and the subscriber serve both protocols: they are generic over
+//! [`Connection`], which NATS's `Conn` and MQTT's `MqttConn` implement, so each hot loop
+//! compiles to direct calls on one connection type.
+//!
+//! Owns: flow control of publishers (a ping every `flush_every` messages, at most one
+//! unanswered), counting deliveries, recording latencies from payload stamps, how
+//! messages are shared among publishers, and the request window.
 //!
 //! Must never: count a message it did not receive, wait without a deadline, or let a
-//! slow-consumer `-ERR` or a closed connection pass as the end of a run.
+//! slow-consumer `-ERR`, a DISCONNECT or a closed connection pass as the end of a run.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use canopy_protocols::native::{ServerOp, encode_pub};
 
-use super::BenchError;
 use super::clock::{now_ns, read_stamp, stamp};
 use super::conn::{Conn, WRITE_BATCH};
 use super::flow::Flow;
 use super::histogram::Histogram;
+use super::{BenchError, Options};
+
+/// What the shared roles need of a connection, whatever its protocol.
+pub trait Connection: Send + Sized + 'static {
+    /// Buffers one message of `payload` on `subject` (NATS: PUB; MQTT: a QoS 0 PUBLISH).
+    fn queue(&mut self, subject: &[u8], payload: &[u8]) -> Result<(), BenchError>;
+
+    /// Bytes buffered and not yet sent.
+    fn buffered(&self) -> usize;
+
+    /// Sends everything buffered.
+    fn send(&mut self) -> impl Future<Output = Result<(), BenchError>> + Send;
+
+    /// Reads once more; the end of the stream is an error.
+    fn read_more(&mut self) -> impl Future<Output = Result<(), BenchError>> + Send;
+
+    /// Buffers a ping (PING, PINGREQ) and sends everything buffered.
+    fn send_ping(&mut self) -> impl Future<Output = Result<(), BenchError>> + Send;
+
+    /// Waits up to `timeout` for the answer to a ping (PONG, PINGRESP). Only for
+    /// connections without subscriptions: a message meanwhile is an error.
+    fn wait_pong(
+        &mut self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), BenchError>> + Send;
+
+    /// The payload of the next message already read, or `None` when the read buffer
+    /// holds no complete one. Answers what the protocol asks for on the way (PONG to a
+    /// PING, PUBACK to a QoS 1 delivery) and fails on what a subscriber must not get.
+    fn next_message(&mut self) -> Result<Option<Bytes>, BenchError>;
+
+    /// Ends the connection once its role is done (MQTT: DISCONNECT).
+    fn finish(self) -> impl Future<Output = ()> + Send;
+
+    /// [`Connection::read_more`], failing as a stall when nothing arrives within `idle`;
+    /// `done` of `expected` say how far the role got.
+    fn stalled_read(
+        &mut self,
+        idle: Duration,
+        done: u64,
+        expected: u64,
+    ) -> impl Future<Output = Result<(), BenchError>> + Send {
+        async move {
+            tokio::time::timeout(idle, self.read_more())
+                .await
+                .map_err(|_| BenchError::Stalled {
+                    received: done,
+                    expected,
+                    idle,
+                })?
+        }
+    }
+}
 
 /// What a receiving role hands back.
 pub struct Received {
@@ -28,9 +86,89 @@ pub struct Received {
     pub latency: Histogram,
 }
 
+impl Default for Received {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Received {
+    pub fn new() -> Received {
+        Received {
+            count: 0,
+            last_ns: 0,
+            latency: Histogram::new(),
+        }
+    }
+
+    /// Counts one message that arrived at `now`, its latency from the stamp in `payload`.
+    #[inline]
+    pub fn arrived(&mut self, now: u64, payload: &[u8]) {
+        self.count += 1;
+        self.last_ns = now;
+        if let Some(sent) = read_stamp(payload) {
+            self.latency.record(now.saturating_sub(sent));
+        }
+    }
+}
+
+/// What an acked publisher hands back.
+pub struct Acked {
+    /// Publishes acknowledged (refused ones are not counted), when the last answer came,
+    /// and the send-to-answer time of every answer.
+    pub acks: Received,
+    /// Publishes refused.
+    pub errors: u64,
+    /// What the first refusal said.
+    pub first_error: Option<String>,
+}
+
+impl Acked {
+    /// Nothing answered yet; `since` stands for the last answer until one comes.
+    pub fn new(since: u64) -> Acked {
+        Acked {
+            acks: Received {
+                last_ns: since,
+                ..Received::new()
+            },
+            errors: 0,
+            first_error: None,
+        }
+    }
+
+    /// Counts one refused publish, keeping what the first refusal said.
+    pub fn refused(&mut self, why: impl FnOnce() -> String) {
+        self.errors += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(why());
+        }
+    }
+
+    /// Fails when any publisher had a publish refused: a run with refusals is no result.
+    pub fn check(acked: &[Acked]) -> Result<(), BenchError> {
+        let errors: u64 = acked.iter().map(|a| a.errors).sum();
+        match acked.iter().find_map(|a| a.first_error.clone()) {
+            Some(first) if errors > 0 => Err(BenchError::AckErrors {
+                errors,
+                answered: acked.iter().map(|a| a.acks.count).sum::<u64>() + errors,
+                first,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Messages publisher `p` of `publishers` sends when `total` go round robin (it sends
+/// messages `p`, `p + publishers`, …).
+pub fn share(total: u64, publishers: usize, p: usize) -> u64 {
+    let n = publishers.max(1) as u64;
+    total / n + u64::from((p as u64) < total % n)
+}
+
 /// What one publisher sends.
 pub struct PublishPlan {
-    pub subjects: std::sync::Arc<[Bytes]>,
+    /// Subjects (MQTT: topics) the messages cycle through.
+    pub subjects: Arc<[Bytes]>,
     /// Index into `subjects` of this publisher's first message.
     pub first: usize,
     /// How far the subject index moves per message.
@@ -38,15 +176,39 @@ pub struct PublishPlan {
     pub count: u64,
     pub size: usize,
     pub flush_every: u64,
+    /// How long to wait for a ping's answer, and for subscribers to catch up.
     pub timeout: Duration,
-    pub flow: std::sync::Arc<Flow>,
+    pub flow: Arc<Flow>,
 }
 
-/// Publishes `plan.count` stamped messages as fast as the socket takes them, with a PING
-/// after every `flush_every` and at most one PING unanswered, and the end-to-end bound of
+impl PublishPlan {
+    /// Publisher `p` of `publishers`: its share of `options.msgs` round robin over
+    /// `subjects`, waiting up to `timeout` for pongs and for the subscribers.
+    pub fn share_of(
+        options: &Options,
+        subjects: Arc<[Bytes]>,
+        (p, publishers): (usize, usize),
+        flow: &Arc<Flow>,
+        timeout: Duration,
+    ) -> PublishPlan {
+        PublishPlan {
+            subjects,
+            first: p,
+            stride: publishers.max(1),
+            count: share(options.msgs, publishers, p),
+            size: options.size,
+            flush_every: options.flush_every,
+            timeout,
+            flow: flow.clone(),
+        }
+    }
+}
+
+/// Publishes `plan.count` stamped messages as fast as the socket takes them, with a ping
+/// after every `flush_every` and at most one ping unanswered, and the end-to-end bound of
 /// [`Flow`] checked after every batch written, then waits until the server has processed
-/// everything.
-pub async fn publish(mut conn: Conn, plan: PublishPlan) -> Result<(), BenchError> {
+/// everything (the last ping's answer).
+pub async fn publish<C: Connection>(mut conn: C, plan: PublishPlan) -> Result<(), BenchError> {
     let mut payload = vec![b'x'; plan.size];
     let len = plan.subjects.len().max(1);
     let mut subject_index = plan.first % len;
@@ -57,10 +219,10 @@ pub async fn publish(mut conn: Conn, plan: PublishPlan) -> Result<(), BenchError
     for sent in 1..=plan.count {
         stamp(&mut payload);
         let subject = plan.subjects.get(subject_index).map_or(&[][..], |s| &s[..]);
-        encode_pub(conn.wbuf(), subject, None, &payload);
+        conn.queue(subject, &payload)?;
         subject_index = (subject_index + plan.stride) % len;
         unreported += 1;
-        if conn.wbuf().len() >= WRITE_BATCH {
+        if conn.buffered() >= WRITE_BATCH {
             conn.send().await?;
             plan.flow.published(unreported, plan.timeout).await?;
             unreported = 0;
@@ -81,39 +243,32 @@ pub async fn publish(mut conn: Conn, plan: PublishPlan) -> Result<(), BenchError
     for _ in 0..=unanswered {
         conn.wait_pong(plan.timeout).await?;
     }
+    conn.finish().await;
     Ok(())
 }
 
 /// Receives until `expected` messages arrived, reporting progress to `flow` as
-/// subscriber number `index`; fails if nothing arrives for `idle`.
-pub async fn subscribe(
-    mut conn: Conn,
+/// subscriber number `index`; fails if nothing arrives for `idle`, or on anything the
+/// connection refuses ([`Connection::next_message`]).
+pub async fn subscribe<C: Connection>(
+    mut conn: C,
     expected: u64,
     idle: Duration,
-    flow: std::sync::Arc<Flow>,
+    flow: Arc<Flow>,
     index: usize,
 ) -> Result<Received, BenchError> {
-    let mut received = Received {
-        count: 0,
-        last_ns: 0,
-        latency: Histogram::new(),
-    };
+    let mut received = Received::new();
     while received.count < expected {
-        stalled_read(&mut conn, idle, received.count, expected).await?;
+        conn.stalled_read(idle, received.count, expected).await?;
         // Everything this read brought arrived now.
         let now = now_ns();
-        while let Some(op) = conn.next_op()? {
-            if let ServerOp::Msg { payload, .. } | ServerOp::HMsg { payload, .. } = op {
-                received.count += 1;
-                received.last_ns = now;
-                if let Some(sent) = read_stamp(&payload) {
-                    received.latency.record(now.saturating_sub(sent));
-                }
-            }
+        while let Some(payload) = conn.next_message()? {
+            received.arrived(now, &payload);
         }
         flow.received(index, received.count);
         conn.send().await?;
     }
+    conn.finish().await;
     Ok(received)
 }
 
@@ -152,11 +307,7 @@ pub async fn request(mut conn: Conn, plan: RequestPlan) -> Result<Received, Benc
     let mut payload = vec![b'x'; plan.size];
     let mut reply = String::with_capacity(plan.inbox.len() + 21);
     let mut sent = 0u64;
-    let mut received = Received {
-        count: 0,
-        last_ns: 0,
-        latency: Histogram::new(),
-    };
+    let mut received = Received::new();
     let mut queue_request = |conn: &mut Conn, sent: &mut u64| {
         reply.clear();
         let _ = write!(reply, "{}.{}", plan.inbox, sent);
@@ -169,18 +320,13 @@ pub async fn request(mut conn: Conn, plan: RequestPlan) -> Result<Received, Benc
     }
     conn.send().await?;
     while received.count < plan.count {
-        stalled_read(&mut conn, plan.idle, received.count, plan.count).await?;
+        conn.stalled_read(plan.idle, received.count, plan.count)
+            .await?;
         let now = now_ns();
-        while let Some(op) = conn.next_op()? {
-            if let ServerOp::Msg { payload, .. } | ServerOp::HMsg { payload, .. } = op {
-                received.count += 1;
-                received.last_ns = now;
-                if let Some(sent_at) = read_stamp(&payload) {
-                    received.latency.record(now.saturating_sub(sent_at));
-                }
-                if sent < plan.count {
-                    queue_request(&mut conn, &mut sent);
-                }
+        while let Some(answer) = conn.next_message()? {
+            received.arrived(now, &answer);
+            if sent < plan.count {
+                queue_request(&mut conn, &mut sent);
             }
         }
         conn.send().await?;
@@ -188,18 +334,17 @@ pub async fn request(mut conn: Conn, plan: RequestPlan) -> Result<Received, Benc
     Ok(received)
 }
 
-/// One read, failing as a stall when nothing arrives within `idle`.
-pub(super) async fn stalled_read(
-    conn: &mut Conn,
-    idle: Duration,
-    received: u64,
-    expected: u64,
-) -> Result<(), BenchError> {
-    tokio::time::timeout(idle, conn.read_more())
-        .await
-        .map_err(|_| BenchError::Stalled {
-            received,
-            expected,
-            idle,
-        })?
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_cover_every_message() {
+        for total in [0u64, 1, 7, 8, 1001] {
+            for n in [1usize, 3, 8] {
+                let sum: u64 = (0..n).map(|p| share(total, n, p)).sum();
+                assert_eq!(sum, total);
+            }
+        }
+    }
 }

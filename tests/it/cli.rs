@@ -5,7 +5,7 @@ use std::process::Stdio;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::common::WAIT;
+use crate::common::{WAIT, canopy_serve};
 
 const BIN: &str = env!("CARGO_BIN_EXE_canopy");
 
@@ -24,22 +24,12 @@ impl ServeProcess {
     /// Starts `canopy serve` with extra flags and environment variables.
     pub(crate) async fn start_with_env(extra: &[&str], env: &[(String, String)]) -> ServeProcess {
         let data = tempfile::tempdir().expect("tempdir");
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--mqtt-listen",
-                "127.0.0.1:0",
-            ])
+        let mut child = canopy_serve("127.0.0.1:0")
             .args(extra)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .current_dir(data.path())
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("canopy serve starts");
         let stderr = child.stderr.take().expect("stderr");
@@ -200,21 +190,10 @@ async fn sigterm_drains_and_exits_cleanly() {
 
 #[tokio::test]
 async fn serve_refuses_anonymous_network_listeners_with_a_reason() {
-    let out = tokio::time::timeout(
-        WAIT,
-        Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "0.0.0.0:0",
-                "--mqtt-listen",
-                "127.0.0.1:0",
-            ])
-            .output(),
-    )
-    .await
-    .expect("exits")
-    .expect("runs");
+    let out = tokio::time::timeout(WAIT, canopy_serve("0.0.0.0:0").output())
+        .await
+        .expect("exits")
+        .expect("runs");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--allow-anonymous"), "{stderr}");

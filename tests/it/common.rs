@@ -11,6 +11,19 @@ use tokio::net::TcpStream;
 /// Long enough for a loaded 2-core CI machine, short enough to fail a hung test.
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// `canopy serve --listen <listen>` with its MQTT listener on a free loopback port,
+/// `RUST_LOG` unset (the log lines tests read are the binary's defaults), stdin closed,
+/// killed if dropped: add flags, environment and output handling, then spawn.
+pub fn canopy_serve(listen: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_canopy"));
+    command
+        .args(["serve", "--listen", listen, "--mqtt-listen", "127.0.0.1:0"])
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
 /// A config on a free loopback port.
 /// The store backend the durable tests run on: `CANOPY_TEST_BACKEND` = `memory`
 /// (the default), `file` or `s3` (then `CANOPY_TEST_S3_ENDPOINT` names a running

@@ -11,11 +11,10 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
-use crate::common::{WAIT, header, list_subjects, replay_subject};
+use crate::common::{WAIT, canopy_serve, header, list_subjects, replay_subject};
 
-const BIN: &str = env!("CARGO_BIN_EXE_canopy");
 const PUBLISHERS: usize = 4;
 const IN_FLIGHT: usize = 32;
 const SUBJECTS: usize = 16;
@@ -51,20 +50,10 @@ struct Serve {
 
 impl Serve {
     async fn start(data: &Path) -> Serve {
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--mqtt-listen",
-                "127.0.0.1:0",
-            ])
+        let mut child = canopy_serve("127.0.0.1:0")
             .env("CANOPY_STORE__URL", format!("file://{}", data.display()))
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("canopy serve starts");
         let guard = KillGuard(child.id());
@@ -322,18 +311,8 @@ async fn a_second_canopy_serve_on_the_same_folder_refuses_and_says_why() {
 
     let second = tokio::time::timeout(
         WAIT,
-        Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--mqtt-listen",
-                "127.0.0.1:0",
-            ])
+        canopy_serve("127.0.0.1:0")
             .env("CANOPY_STORE__URL", format!("file://{}", data.display()))
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
             .output(),
     )
     .await

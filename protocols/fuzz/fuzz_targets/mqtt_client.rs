@@ -6,10 +6,12 @@
 use canopy_protocols::mqtt::{Decoder, Level};
 use libfuzzer_sys::fuzz_target;
 
-mod mqtt_split;
+mod split;
 
 fuzz_target!(|data: &[u8]| {
     for level in [Level::V31, Level::V311, Level::V5] {
-        mqtt_split::check(&Decoder::with_level(level, mqtt_split::MAX_PACKET), data);
+        let decoder = Decoder::with_level(level, split::MAX_PACKET);
+        let outcome = split::check(&decoder, data);
+        split::stream::assert_reencodes(&decoder, &outcome);
     }
 });

@@ -6,8 +6,10 @@
 use canopy_protocols::mqtt::Decoder;
 use libfuzzer_sys::fuzz_target;
 
-mod mqtt_split;
+mod split;
 
 fuzz_target!(|data: &[u8]| {
-    mqtt_split::check(&Decoder::new(mqtt_split::MAX_PACKET), data);
+    let decoder = Decoder::new(split::MAX_PACKET);
+    let outcome = split::check(&decoder, data);
+    split::stream::assert_reencodes(&decoder, &outcome);
 });

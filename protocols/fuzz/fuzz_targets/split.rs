@@ -1,11 +1,18 @@
 //! Shared by the fuzz targets: decodes one input whole and in chunks whose sizes come from
-//! the input's last byte, and checks both give the same frames, error and leftover, and that a
-//! decoder never leaves more than `max_control_line + max_payload + 64` bytes buffered.
+//! the input, and checks both give the same frames, error and leftover. The chunk driver,
+//! its buffering bound (the native limits' `max_control_line + max_payload + 64`, or the MQTT
+//! packet size limit) and the MQTT re-encoding check are the integration tests'
+//! `tests/common/stream.rs`, included here by path.
 //!
 //! Must never: use randomness that is not derived from the input (a crash must replay).
 
-use bytes::BytesMut;
-use canopy_protocols::native::{Limits, ProtocolError};
+#![allow(dead_code)]
+
+#[path = "../../tests/common/stream.rs"]
+pub mod stream;
+
+use canopy_protocols::native::Limits;
+use stream::{Decode, OutcomeOf, run, whole};
 
 /// Small limits so the fuzzer reaches them quickly.
 pub const LIMITS: Limits = Limits {
@@ -13,49 +20,8 @@ pub const LIMITS: Limits = Limits {
     max_payload: 512,
 };
 
-#[derive(Debug, PartialEq)]
-pub struct Outcome<Op> {
-    frames: Vec<Op>,
-    error: Option<ProtocolError>,
-    left: usize,
-}
-
-/// Feeds `input` in chunks of `sizes` (cycled) to `decode`.
-pub fn run<Op, F>(input: &[u8], sizes: &[usize], mut decode: F) -> Outcome<Op>
-where
-    F: FnMut(&mut BytesMut) -> Result<Option<Op>, ProtocolError>,
-{
-    let bound = LIMITS.max_control_line + LIMITS.max_payload + 64;
-    let mut buf = BytesMut::new();
-    let mut frames = Vec::new();
-    let mut rest = input;
-    let mut sizes = sizes.iter().copied().cycle();
-    while !rest.is_empty() {
-        let n = sizes.next().unwrap_or(rest.len()).clamp(1, rest.len());
-        let (chunk, tail) = rest.split_at(n);
-        rest = tail;
-        buf.extend_from_slice(chunk);
-        loop {
-            match decode(&mut buf) {
-                Ok(Some(op)) => frames.push(op),
-                Ok(None) => break,
-                Err(error) => {
-                    return Outcome {
-                        frames,
-                        error: Some(error),
-                        left: 0,
-                    };
-                }
-            }
-        }
-        assert!(buf.len() <= bound, "{} bytes buffered", buf.len());
-    }
-    Outcome {
-        frames,
-        error: None,
-        left: buf.len(),
-    }
-}
+/// Small, so the fuzzer reaches the MQTT packet size limit quickly.
+pub const MAX_PACKET: usize = 512;
 
 /// Chunk sizes derived from the input (xorshift seeded by its length and last byte).
 pub fn sizes(data: &[u8]) -> Vec<usize> {
@@ -69,4 +35,13 @@ pub fn sizes(data: &[u8]) -> Vec<usize> {
             1 + (x % max as u64) as usize
         })
         .collect()
+}
+
+/// Decodes `data` with copies of `decoder`, whole and in chunks of [`sizes`] (cycled), checks
+/// both give the same outcome, and returns it.
+pub fn check<D: Decode>(decoder: &D, data: &[u8]) -> OutcomeOf<D> {
+    let expected = whole(decoder, data);
+    let got = run(decoder, data, &mut sizes(data).into_iter().cycle());
+    assert_eq!(expected, got);
+    expected
 }

@@ -309,6 +309,20 @@ fn packet(kind: u8, flags: u8, level: Level, body: &[u8], frame: &Bytes) -> Resu
     })
 }
 
+/// A property block in v5; before v5 packets have none.
+fn v5_properties<'a>(
+    input: &'a [u8],
+    frame: &Bytes,
+    v5: bool,
+    carrier: Carrier,
+) -> PResult<'a, Properties> {
+    if v5 {
+        properties(input, frame, carrier)
+    } else {
+        Ok((input, Properties::default()))
+    }
+}
+
 fn empty(input: &[u8]) -> PResult<'_, ()> {
     Ok((input, ()))
 }
@@ -388,19 +402,11 @@ fn connect_rest<'a>(input: &'a [u8], frame: &Bytes, level: Level) -> PResult<'a,
         ));
     }
     let (input, keep_alive) = context("keep alive", be_u16).parse_complete(input)?;
-    let (input, props) = if v5 {
-        properties(input, frame, Carrier::Connect)?
-    } else {
-        (input, Properties::default())
-    };
+    let (input, props) = v5_properties(input, frame, v5, Carrier::Connect)?;
     let (mut input, client_id) = string("client identifier")(input)?;
     let mut will = None;
     if will_flag {
-        let (rest, will_props) = if v5 {
-            properties(input, frame, Carrier::Will)?
-        } else {
-            (input, Properties::default())
-        };
+        let (rest, will_props) = v5_properties(input, frame, v5, Carrier::Will)?;
         let (rest, topic) = string("will topic")(rest)?;
         if topic.is_empty() || topic.contains(['+', '#']) {
             return fail(Fault::with_code(
@@ -467,11 +473,7 @@ fn connack<'a>(input: &'a [u8], frame: &Bytes, level: Level) -> PResult<'a, Conn
     if !level.is_v5() && code > 5 {
         return fail(Fault::malformed(format!("return code {code} is reserved")));
     }
-    let (input, props) = if level.is_v5() {
-        properties(input, frame, Carrier::ConnAck)?
-    } else {
-        (input, Properties::default())
-    };
+    let (input, props) = v5_properties(input, frame, level.is_v5(), Carrier::ConnAck)?;
     Ok((
         input,
         ConnAck {
@@ -508,11 +510,7 @@ fn publish<'a>(input: &'a [u8], frame: &Bytes, flags: u8, v5: bool) -> PResult<'
         let (rest, id) = packet_id(input)?;
         (rest, Some(id))
     };
-    let (input, props) = if v5 {
-        properties(input, frame, Carrier::Publish)?
-    } else {
-        (input, Properties::default())
-    };
+    let (input, props) = v5_properties(input, frame, v5, Carrier::Publish)?;
     if topic.is_empty() && props.topic_alias.is_none() {
         return fail(Fault::protocol(if v5 {
             "the topic name is empty and no topic alias stands for it"
@@ -555,11 +553,7 @@ fn ack<'a>(input: &'a [u8], frame: &Bytes, v5: bool) -> PResult<'a, Ack> {
 
 fn subscribe<'a>(input: &'a [u8], frame: &Bytes, v5: bool) -> PResult<'a, Subscribe> {
     let (input, packet_id) = packet_id(input)?;
-    let (mut input, props) = if v5 {
-        properties(input, frame, Carrier::Subscribe)?
-    } else {
-        (input, Properties::default())
-    };
+    let (mut input, props) = v5_properties(input, frame, v5, Carrier::Subscribe)?;
     let mut filters = Vec::new();
     while !input.is_empty() {
         let (rest, filter) = string("topic filter")(input)?;
@@ -618,11 +612,7 @@ fn subscription_options(
 
 fn suback<'a>(input: &'a [u8], frame: &Bytes, v5: bool) -> PResult<'a, SubAck> {
     let (input, packet_id) = packet_id(input)?;
-    let (input, props) = if v5 {
-        properties(input, frame, Carrier::SubAck)?
-    } else {
-        (input, Properties::default())
-    };
+    let (input, props) = v5_properties(input, frame, v5, Carrier::SubAck)?;
     if input.is_empty() {
         return fail(Fault::protocol("it has no return code"));
     }
@@ -643,11 +633,7 @@ fn suback<'a>(input: &'a [u8], frame: &Bytes, v5: bool) -> PResult<'a, SubAck> {
 
 fn unsubscribe<'a>(input: &'a [u8], frame: &Bytes, v5: bool) -> PResult<'a, Unsubscribe> {
     let (input, packet_id) = packet_id(input)?;
-    let (mut input, props) = if v5 {
-        properties(input, frame, Carrier::Unsubscribe)?
-    } else {
-        (input, Properties::default())
-    };
+    let (mut input, props) = v5_properties(input, frame, v5, Carrier::Unsubscribe)?;
     let mut filters = Vec::new();
     while !input.is_empty() {
         let (rest, filter) = string("topic filter")(input)?;

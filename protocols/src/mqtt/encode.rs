@@ -79,37 +79,25 @@ pub fn encode_publish(
 ) -> Result<(), EncodeError> {
     const NAME: &str = "PUBLISH";
     check_len(NAME, "topic name", topic.len())?;
-    match (qos, packet_id) {
-        (QoS::AtMostOnce, None) => {
-            if dup {
-                return Err(EncodeError::Invalid {
-                    packet: NAME,
-                    problem: "the DUP flag must be 0 for a QoS 0 message",
-                });
-            }
-        }
-        (QoS::AtMostOnce, Some(_)) => {
-            return Err(EncodeError::Invalid {
-                packet: NAME,
-                problem: "a QoS 0 message has no packet identifier",
-            });
-        }
-        (_, None) => {
-            return Err(EncodeError::Invalid {
-                packet: NAME,
-                problem: "a QoS 1 or 2 message needs a packet identifier",
-            });
-        }
-        (_, Some(0)) => return Err(zero_packet_id(NAME)),
-        (_, Some(_)) => {}
+    if qos == QoS::AtMostOnce {
+        let no_id = packet_id.is_none();
+        require(no_id, NAME, "a QoS 0 message has no packet identifier")?;
+        require(!dup, NAME, "the DUP flag must be 0 for a QoS 0 message")?;
+    } else {
+        let has_id = packet_id.is_some();
+        require(
+            has_id,
+            NAME,
+            "a QoS 1 or 2 message needs a packet identifier",
+        )?;
+        require(packet_id != Some(0), NAME, ZERO_PACKET_ID)?;
     }
     let v5 = level.is_v5();
-    if topic.is_empty() && !(v5 && properties.topic_alias.is_some()) {
-        return Err(EncodeError::Invalid {
-            packet: NAME,
-            problem: "the topic name is empty and no topic alias stands for it",
-        });
-    }
+    require(
+        !topic.is_empty() || (v5 && properties.topic_alias.is_some()),
+        NAME,
+        "the topic name is empty and no topic alias stands for it",
+    )?;
     if v5 {
         properties::check(properties, Carrier::Publish, NAME)?;
     }
@@ -145,10 +133,14 @@ fn publish_body_len(
     2 + topic + id + props_len(level, props) + payload
 }
 
-fn zero_packet_id(packet: &'static str) -> EncodeError {
-    EncodeError::Invalid {
-        packet,
-        problem: "packet identifier 0 is not allowed",
+const ZERO_PACKET_ID: &str = "packet identifier 0 is not allowed";
+
+/// Refuses the packet as [`EncodeError::Invalid`] with `problem` unless `ok`.
+fn require(ok: bool, packet: &'static str, problem: &'static str) -> Result<(), EncodeError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(EncodeError::Invalid { packet, problem })
     }
 }
 
@@ -181,11 +173,7 @@ fn check_props(
 }
 
 fn check_id(packet: &'static str, id: u16) -> Result<(), EncodeError> {
-    if id == 0 {
-        Err(zero_packet_id(packet))
-    } else {
-        Ok(())
-    }
+    require(id != 0, packet, ZERO_PACKET_ID)
 }
 
 /// Everything the encoder refuses, checked before a byte is written.
@@ -194,12 +182,8 @@ fn check(packet: &Packet, level: Level) -> Result<(), EncodeError> {
     match packet {
         Packet::Connect(c) => check_connect(c, level),
         Packet::ConnAck(c) => {
-            if !level.is_v5() && c.code > 5 {
-                return Err(EncodeError::Invalid {
-                    packet: name,
-                    problem: "a 3.x CONNACK return code is 0 to 5",
-                });
-            }
+            let code_ok = level.is_v5() || c.code <= 5;
+            require(code_ok, name, "a 3.x CONNACK return code is 0 to 5")?;
             check_props(level, &c.properties, Carrier::ConnAck, name)
         }
         // Handled by `encode_publish`.
@@ -211,49 +195,40 @@ fn check(packet: &Packet, level: Level) -> Result<(), EncodeError> {
         Packet::Subscribe(s) => {
             check_id(name, s.packet_id)?;
             check_props(level, &s.properties, Carrier::Subscribe, name)?;
-            if s.filters.is_empty() {
-                return Err(EncodeError::Invalid {
-                    packet: name,
-                    problem: "a SUBSCRIBE needs at least one topic filter",
-                });
-            }
+            let has_filter = !s.filters.is_empty();
+            require(
+                has_filter,
+                name,
+                "a SUBSCRIBE needs at least one topic filter",
+            )?;
             for f in &s.filters {
                 check_len(name, "topic filter", f.filter.len())?;
-                if level.is_v5() && f.retain_handling > 2 {
-                    return Err(EncodeError::Invalid {
-                        packet: name,
-                        problem: "retain handling must be 0, 1 or 2",
-                    });
-                }
+                let handling_ok = !level.is_v5() || f.retain_handling <= 2;
+                require(handling_ok, name, "retain handling must be 0, 1 or 2")?;
             }
             Ok(())
         }
         Packet::SubAck(s) => {
             check_id(name, s.packet_id)?;
             check_props(level, &s.properties, Carrier::SubAck, name)?;
-            if s.codes.is_empty() {
-                return Err(EncodeError::Invalid {
-                    packet: name,
-                    problem: "a SUBACK needs at least one return code",
-                });
-            }
-            if !level.is_v5() && s.codes.iter().any(|c| !matches!(c, 0 | 1 | 2 | 0x80)) {
-                return Err(EncodeError::Invalid {
-                    packet: name,
-                    problem: "a 3.x SUBACK return code is 0, 1, 2 or 0x80",
-                });
-            }
-            Ok(())
+            let has_code = !s.codes.is_empty();
+            require(has_code, name, "a SUBACK needs at least one return code")?;
+            let codes_ok = level.is_v5() || s.codes.iter().all(|c| matches!(c, 0 | 1 | 2 | 0x80));
+            require(
+                codes_ok,
+                name,
+                "a 3.x SUBACK return code is 0, 1, 2 or 0x80",
+            )
         }
         Packet::Unsubscribe(u) => {
             check_id(name, u.packet_id)?;
             check_props(level, &u.properties, Carrier::Unsubscribe, name)?;
-            if u.filters.is_empty() {
-                return Err(EncodeError::Invalid {
-                    packet: name,
-                    problem: "an UNSUBSCRIBE needs at least one topic filter",
-                });
-            }
+            let has_filter = !u.filters.is_empty();
+            require(
+                has_filter,
+                name,
+                "an UNSUBSCRIBE needs at least one topic filter",
+            )?;
             for f in &u.filters {
                 check_len(name, "topic filter", f.len())?;
             }
@@ -262,13 +237,12 @@ fn check(packet: &Packet, level: Level) -> Result<(), EncodeError> {
         Packet::UnsubAck(u) => {
             check_id(name, u.packet_id)?;
             check_props(level, &u.properties, Carrier::UnsubAck, name)?;
-            if level.is_v5() && u.codes.is_empty() {
-                return Err(EncodeError::Invalid {
-                    packet: name,
-                    problem: "a v5 UNSUBACK needs at least one reason code",
-                });
-            }
-            Ok(())
+            let has_code = !level.is_v5() || !u.codes.is_empty();
+            require(
+                has_code,
+                name,
+                "a v5 UNSUBACK needs at least one reason code",
+            )
         }
         Packet::PingReq | Packet::PingResp => Ok(()),
         Packet::Disconnect(d) => check_props(level, &d.properties, Carrier::Disconnect, name),
@@ -286,12 +260,11 @@ fn check(packet: &Packet, level: Level) -> Result<(), EncodeError> {
 
 fn check_connect(c: &Connect, level: Level) -> Result<(), EncodeError> {
     const NAME: &str = "CONNECT";
-    if c.level != level {
-        return Err(EncodeError::Invalid {
-            packet: NAME,
-            problem: "its level differs from the level asked to encode it at",
-        });
-    }
+    require(
+        c.level == level,
+        NAME,
+        "its level differs from the level asked to encode it at",
+    )?;
     check_props(level, &c.properties, Carrier::Connect, NAME)?;
     check_len(NAME, "client identifier", c.client_id.len())?;
     if let Some(will) = &c.will {
@@ -304,12 +277,8 @@ fn check_connect(c: &Connect, level: Level) -> Result<(), EncodeError> {
     }
     if let Some(password) = &c.password {
         check_len(NAME, "password", password.len())?;
-        if c.username.is_none() && !level.is_v5() {
-            return Err(EncodeError::Invalid {
-                packet: NAME,
-                problem: "before MQTT 5 a password needs a user name",
-            });
-        }
+        let named = c.username.is_some() || level.is_v5();
+        require(named, NAME, "before MQTT 5 a password needs a user name")?;
     }
     Ok(())
 }

@@ -1,8 +1,9 @@
 //! MQTT 5 properties (section 2.2.2): which packet may carry which, how each is read and
 //! written, and the value rules the specification makes protocol errors.
 //!
-//! Owns: the property table (identifier, name, carriers), duplicate detection, and the
-//! property length that prefixes every property block.
+//! Owns: the property table (identifier, name, field of [`Properties`], value kind,
+//! carriers), from which reading, sizing, checking and writing every property follow;
+//! duplicate detection; and the property length that prefixes every property block.
 //!
 //! Must never: accept a property its packet type does not allow or a repeated one (except
 //! user properties, and subscription identifiers in PUBLISH), or write one either.
@@ -65,148 +66,98 @@ use Carrier::{
     Will,
 };
 
-const PAYLOAD_FORMAT_INDICATOR: u8 = 0x01;
-const MESSAGE_EXPIRY_INTERVAL: u8 = 0x02;
-const CONTENT_TYPE: u8 = 0x03;
-const RESPONSE_TOPIC: u8 = 0x08;
-const CORRELATION_DATA: u8 = 0x09;
-const SUBSCRIPTION_IDENTIFIER: u8 = 0x0B;
-const SESSION_EXPIRY_INTERVAL: u8 = 0x11;
-const ASSIGNED_CLIENT_IDENTIFIER: u8 = 0x12;
-const SERVER_KEEP_ALIVE: u8 = 0x13;
-const AUTHENTICATION_METHOD: u8 = 0x15;
-const AUTHENTICATION_DATA: u8 = 0x16;
-const REQUEST_PROBLEM_INFORMATION: u8 = 0x17;
-const WILL_DELAY_INTERVAL: u8 = 0x18;
-const REQUEST_RESPONSE_INFORMATION: u8 = 0x19;
-const RESPONSE_INFORMATION: u8 = 0x1A;
-const SERVER_REFERENCE: u8 = 0x1C;
-const REASON_STRING: u8 = 0x1F;
-const RECEIVE_MAXIMUM: u8 = 0x21;
-const TOPIC_ALIAS_MAXIMUM: u8 = 0x22;
-const TOPIC_ALIAS: u8 = 0x23;
-const MAXIMUM_QOS: u8 = 0x24;
-const RETAIN_AVAILABLE: u8 = 0x25;
-const USER_PROPERTY: u8 = 0x26;
-const MAXIMUM_PACKET_SIZE: u8 = 0x27;
-const WILDCARD_SUBSCRIPTION_AVAILABLE: u8 = 0x28;
-const SUBSCRIPTION_IDENTIFIER_AVAILABLE: u8 = 0x29;
-const SHARED_SUBSCRIPTION_AVAILABLE: u8 = 0x2A;
+/// Declares the property table of MQTT 5.0 section 2.2.2.2, one row per property in
+/// identifier order (which is also the order the encoder writes them in):
+/// `(identifier, name, field, kind, [carriers])`, where `field` is the property's field of
+/// [`Properties`], `kind` how its value is read and written (a [`Kind`]), and `name` what
+/// errors call it. Generates [`TABLE`] and the functions that visit every field by its
+/// kind: `read_value`, `each_set`, `check_lens`, `sum_len` and `write_each`.
+macro_rules! property_table {
+    ($(
+        ($id:literal, $name:literal, $field:ident, $kind:ty, [$($carrier:ident),+ $(,)?])
+    ),+ $(,)?) => {
+        const TABLE: &[Spec] = &[
+            $( Spec { id: $id, name: $name, carriers: carriers(&[$($carrier),+]) } ),+
+        ];
 
-const fn spec(id: u8, name: &'static str, list: &[Carrier]) -> Spec {
-    Spec {
-        id,
-        name,
-        carriers: carriers(list),
-    }
+        /// Reads the value of the property `spec` into its field of `p`.
+        fn read_value<'a>(
+            spec: &Spec,
+            input: &'a [u8],
+            frame: &Bytes,
+            carrier: Carrier,
+            p: &mut Properties,
+        ) -> Result<&'a [u8], nom::Err<Fault>> {
+            match spec.id {
+                $( $id => <$kind>::read(input, frame, spec, carrier, &mut p.$field), )+
+                // `spec` is a row of the table: every identifier is handled above.
+                id => Err(not_an_identifier(id)),
+            }
+        }
+
+        /// Calls `f` with the identifier of every property set in `p` (once per identifier).
+        fn each_set(
+            p: &Properties,
+            mut f: impl FnMut(u8) -> Result<(), EncodeError>,
+        ) -> Result<(), EncodeError> {
+            $( if <$kind>::is_set(&p.$field) { f($id)?; } )+
+            Ok(())
+        }
+
+        /// Refuses strings and binary data too long for their two-byte length.
+        fn check_lens(p: &Properties, packet: &'static str) -> Result<(), EncodeError> {
+            $( <$kind>::check_len(&p.$field, packet, $name)?; )+
+            Ok(())
+        }
+
+        /// Bytes of every property set in `p`.
+        fn sum_len(p: &Properties) -> usize {
+            0 $( + <$kind>::len(&p.$field) )+
+        }
+
+        /// Writes every property set in `p`, in identifier order.
+        fn write_each(p: &Properties, out: &mut BytesMut) {
+            $( <$kind>::write(&p.$field, $id, out); )+
+        }
+    };
 }
 
-/// Identifier order, which is also the order the encoder writes them in.
-const TABLE: &[Spec] = &[
-    spec(
-        PAYLOAD_FORMAT_INDICATOR,
-        "payload format indicator",
-        &[Publish, Will],
-    ),
-    spec(
-        MESSAGE_EXPIRY_INTERVAL,
-        "message expiry interval",
-        &[Publish, Will],
-    ),
-    spec(CONTENT_TYPE, "content type", &[Publish, Will]),
-    spec(RESPONSE_TOPIC, "response topic", &[Publish, Will]),
-    spec(CORRELATION_DATA, "correlation data", &[Publish, Will]),
-    spec(
-        SUBSCRIPTION_IDENTIFIER,
-        "subscription identifier",
-        &[Publish, Subscribe],
-    ),
-    spec(
-        SESSION_EXPIRY_INTERVAL,
-        "session expiry interval",
-        &[Connect, ConnAck, Disconnect],
-    ),
-    spec(
-        ASSIGNED_CLIENT_IDENTIFIER,
-        "assigned client identifier",
-        &[ConnAck],
-    ),
-    spec(SERVER_KEEP_ALIVE, "server keep alive", &[ConnAck]),
-    spec(
-        AUTHENTICATION_METHOD,
-        "authentication method",
-        &[Connect, ConnAck, Auth],
-    ),
-    spec(
-        AUTHENTICATION_DATA,
-        "authentication data",
-        &[Connect, ConnAck, Auth],
-    ),
-    spec(
-        REQUEST_PROBLEM_INFORMATION,
-        "request problem information",
-        &[Connect],
-    ),
-    spec(WILL_DELAY_INTERVAL, "will delay interval", &[Will]),
-    spec(
-        REQUEST_RESPONSE_INFORMATION,
-        "request response information",
-        &[Connect],
-    ),
-    spec(RESPONSE_INFORMATION, "response information", &[ConnAck]),
-    spec(SERVER_REFERENCE, "server reference", &[ConnAck, Disconnect]),
-    spec(
-        REASON_STRING,
-        "reason string",
-        &[ConnAck, Ack, SubAck, UnsubAck, Disconnect, Auth],
-    ),
-    spec(RECEIVE_MAXIMUM, "receive maximum", &[Connect, ConnAck]),
-    spec(
-        TOPIC_ALIAS_MAXIMUM,
-        "topic alias maximum",
-        &[Connect, ConnAck],
-    ),
-    spec(TOPIC_ALIAS, "topic alias", &[Publish]),
-    spec(MAXIMUM_QOS, "maximum QoS", &[ConnAck]),
-    spec(RETAIN_AVAILABLE, "retain available", &[ConnAck]),
-    spec(
-        USER_PROPERTY,
-        "user property",
-        &[
-            Connect,
-            ConnAck,
-            Publish,
-            Will,
-            Ack,
-            Subscribe,
-            SubAck,
-            Unsubscribe,
-            UnsubAck,
-            Disconnect,
-            Auth,
-        ],
-    ),
-    spec(
-        MAXIMUM_PACKET_SIZE,
-        "maximum packet size",
-        &[Connect, ConnAck],
-    ),
-    spec(
-        WILDCARD_SUBSCRIPTION_AVAILABLE,
-        "wildcard subscription available",
-        &[ConnAck],
-    ),
-    spec(
-        SUBSCRIPTION_IDENTIFIER_AVAILABLE,
-        "subscription identifier available",
-        &[ConnAck],
-    ),
-    spec(
-        SHARED_SUBSCRIPTION_AVAILABLE,
-        "shared subscription available",
-        &[ConnAck],
-    ),
-];
+property_table! {
+    (0x01, "payload format indicator", payload_format_indicator, Flag, [Publish, Will]),
+    (0x02, "message expiry interval", message_expiry_interval, Int<u32>, [Publish, Will]),
+    (0x03, "content type", content_type, Utf8, [Publish, Will]),
+    (0x08, "response topic", response_topic, Utf8, [Publish, Will]),
+    (0x09, "correlation data", correlation_data, Binary, [Publish, Will]),
+    (0x0B, "subscription identifier", subscription_identifiers, SubscriptionIds,
+        [Publish, Subscribe]),
+    (0x11, "session expiry interval", session_expiry_interval, Int<u32>,
+        [Connect, ConnAck, Disconnect]),
+    (0x12, "assigned client identifier", assigned_client_identifier, Utf8, [ConnAck]),
+    (0x13, "server keep alive", server_keep_alive, Int<u16>, [ConnAck]),
+    (0x15, "authentication method", authentication_method, Utf8, [Connect, ConnAck, Auth]),
+    (0x16, "authentication data", authentication_data, Binary, [Connect, ConnAck, Auth]),
+    (0x17, "request problem information", request_problem_information, Flag, [Connect]),
+    (0x18, "will delay interval", will_delay_interval, Int<u32>, [Will]),
+    (0x19, "request response information", request_response_information, Flag, [Connect]),
+    (0x1A, "response information", response_information, Utf8, [ConnAck]),
+    (0x1C, "server reference", server_reference, Utf8, [ConnAck, Disconnect]),
+    (0x1F, "reason string", reason_string, Utf8,
+        [ConnAck, Ack, SubAck, UnsubAck, Disconnect, Auth]),
+    (0x21, "receive maximum", receive_maximum, Positive<u16>, [Connect, ConnAck]),
+    (0x22, "topic alias maximum", topic_alias_maximum, Int<u16>, [Connect, ConnAck]),
+    (0x23, "topic alias", topic_alias, Positive<u16>, [Publish]),
+    (0x24, "maximum QoS", maximum_qos, Flag, [ConnAck]),
+    (0x25, "retain available", retain_available, Flag, [ConnAck]),
+    (0x26, "user property", user_properties, UserProperties,
+        [Connect, ConnAck, Publish, Will, Ack, Subscribe, SubAck, Unsubscribe, UnsubAck,
+         Disconnect, Auth]),
+    (0x27, "maximum packet size", maximum_packet_size, Positive<u32>, [Connect, ConnAck]),
+    (0x28, "wildcard subscription available", wildcard_subscription_available, Flag,
+        [ConnAck]),
+    (0x29, "subscription identifier available", subscription_identifiers_available, Flag,
+        [ConnAck]),
+    (0x2A, "shared subscription available", shared_subscription_available, Flag, [ConnAck]),
+}
 
 fn lookup(id: u8) -> Option<&'static Spec> {
     TABLE.iter().find(|s| s.id == id)
@@ -218,6 +169,308 @@ fn allowed(spec: &Spec, carrier: Carrier) -> bool {
 
 fn name_of(id: u8) -> &'static str {
     lookup(id).map_or("unknown", |s| s.name)
+}
+
+// ---------------------------------------------------------------------------------------
+// Value kinds
+
+/// How a kind of property value is read, measured and written. `Slot` is the type of the
+/// property's field in [`Properties`].
+trait Kind {
+    type Slot;
+    /// Reads the value that follows the identifier into `slot`; returns the input after it.
+    fn read<'a>(
+        input: &'a [u8],
+        frame: &Bytes,
+        spec: &Spec,
+        carrier: Carrier,
+        slot: &mut Self::Slot,
+    ) -> Result<&'a [u8], nom::Err<Fault>>;
+    fn is_set(slot: &Self::Slot) -> bool;
+    /// Bytes the property takes, identifiers included; 0 when it is not set.
+    fn len(slot: &Self::Slot) -> usize;
+    /// Writes the property (identifier, then value), nothing when it is not set.
+    fn write(slot: &Self::Slot, id: u8, out: &mut BytesMut);
+    /// Refuses a string or binary value too long for its two-byte length.
+    fn check_len(
+        _slot: &Self::Slot,
+        _packet: &'static str,
+        _name: &'static str,
+    ) -> Result<(), EncodeError> {
+        Ok(())
+    }
+}
+
+/// A kind that a property may carry once: its field is an `Option`, and a second
+/// occurrence is a protocol error.
+trait Single {
+    type Value: Wire;
+    /// Reads the value, refusing one the specification rules out.
+    fn value<'a>(input: &'a [u8], frame: &Bytes, spec: &Spec) -> PResult<'a, Self::Value>;
+}
+
+impl<S: Single> Kind for S {
+    type Slot = Option<S::Value>;
+
+    fn read<'a>(
+        input: &'a [u8],
+        frame: &Bytes,
+        spec: &Spec,
+        _carrier: Carrier,
+        slot: &mut Option<S::Value>,
+    ) -> Result<&'a [u8], nom::Err<Fault>> {
+        let (rest, value) = S::value(input, frame, spec)?;
+        // A filled slot means the property was repeated.
+        if slot.is_some() {
+            return Err(duplicate(spec));
+        }
+        *slot = Some(value);
+        Ok(rest)
+    }
+
+    fn is_set(slot: &Option<S::Value>) -> bool {
+        slot.is_some()
+    }
+
+    fn len(slot: &Option<S::Value>) -> usize {
+        slot.as_ref().map_or(0, |v| 1 + v.size())
+    }
+
+    fn write(slot: &Option<S::Value>, id: u8, out: &mut BytesMut) {
+        if let Some(v) = slot {
+            out.put_u8(id);
+            v.put(out);
+        }
+    }
+
+    fn check_len(
+        slot: &Option<S::Value>,
+        packet: &'static str,
+        name: &'static str,
+    ) -> Result<(), EncodeError> {
+        match slot.as_ref().and_then(Wire::prefixed_len) {
+            Some(len) => check_len(packet, name, len),
+            None => Ok(()),
+        }
+    }
+}
+
+/// How a single value is laid out after its identifier, by its type.
+trait Wire {
+    /// Bytes of the value.
+    fn size(&self) -> usize;
+    fn put(&self, out: &mut BytesMut);
+    /// The length its two-byte length prefix must hold (strings and binary data).
+    fn prefixed_len(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// The fixed-size integers of property values: Byte, Two and Four Byte Integer.
+trait Number: Wire + Copy + std::fmt::Display + PartialEq {
+    const ZERO: Self;
+    fn parse(input: &[u8]) -> PResult<'_, Self>;
+}
+
+macro_rules! number {
+    ($t:ty, $parser:expr, $put:ident) => {
+        impl Wire for $t {
+            fn size(&self) -> usize {
+                std::mem::size_of::<$t>()
+            }
+            fn put(&self, out: &mut BytesMut) {
+                out.$put(*self);
+            }
+        }
+
+        impl Number for $t {
+            const ZERO: $t = 0;
+            fn parse(input: &[u8]) -> PResult<'_, $t> {
+                context("property value", $parser).parse_complete(input)
+            }
+        }
+    };
+}
+
+number!(u8, byte, put_u8);
+number!(u16, be_u16, put_u16);
+number!(u32, be_u32, put_u32);
+
+impl Wire for String {
+    fn size(&self) -> usize {
+        2 + self.len()
+    }
+    fn put(&self, out: &mut BytesMut) {
+        put_binary(out, self.as_bytes());
+    }
+    fn prefixed_len(&self) -> Option<usize> {
+        Some(self.len())
+    }
+}
+
+impl Wire for Bytes {
+    fn size(&self) -> usize {
+        2 + self.len()
+    }
+    fn put(&self, out: &mut BytesMut) {
+        put_binary(out, self);
+    }
+    fn prefixed_len(&self) -> Option<usize> {
+        Some(self.len())
+    }
+}
+
+/// Any value of the integer type.
+struct Int<T>(std::marker::PhantomData<T>);
+
+impl<T: Number> Single for Int<T> {
+    type Value = T;
+    fn value<'a>(input: &'a [u8], _frame: &Bytes, _spec: &Spec) -> PResult<'a, T> {
+        T::parse(input)
+    }
+}
+
+/// An integer that must not be 0.
+struct Positive<T>(std::marker::PhantomData<T>);
+
+impl<T: Number> Single for Positive<T> {
+    type Value = T;
+    fn value<'a>(input: &'a [u8], _frame: &Bytes, spec: &Spec) -> PResult<'a, T> {
+        ruled(input, spec, |v| v != T::ZERO, "but it must be at least 1")
+    }
+}
+
+/// A byte that only takes 0 or 1.
+struct Flag;
+
+impl Single for Flag {
+    type Value = u8;
+    fn value<'a>(input: &'a [u8], _frame: &Bytes, spec: &Spec) -> PResult<'a, u8> {
+        ruled(input, spec, |v| v <= 1, "but it must be 0 or 1")
+    }
+}
+
+/// An integer refused unless `ok`; `rule` ends the error's sentence.
+fn ruled<'a, T: Number>(
+    input: &'a [u8],
+    spec: &Spec,
+    ok: impl Fn(T) -> bool,
+    rule: &str,
+) -> PResult<'a, T> {
+    let (rest, value) = T::parse(input)?;
+    if !ok(value) {
+        return Err(bad_value(spec, value, rule));
+    }
+    Ok((rest, value))
+}
+
+/// A UTF-8 encoded string, owned.
+struct Utf8;
+
+impl Single for Utf8 {
+    type Value = String;
+    fn value<'a>(input: &'a [u8], _frame: &Bytes, spec: &Spec) -> PResult<'a, String> {
+        string(spec.name)(input)
+    }
+}
+
+/// Binary data, as a slice of the frame it was read from.
+struct Binary;
+
+impl Single for Binary {
+    type Value = Bytes;
+    fn value<'a>(input: &'a [u8], frame: &Bytes, spec: &Spec) -> PResult<'a, Bytes> {
+        context(spec.name, |i| binary_in(frame, i)).parse_complete(input)
+    }
+}
+
+/// Subscription identifiers: variable byte integers of 1 to 268,435,455, repeatable in
+/// PUBLISH and at most one in SUBSCRIBE.
+struct SubscriptionIds;
+
+impl Kind for SubscriptionIds {
+    type Slot = Vec<u32>;
+
+    fn read<'a>(
+        input: &'a [u8],
+        _frame: &Bytes,
+        spec: &Spec,
+        carrier: Carrier,
+        slot: &mut Vec<u32>,
+    ) -> Result<&'a [u8], nom::Err<Fault>> {
+        let (rest, v) = context(spec.name, varint).parse_complete(input)?;
+        if v == 0 {
+            return Err(bad_value(spec, v, "but it must be 1 to 268,435,455"));
+        }
+        if carrier == Subscribe && !slot.is_empty() {
+            return Err(duplicate(spec));
+        }
+        slot.push(v);
+        Ok(rest)
+    }
+
+    fn is_set(slot: &Vec<u32>) -> bool {
+        !slot.is_empty()
+    }
+
+    fn len(slot: &Vec<u32>) -> usize {
+        slot.iter().map(|&id| 1 + varint_len(id as usize)).sum()
+    }
+
+    fn write(slot: &Vec<u32>, id: u8, out: &mut BytesMut) {
+        for &value in slot {
+            out.put_u8(id);
+            put_varint(out, value as usize);
+        }
+    }
+}
+
+/// User properties: name and value string pairs, repeatable, in order.
+struct UserProperties;
+
+impl Kind for UserProperties {
+    type Slot = Vec<(String, String)>;
+
+    fn read<'a>(
+        input: &'a [u8],
+        _frame: &Bytes,
+        _spec: &Spec,
+        _carrier: Carrier,
+        slot: &mut Vec<(String, String)>,
+    ) -> Result<&'a [u8], nom::Err<Fault>> {
+        let (rest, key) = string("user property name")(input)?;
+        let (rest, value) = string("user property value")(rest)?;
+        slot.push((key, value));
+        Ok(rest)
+    }
+
+    fn is_set(slot: &Vec<(String, String)>) -> bool {
+        !slot.is_empty()
+    }
+
+    fn len(slot: &Vec<(String, String)>) -> usize {
+        slot.iter().map(|(k, v)| 5 + k.len() + v.len()).sum()
+    }
+
+    fn write(slot: &Vec<(String, String)>, id: u8, out: &mut BytesMut) {
+        for (key, value) in slot {
+            out.put_u8(id);
+            put_binary(out, key.as_bytes());
+            put_binary(out, value.as_bytes());
+        }
+    }
+
+    fn check_len(
+        slot: &Vec<(String, String)>,
+        packet: &'static str,
+        _name: &'static str,
+    ) -> Result<(), EncodeError> {
+        for (key, value) in slot {
+            check_len(packet, "user property name", key.len())?;
+            check_len(packet, "user property value", value.len())?;
+        }
+        Ok(())
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -245,44 +498,24 @@ pub(crate) fn properties<'a>(
     Ok((after, props))
 }
 
-fn duplicate(id: u8) -> nom::Err<Fault> {
-    nom::Err::Failure(Fault::protocol(format!(
-        "the {} property (0x{id:02X}) appears more than once",
-        name_of(id)
+fn not_an_identifier(id: u8) -> nom::Err<Fault> {
+    nom::Err::Failure(Fault::malformed(format!(
+        "0x{id:02X} is not a property identifier"
     )))
 }
 
-fn bad_value(id: u8, value: impl std::fmt::Display, rule: &str) -> nom::Err<Fault> {
+fn duplicate(spec: &Spec) -> nom::Err<Fault> {
     nom::Err::Failure(Fault::protocol(format!(
-        "the {} property (0x{id:02X}) is {value}, {rule}",
-        name_of(id)
+        "the {} property (0x{:02X}) appears more than once",
+        spec.name, spec.id
     )))
 }
 
-/// Stores `value` in an empty slot; a filled slot means the property was repeated.
-fn once<T>(slot: &mut Option<T>, id: u8, value: T) -> Result<(), nom::Err<Fault>> {
-    if slot.is_some() {
-        return Err(duplicate(id));
-    }
-    *slot = Some(value);
-    Ok(())
-}
-
-/// A byte property that only takes 0 or 1.
-fn flag(input: &[u8], id: u8) -> PResult<'_, u8> {
-    let (rest, value) = context("property value", byte).parse_complete(input)?;
-    if value > 1 {
-        return Err(bad_value(id, value, "but it must be 0 or 1"));
-    }
-    Ok((rest, value))
-}
-
-fn u16_value(input: &[u8]) -> PResult<'_, u16> {
-    context("property value", be_u16).parse_complete(input)
-}
-
-fn u32_value(input: &[u8]) -> PResult<'_, u32> {
-    context("property value", be_u32).parse_complete(input)
+fn bad_value(spec: &Spec, value: impl std::fmt::Display, rule: &str) -> nom::Err<Fault> {
+    nom::Err::Failure(Fault::protocol(format!(
+        "the {} property (0x{:02X}) is {value}, {rule}",
+        spec.name, spec.id
+    )))
 }
 
 /// Reads one property into `props`; returns the input after it.
@@ -294,9 +527,7 @@ fn property<'a>(
 ) -> Result<&'a [u8], nom::Err<Fault>> {
     let (input, id) = context("property identifier", byte).parse_complete(input)?;
     let Some(spec) = lookup(id) else {
-        return Err(nom::Err::Failure(Fault::malformed(format!(
-            "0x{id:02X} is not a property identifier"
-        ))));
+        return Err(not_an_identifier(id));
     };
     if !allowed(spec, carrier) {
         return Err(nom::Err::Failure(Fault::protocol(format!(
@@ -304,239 +535,11 @@ fn property<'a>(
             spec.name
         ))));
     }
-    let p = props;
-    let rest = match id {
-        PAYLOAD_FORMAT_INDICATOR => {
-            let (rest, v) = flag(input, id)?;
-            once(&mut p.payload_format_indicator, id, v)?;
-            rest
-        }
-        MESSAGE_EXPIRY_INTERVAL => {
-            let (rest, v) = u32_value(input)?;
-            once(&mut p.message_expiry_interval, id, v)?;
-            rest
-        }
-        CONTENT_TYPE => {
-            let (rest, v) = string("content type")(input)?;
-            once(&mut p.content_type, id, v)?;
-            rest
-        }
-        RESPONSE_TOPIC => {
-            let (rest, v) = string("response topic")(input)?;
-            once(&mut p.response_topic, id, v)?;
-            rest
-        }
-        CORRELATION_DATA => {
-            let (rest, v) =
-                context("correlation data", |i| binary_in(frame, i)).parse_complete(input)?;
-            once(&mut p.correlation_data, id, v)?;
-            rest
-        }
-        SUBSCRIPTION_IDENTIFIER => {
-            let (rest, v) = context("subscription identifier", varint).parse_complete(input)?;
-            if v == 0 {
-                return Err(bad_value(id, v, "but it must be 1 to 268,435,455"));
-            }
-            if carrier == Subscribe && !p.subscription_identifiers.is_empty() {
-                return Err(duplicate(id));
-            }
-            p.subscription_identifiers.push(v);
-            rest
-        }
-        SESSION_EXPIRY_INTERVAL => {
-            let (rest, v) = u32_value(input)?;
-            once(&mut p.session_expiry_interval, id, v)?;
-            rest
-        }
-        ASSIGNED_CLIENT_IDENTIFIER => {
-            let (rest, v) = string("assigned client identifier")(input)?;
-            once(&mut p.assigned_client_identifier, id, v)?;
-            rest
-        }
-        SERVER_KEEP_ALIVE => {
-            let (rest, v) = u16_value(input)?;
-            once(&mut p.server_keep_alive, id, v)?;
-            rest
-        }
-        AUTHENTICATION_METHOD => {
-            let (rest, v) = string("authentication method")(input)?;
-            once(&mut p.authentication_method, id, v)?;
-            rest
-        }
-        AUTHENTICATION_DATA => {
-            let (rest, v) =
-                context("authentication data", |i| binary_in(frame, i)).parse_complete(input)?;
-            once(&mut p.authentication_data, id, v)?;
-            rest
-        }
-        REQUEST_PROBLEM_INFORMATION => {
-            let (rest, v) = flag(input, id)?;
-            once(&mut p.request_problem_information, id, v)?;
-            rest
-        }
-        WILL_DELAY_INTERVAL => {
-            let (rest, v) = u32_value(input)?;
-            once(&mut p.will_delay_interval, id, v)?;
-            rest
-        }
-        REQUEST_RESPONSE_INFORMATION => {
-            let (rest, v) = flag(input, id)?;
-            once(&mut p.request_response_information, id, v)?;
-            rest
-        }
-        RESPONSE_INFORMATION => {
-            let (rest, v) = string("response information")(input)?;
-            once(&mut p.response_information, id, v)?;
-            rest
-        }
-        SERVER_REFERENCE => {
-            let (rest, v) = string("server reference")(input)?;
-            once(&mut p.server_reference, id, v)?;
-            rest
-        }
-        REASON_STRING => {
-            let (rest, v) = string("reason string")(input)?;
-            once(&mut p.reason_string, id, v)?;
-            rest
-        }
-        RECEIVE_MAXIMUM => {
-            let (rest, v) = u16_value(input)?;
-            if v == 0 {
-                return Err(bad_value(id, v, "but it must be at least 1"));
-            }
-            once(&mut p.receive_maximum, id, v)?;
-            rest
-        }
-        TOPIC_ALIAS_MAXIMUM => {
-            let (rest, v) = u16_value(input)?;
-            once(&mut p.topic_alias_maximum, id, v)?;
-            rest
-        }
-        TOPIC_ALIAS => {
-            let (rest, v) = u16_value(input)?;
-            if v == 0 {
-                return Err(bad_value(id, v, "but it must be at least 1"));
-            }
-            once(&mut p.topic_alias, id, v)?;
-            rest
-        }
-        MAXIMUM_QOS => {
-            let (rest, v) = flag(input, id)?;
-            once(&mut p.maximum_qos, id, v)?;
-            rest
-        }
-        RETAIN_AVAILABLE => {
-            let (rest, v) = flag(input, id)?;
-            once(&mut p.retain_available, id, v)?;
-            rest
-        }
-        USER_PROPERTY => {
-            let (rest, key) = string("user property name")(input)?;
-            let (rest, value) = string("user property value")(rest)?;
-            p.user_properties.push((key, value));
-            rest
-        }
-        MAXIMUM_PACKET_SIZE => {
-            let (rest, v) = u32_value(input)?;
-            if v == 0 {
-                return Err(bad_value(id, v, "but it must be at least 1"));
-            }
-            once(&mut p.maximum_packet_size, id, v)?;
-            rest
-        }
-        WILDCARD_SUBSCRIPTION_AVAILABLE => {
-            let (rest, v) = flag(input, id)?;
-            once(&mut p.wildcard_subscription_available, id, v)?;
-            rest
-        }
-        SUBSCRIPTION_IDENTIFIER_AVAILABLE => {
-            let (rest, v) = flag(input, id)?;
-            once(&mut p.subscription_identifiers_available, id, v)?;
-            rest
-        }
-        SHARED_SUBSCRIPTION_AVAILABLE => {
-            let (rest, v) = flag(input, id)?;
-            once(&mut p.shared_subscription_available, id, v)?;
-            rest
-        }
-        // Every identifier of the table is handled above.
-        _ => {
-            return Err(nom::Err::Failure(Fault::malformed(format!(
-                "0x{id:02X} is not a property identifier"
-            ))));
-        }
-    };
-    Ok(rest)
+    read_value(spec, input, frame, carrier, props)
 }
 
 // ---------------------------------------------------------------------------------------
 // Writing
-
-/// Calls `f` with the identifier of every property set in `p` (once per identifier).
-fn each_set(
-    p: &Properties,
-    mut f: impl FnMut(u8) -> Result<(), EncodeError>,
-) -> Result<(), EncodeError> {
-    let set = [
-        (
-            PAYLOAD_FORMAT_INDICATOR,
-            p.payload_format_indicator.is_some(),
-        ),
-        (MESSAGE_EXPIRY_INTERVAL, p.message_expiry_interval.is_some()),
-        (CONTENT_TYPE, p.content_type.is_some()),
-        (RESPONSE_TOPIC, p.response_topic.is_some()),
-        (CORRELATION_DATA, p.correlation_data.is_some()),
-        (
-            SUBSCRIPTION_IDENTIFIER,
-            !p.subscription_identifiers.is_empty(),
-        ),
-        (SESSION_EXPIRY_INTERVAL, p.session_expiry_interval.is_some()),
-        (
-            ASSIGNED_CLIENT_IDENTIFIER,
-            p.assigned_client_identifier.is_some(),
-        ),
-        (SERVER_KEEP_ALIVE, p.server_keep_alive.is_some()),
-        (AUTHENTICATION_METHOD, p.authentication_method.is_some()),
-        (AUTHENTICATION_DATA, p.authentication_data.is_some()),
-        (
-            REQUEST_PROBLEM_INFORMATION,
-            p.request_problem_information.is_some(),
-        ),
-        (WILL_DELAY_INTERVAL, p.will_delay_interval.is_some()),
-        (
-            REQUEST_RESPONSE_INFORMATION,
-            p.request_response_information.is_some(),
-        ),
-        (RESPONSE_INFORMATION, p.response_information.is_some()),
-        (SERVER_REFERENCE, p.server_reference.is_some()),
-        (REASON_STRING, p.reason_string.is_some()),
-        (RECEIVE_MAXIMUM, p.receive_maximum.is_some()),
-        (TOPIC_ALIAS_MAXIMUM, p.topic_alias_maximum.is_some()),
-        (TOPIC_ALIAS, p.topic_alias.is_some()),
-        (MAXIMUM_QOS, p.maximum_qos.is_some()),
-        (RETAIN_AVAILABLE, p.retain_available.is_some()),
-        (USER_PROPERTY, !p.user_properties.is_empty()),
-        (MAXIMUM_PACKET_SIZE, p.maximum_packet_size.is_some()),
-        (
-            WILDCARD_SUBSCRIPTION_AVAILABLE,
-            p.wildcard_subscription_available.is_some(),
-        ),
-        (
-            SUBSCRIPTION_IDENTIFIER_AVAILABLE,
-            p.subscription_identifiers_available.is_some(),
-        ),
-        (
-            SHARED_SUBSCRIPTION_AVAILABLE,
-            p.shared_subscription_available.is_some(),
-        ),
-    ];
-    for (id, present) in set {
-        if present {
-            f(id)?;
-        }
-    }
-    Ok(())
-}
 
 /// Refuses properties `carrier` may not carry, strings too long for their length prefix and
 /// subscription identifiers out of range, so that what is written is what a peer accepts.
@@ -555,42 +558,7 @@ pub(crate) fn check(
             property: name_of(id),
         }),
     })?;
-    let strings = [
-        ("content type", p.content_type.as_ref().map(String::len)),
-        ("response topic", p.response_topic.as_ref().map(String::len)),
-        (
-            "correlation data",
-            p.correlation_data.as_ref().map(Bytes::len),
-        ),
-        (
-            "assigned client identifier",
-            p.assigned_client_identifier.as_ref().map(String::len),
-        ),
-        (
-            "authentication method",
-            p.authentication_method.as_ref().map(String::len),
-        ),
-        (
-            "authentication data",
-            p.authentication_data.as_ref().map(Bytes::len),
-        ),
-        (
-            "response information",
-            p.response_information.as_ref().map(String::len),
-        ),
-        (
-            "server reference",
-            p.server_reference.as_ref().map(String::len),
-        ),
-        ("reason string", p.reason_string.as_ref().map(String::len)),
-    ];
-    for (field, len) in strings {
-        check_len(packet, field, len.unwrap_or(0))?;
-    }
-    for (key, value) in &p.user_properties {
-        check_len(packet, "user property name", key.len())?;
-        check_len(packet, "user property value", value.len())?;
-    }
+    check_lens(p, packet)?;
     if p.subscription_identifiers
         .iter()
         .any(|&id| id == 0 || id > MAX_VARINT)
@@ -614,54 +582,13 @@ pub(crate) fn content_len(p: &Properties) -> usize {
     if p.is_empty() {
         return 0;
     }
-    let string = |s: &Option<String>| s.as_ref().map_or(0, |s| 3 + s.len());
-    let binary = |b: &Option<Bytes>| b.as_ref().map_or(0, |b| 3 + b.len());
-    let byte = |v: &Option<u8>| v.map_or(0, |_| 2);
-    let two = |v: &Option<u16>| v.map_or(0, |_| 3);
-    let four = |v: &Option<u32>| v.map_or(0, |_| 5);
-    byte(&p.payload_format_indicator)
-        + four(&p.message_expiry_interval)
-        + string(&p.content_type)
-        + string(&p.response_topic)
-        + binary(&p.correlation_data)
-        + p.subscription_identifiers
-            .iter()
-            .map(|&id| 1 + varint_len(id as usize))
-            .sum::<usize>()
-        + four(&p.session_expiry_interval)
-        + string(&p.assigned_client_identifier)
-        + two(&p.server_keep_alive)
-        + string(&p.authentication_method)
-        + binary(&p.authentication_data)
-        + byte(&p.request_problem_information)
-        + four(&p.will_delay_interval)
-        + byte(&p.request_response_information)
-        + string(&p.response_information)
-        + string(&p.server_reference)
-        + string(&p.reason_string)
-        + two(&p.receive_maximum)
-        + two(&p.topic_alias_maximum)
-        + two(&p.topic_alias)
-        + byte(&p.maximum_qos)
-        + byte(&p.retain_available)
-        + p.user_properties
-            .iter()
-            .map(|(k, v)| 5 + k.len() + v.len())
-            .sum::<usize>()
-        + four(&p.maximum_packet_size)
-        + byte(&p.wildcard_subscription_available)
-        + byte(&p.subscription_identifiers_available)
-        + byte(&p.shared_subscription_available)
+    sum_len(p)
 }
 
 /// Bytes of a property block: the property length and the properties.
 pub(crate) fn block_len(p: &Properties) -> usize {
     let len = content_len(p);
     varint_len(len) + len
-}
-
-fn text(s: &Option<String>) -> Option<&[u8]> {
-    s.as_deref().map(str::as_bytes)
 }
 
 /// Writes a property block (property length, then the properties in identifier order).
@@ -672,88 +599,7 @@ pub(crate) fn write(p: &Properties, out: &mut BytesMut) {
     if len == 0 {
         return;
     }
-    let byte = |out: &mut BytesMut, id: u8, v: Option<u8>| {
-        if let Some(v) = v {
-            out.put_u8(id);
-            out.put_u8(v);
-        }
-    };
-    let two = |out: &mut BytesMut, id: u8, v: Option<u16>| {
-        if let Some(v) = v {
-            out.put_u8(id);
-            out.put_u16(v);
-        }
-    };
-    let four = |out: &mut BytesMut, id: u8, v: Option<u32>| {
-        if let Some(v) = v {
-            out.put_u8(id);
-            out.put_u32(v);
-        }
-    };
-    let data = |out: &mut BytesMut, id: u8, v: Option<&[u8]>| {
-        if let Some(v) = v {
-            out.put_u8(id);
-            put_binary(out, v);
-        }
-    };
-    byte(out, PAYLOAD_FORMAT_INDICATOR, p.payload_format_indicator);
-    four(out, MESSAGE_EXPIRY_INTERVAL, p.message_expiry_interval);
-    data(out, CONTENT_TYPE, text(&p.content_type));
-    data(out, RESPONSE_TOPIC, text(&p.response_topic));
-    data(out, CORRELATION_DATA, p.correlation_data.as_deref());
-    for &id in &p.subscription_identifiers {
-        out.put_u8(SUBSCRIPTION_IDENTIFIER);
-        put_varint(out, id as usize);
-    }
-    four(out, SESSION_EXPIRY_INTERVAL, p.session_expiry_interval);
-    data(
-        out,
-        ASSIGNED_CLIENT_IDENTIFIER,
-        text(&p.assigned_client_identifier),
-    );
-    two(out, SERVER_KEEP_ALIVE, p.server_keep_alive);
-    data(out, AUTHENTICATION_METHOD, text(&p.authentication_method));
-    data(out, AUTHENTICATION_DATA, p.authentication_data.as_deref());
-    byte(
-        out,
-        REQUEST_PROBLEM_INFORMATION,
-        p.request_problem_information,
-    );
-    four(out, WILL_DELAY_INTERVAL, p.will_delay_interval);
-    byte(
-        out,
-        REQUEST_RESPONSE_INFORMATION,
-        p.request_response_information,
-    );
-    data(out, RESPONSE_INFORMATION, text(&p.response_information));
-    data(out, SERVER_REFERENCE, text(&p.server_reference));
-    data(out, REASON_STRING, text(&p.reason_string));
-    two(out, RECEIVE_MAXIMUM, p.receive_maximum);
-    two(out, TOPIC_ALIAS_MAXIMUM, p.topic_alias_maximum);
-    two(out, TOPIC_ALIAS, p.topic_alias);
-    byte(out, MAXIMUM_QOS, p.maximum_qos);
-    byte(out, RETAIN_AVAILABLE, p.retain_available);
-    for (key, value) in &p.user_properties {
-        out.put_u8(USER_PROPERTY);
-        put_binary(out, key.as_bytes());
-        put_binary(out, value.as_bytes());
-    }
-    four(out, MAXIMUM_PACKET_SIZE, p.maximum_packet_size);
-    byte(
-        out,
-        WILDCARD_SUBSCRIPTION_AVAILABLE,
-        p.wildcard_subscription_available,
-    );
-    byte(
-        out,
-        SUBSCRIPTION_IDENTIFIER_AVAILABLE,
-        p.subscription_identifiers_available,
-    );
-    byte(
-        out,
-        SHARED_SUBSCRIPTION_AVAILABLE,
-        p.shared_subscription_available,
-    );
+    write_each(p, out);
 }
 
 #[cfg(test)]
@@ -804,41 +650,25 @@ mod tests {
         let dup = read(b"\x06\x23\x00\x01\x23\x00\x02", Carrier::Publish).unwrap_err();
         assert_eq!(dup.code, 0x82);
         assert!(dup.problem.contains("topic alias"), "{}", dup.problem);
-        let misplaced = read(b"\x03\x23\x00\x01", Carrier::Connect).unwrap_err();
-        assert_eq!(misplaced.code, 0x82);
-        let two_ids = read(b"\x04\x0b\x01\x0b\x02", Carrier::Subscribe).unwrap_err();
-        assert_eq!(two_ids.code, 0x82);
         let ids = read(b"\x04\x0b\x01\x0b\x02", Carrier::Publish).unwrap();
         assert_eq!(ids.subscription_identifiers, vec![1, 2]);
-        assert_eq!(
-            read(b"\x02\x0b\x00", Carrier::Publish).unwrap_err().code,
-            0x82
-        );
-        assert_eq!(
-            read(b"\x02\x01\x02", Carrier::Publish).unwrap_err().code,
-            0x82
-        );
-        assert_eq!(
-            read(b"\x03\x21\x00\x00", Carrier::Connect)
-                .unwrap_err()
-                .code,
-            0x82
-        );
-        assert_eq!(
-            read(b"\x02\x7f\x00", Carrier::Connect).unwrap_err().code,
-            0x81
-        );
-        // Length past the end, value past the block.
-        assert_eq!(
-            read(b"\x05\x21\x00", Carrier::Connect).unwrap_err().code,
-            0x81
-        );
-        assert_eq!(
-            read(b"\x02\x21\x00\x05", Carrier::Connect)
-                .unwrap_err()
-                .code,
-            0x81
-        );
+        let refused: [(&'static [u8], Carrier, u8); 8] = [
+            // Misplaced (topic alias in CONNECT), two subscription identifiers in SUBSCRIBE.
+            (b"\x03\x23\x00\x01", Carrier::Connect, 0x82),
+            (b"\x04\x0b\x01\x0b\x02", Carrier::Subscribe, 0x82),
+            // Values out of range: subscription identifier 0, a flag of 2, receive maximum 0.
+            (b"\x02\x0b\x00", Carrier::Publish, 0x82),
+            (b"\x02\x01\x02", Carrier::Publish, 0x82),
+            (b"\x03\x21\x00\x00", Carrier::Connect, 0x82),
+            // An unknown identifier, a length past the end, a value past the block.
+            (b"\x02\x7f\x00", Carrier::Connect, 0x81),
+            (b"\x05\x21\x00", Carrier::Connect, 0x81),
+            (b"\x02\x21\x00\x05", Carrier::Connect, 0x81),
+        ];
+        for (block, carrier, code) in refused {
+            let fault = read(block, carrier).unwrap_err();
+            assert_eq!(fault.code, code, "{block:02x?}: {}", fault.problem);
+        }
     }
 
     #[test]

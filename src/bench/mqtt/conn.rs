@@ -3,8 +3,9 @@
 //! The same code talks to Canopy and to Mosquitto.
 //!
 //! Owns: the handshake (CONNECT with a clean session, CONNACK), optionally from a chosen
-//! source address, encoding what the roles send, and turning a refused CONNECT, a server
-//! DISCONNECT, an undecodable packet, a closed socket or a blocked write into errors.
+//! source address, encoding what the roles send (the shared roles through
+//! [`Connection`]), and turning a refused CONNECT, a server DISCONNECT, an undecodable
+//! packet, a closed socket or a blocked write into errors.
 //!
 //! Must never: pass a DISCONNECT or an end of stream as progress, let its read buffer
 //! grow past one packet (bounded by the decoder's maximum packet size) plus one read, or
@@ -17,16 +18,16 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use canopy_protocols::mqtt::{
-    Connect, Decoder, Disconnect, Level, Packet, Properties, QoS, Subscribe, SubscribeFilter,
+    Ack, Connect, Decoder, Disconnect, Level, Packet, Properties, QoS, Subscribe, SubscribeFilter,
     encode, encode_publish,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 use super::super::BenchError;
+use super::super::conn::WRITE_BATCH;
+use super::super::roles::Connection;
 
-/// Writes go out once this many bytes are buffered.
-pub const WRITE_BATCH: usize = 64 * 1024;
 /// Each socket read asks for at least this much room (traffic connections).
 const READ_CHUNK: usize = 256 * 1024;
 /// Read room of a connection that only handshakes (`mqtt-idle`).
@@ -54,13 +55,13 @@ pub struct Dial {
 }
 
 impl Dial {
-    pub fn new(addr: SocketAddr, options: &super::MqttOptions) -> Dial {
+    pub fn new(addr: SocketAddr, options: &super::super::Options) -> Dial {
         Dial {
             addr,
             level: options.mqtt.mqtt_version.level(),
             keep_alive: options.mqtt.keep_alive,
             timeout: options.timeout,
-            stall: options.stall(),
+            stall: options.mqtt.stall(),
             size: options.size,
             run_id: format!("{:08x}", fastrand::u32(..)),
             next_client: Arc::new(AtomicUsize::new(0)),
@@ -202,32 +203,10 @@ impl MqttConn {
         Ok(conn)
     }
 
-    pub fn wbuf_len(&self) -> usize {
-        self.wbuf.len()
-    }
-
-    /// Reads once more from the socket; a closed socket is an error.
-    pub async fn read_more(&mut self) -> Result<(), BenchError> {
-        if self.rbuf.capacity() - self.rbuf.len() < self.chunk / 2 {
-            self.rbuf.reserve(self.chunk);
-        }
-        if self.stream.read_buf(&mut self.rbuf).await? == 0 {
-            return Err(BenchError::Closed { role: self.role });
-        }
-        Ok(())
-    }
-
-    /// [`MqttConn::read_more`], failing as a stall when nothing arrives within the
+    /// [`Connection::read_more`], failing as a stall when nothing arrives within the
     /// stall time; `done` of `expected` say how far the role got.
     pub async fn read_or_stall(&mut self, done: u64, expected: u64) -> Result<(), BenchError> {
-        let idle = self.stall;
-        tokio::time::timeout(idle, self.read_more())
-            .await
-            .map_err(|_| BenchError::Stalled {
-                received: done,
-                expected,
-                idle,
-            })?
+        self.stalled_read(self.stall, done, expected).await
     }
 
     /// The next complete packet already read, if any. A DISCONNECT from the server is an
@@ -249,28 +228,6 @@ impl MqttConn {
                 what: format!("a packet it cannot decode: {error}"),
             }),
         }
-    }
-
-    /// Writes everything buffered; a write blocked longer than the stall time fails.
-    pub async fn send(&mut self) -> Result<(), BenchError> {
-        if self.wbuf.is_empty() {
-            return Ok(());
-        }
-        let (role, timeout) = (self.role, self.stall);
-        tokio::time::timeout(timeout, self.stream.write_all(&self.wbuf))
-            .await
-            .map_err(|_| BenchError::Timeout {
-                role: "publisher (the server stopped reading)",
-                timeout,
-            })?
-            .map_err(|error| match error.kind() {
-                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
-                    BenchError::Closed { role }
-                }
-                _ => BenchError::Io(error),
-            })?;
-        self.wbuf.clear();
-        Ok(())
     }
 
     /// Buffers a PUBLISH.
@@ -306,19 +263,33 @@ impl MqttConn {
     pub async fn subscribe(&mut self, filter: &str, timeout: Duration) -> Result<(), BenchError> {
         self.send_subscribe(filter, 1)?;
         let role = self.role;
+        self.answer(timeout, "SUBACK", |packet| match packet {
+            Packet::SubAck(suback) => Some(check_suback(role, filter, suback)),
+            _ => None,
+        })
+        .await?
+    }
+
+    /// Sends everything buffered, then waits up to `timeout` for the next packet, which
+    /// must be the answer `pick` reads (`None` for any other: an error while waiting for
+    /// `what`).
+    async fn answer<T>(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        pick: impl FnOnce(&Packet) -> Option<T>,
+    ) -> Result<T, BenchError> {
+        let role = self.role;
         tokio::time::timeout(timeout, async {
             self.send().await?;
             loop {
-                match self.next_packet()? {
-                    Some(Packet::SubAck(suback)) => return check_suback(role, filter, &suback),
-                    Some(other) => {
-                        return Err(BenchError::Unexpected {
-                            role,
-                            what: format!("{} while waiting for SUBACK", other.name()),
-                        });
-                    }
-                    None => self.read_more().await?,
+                if let Some(packet) = self.next_packet()? {
+                    return pick(&packet).ok_or_else(|| BenchError::Unexpected {
+                        role,
+                        what: format!("{} while waiting for {what}", packet.name()),
+                    });
                 }
+                self.read_more().await?;
             }
         })
         .await
@@ -340,34 +311,6 @@ impl MqttConn {
         }))
     }
 
-    /// Buffers a PINGREQ and sends everything buffered.
-    pub async fn send_ping(&mut self) -> Result<(), BenchError> {
-        self.packet(&Packet::PingReq)?;
-        self.send().await
-    }
-
-    /// Waits for the next PINGRESP (nothing else may arrive), failing after the stall
-    /// time.
-    pub async fn wait_pingresp(&mut self) -> Result<(), BenchError> {
-        let (role, timeout) = (self.role, self.stall);
-        tokio::time::timeout(timeout, async {
-            loop {
-                match self.next_packet()? {
-                    Some(Packet::PingResp) => return Ok(()),
-                    Some(other) => {
-                        return Err(BenchError::Unexpected {
-                            role,
-                            what: format!("{} while waiting for PINGRESP", other.name()),
-                        });
-                    }
-                    None => self.read_more().await?,
-                }
-            }
-        })
-        .await
-        .map_err(|_| BenchError::Timeout { role, timeout })?
-    }
-
     /// Sends DISCONNECT and closes, ignoring failures: the run is over.
     pub async fn close(mut self) {
         if self
@@ -382,6 +325,101 @@ impl MqttConn {
     /// The socket alone, for connections that are only held (`mqtt-idle`).
     pub fn into_stream(self) -> TcpStream {
         self.stream
+    }
+}
+
+/// The MQTT side of the shared roles: QoS 0 PUBLISH, PINGREQ/PINGRESP, deliveries on a
+/// QoS 0 subscription (a QoS 1 one is acknowledged), DISCONNECT at the end.
+impl Connection for MqttConn {
+    #[inline]
+    fn queue(&mut self, topic: &[u8], payload: &[u8]) -> Result<(), BenchError> {
+        self.publish(QoS::AtMostOnce, false, topic, None, payload)
+    }
+
+    #[inline]
+    fn buffered(&self) -> usize {
+        self.wbuf.len()
+    }
+
+    /// A write blocked longer than the stall time fails.
+    async fn send(&mut self) -> Result<(), BenchError> {
+        if self.wbuf.is_empty() {
+            return Ok(());
+        }
+        let (role, timeout) = (self.role, self.stall);
+        tokio::time::timeout(timeout, self.stream.write_all(&self.wbuf))
+            .await
+            .map_err(|_| BenchError::Timeout {
+                role: "publisher (the server stopped reading)",
+                timeout,
+            })?
+            .map_err(|error| match error.kind() {
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+                    BenchError::Closed { role }
+                }
+                _ => BenchError::Io(error),
+            })?;
+        self.wbuf.clear();
+        Ok(())
+    }
+
+    async fn read_more(&mut self) -> Result<(), BenchError> {
+        if self.rbuf.capacity() - self.rbuf.len() < self.chunk / 2 {
+            self.rbuf.reserve(self.chunk);
+        }
+        if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+            return Err(BenchError::Closed { role: self.role });
+        }
+        Ok(())
+    }
+
+    async fn send_ping(&mut self) -> Result<(), BenchError> {
+        self.packet(&Packet::PingReq)?;
+        self.send().await
+    }
+
+    async fn wait_pong(&mut self, timeout: Duration) -> Result<(), BenchError> {
+        self.answer(timeout, "PINGRESP", |packet| {
+            matches!(packet, Packet::PingResp).then_some(())
+        })
+        .await
+    }
+
+    /// PUBLISH payloads (a QoS 1 delivery gets its PUBACK); PINGRESPs are passed over;
+    /// any other packet, or a QoS 2 delivery, is an error.
+    #[inline]
+    fn next_message(&mut self) -> Result<Option<Bytes>, BenchError> {
+        loop {
+            match self.next_packet()? {
+                Some(Packet::Publish(publish)) => {
+                    match (publish.qos, publish.packet_id) {
+                        (QoS::AtMostOnce, _) => {}
+                        (QoS::AtLeastOnce, Some(id)) => {
+                            self.packet(&Packet::PubAck(Ack::new(id)))?;
+                        }
+                        (qos, _) => {
+                            return Err(BenchError::Unexpected {
+                                role: self.role,
+                                what: format!("a {qos:?} delivery on a QoS 0 subscription"),
+                            });
+                        }
+                    }
+                    return Ok(Some(publish.payload));
+                }
+                Some(Packet::PingResp) => {}
+                Some(other) => {
+                    return Err(BenchError::Unexpected {
+                        role: self.role,
+                        what: other.name().into(),
+                    });
+                }
+                None => return Ok(None),
+            }
+        }
+    }
+
+    fn finish(self) -> impl Future<Output = ()> + Send {
+        self.close()
     }
 }
 

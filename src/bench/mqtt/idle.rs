@@ -19,11 +19,13 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 
 use super::super::BenchError;
+use super::super::Options;
 use super::super::clock::now_ns;
 use super::super::histogram::Histogram;
+use super::super::measured::secs_between;
+use super::CONNECT_PARALLEL;
 use super::conn::{Dial, MqttConn, disconnect_bytes};
 use super::report::{IdleStats, MqttReport};
-use super::{CONNECT_PARALLEL, MqttOptions};
 
 /// File descriptors this process needs besides the connections.
 const SPARE_FDS: usize = 64;
@@ -54,7 +56,7 @@ fn source_of(server: SocketAddr, i: usize, per_source: usize) -> Option<IpAddr> 
     }
 }
 
-pub async fn idle(addr: SocketAddr, options: &MqttOptions) -> Result<MqttReport, BenchError> {
+pub async fn idle(addr: SocketAddr, options: &Options) -> Result<MqttReport, BenchError> {
     let n = options.mqtt.conns;
     if n == 0 {
         return Err(BenchError::Config("--conns must be at least 1".into()));
@@ -109,7 +111,7 @@ pub async fn idle(addr: SocketAddr, options: &MqttOptions) -> Result<MqttReport,
         last = last.max(done);
         streams.push(stream);
     }
-    let connect_secs = (last.saturating_sub(start) as f64 / 1e9).max(1e-9);
+    let connect_secs = secs_between(start, last);
     let hold_secs = options.mqtt.hold_secs;
     eprintln!(
         "mqtt-idle: holding {} connections for {hold_secs} s ({:.0} connects/s)",

@@ -46,6 +46,8 @@ use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
 const READ_CHUNK: usize = 16 * 1024;
 /// Deliveries are encoded into the write buffer until it holds this much.
 const WRITE_BATCH: usize = 64 * 1024;
+/// How often a persistent session's moving cursor is saved while connected.
+const SESSION_SAVE_EVERY: Duration = Duration::from_secs(5);
 /// Requests with correlation data one connection may have open; the oldest is
 /// forgotten beyond this.
 const MAX_OPEN_REQUESTS: usize = 1024;
@@ -293,6 +295,9 @@ struct Connection {
     backlog_high: u64,
     subs: HashMap<String, SubEntry>,
     session_dirty: bool,
+    /// When the session was last saved, and its cursor then.
+    saved_at: Instant,
+    saved_high: u64,
     /// A saved record may exist (resumed, or saved since): ending a session that is
     /// not persistent must delete it.
     saved_record: bool,
@@ -523,6 +528,8 @@ impl Connection {
             backlog_high: 0,
             subs: HashMap::new(),
             session_dirty: false,
+            saved_at: Instant::now(),
+            saved_high: 0,
             saved_record: false,
             control: BytesMut::new(),
             scratch: RouteScratch::default(),
@@ -791,9 +798,19 @@ impl Connection {
     fn has_store_work(&self) -> bool {
         !self.appends.is_empty()
             || self.session_dirty
+            || self.session_stale()
             || (self.queued_bytes < self.context.config.mqtt.max_queued_bytes
                 && (!self.retained_jobs.is_empty()
                     || self.backlog.as_ref().is_some_and(|b| !b.done)))
+    }
+
+    /// A persistent session's cursor or acks moved since it was last saved, long
+    /// enough ago: saving it now and then bounds what a crash re-delivers, without a
+    /// durable write per message.
+    fn session_stale(&self) -> bool {
+        self.persistent()
+            && self.saved_at.elapsed() >= SESSION_SAVE_EVERY
+            && self.high_offset != self.saved_high
     }
 
     /// When the client must have sent something (1.5 × its keep-alive), if ever.
@@ -939,7 +956,7 @@ impl Connection {
                 self.outbox.wake();
             }
         }
-        if self.session_dirty {
+        if self.session_dirty || self.session_stale() {
             self.session_dirty = false;
             self.save_session(false).await;
         }
@@ -1158,7 +1175,6 @@ impl Connection {
                 let code = match self.inbound.get(&ack.packet_id) {
                     Some(InboundState::Received) => {
                         self.inbound.remove(&ack.packet_id);
-                        self.session_dirty |= self.persistent();
                         reason::SUCCESS
                     }
                     // The ack from the store is not back yet: PUBREC was not sent, so
@@ -1665,7 +1681,6 @@ impl Connection {
                     self.inbound.remove(&packet_id);
                 } else {
                     self.inbound.insert(packet_id, InboundState::Received);
-                    self.session_dirty |= self.persistent();
                 }
                 self.put_control(&Packet::PubRec(ack));
             } else {
@@ -1896,6 +1911,8 @@ impl Connection {
             None
         };
         self.saved_record = state.is_some();
+        self.saved_at = Instant::now();
+        self.saved_high = self.high_offset;
         if let Err(error) = store
             .save_session(&self.key.0, &self.key.1, state.as_deref())
             .await
