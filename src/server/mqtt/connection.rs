@@ -362,7 +362,8 @@ impl Connection {
             return None;
         }
         let (client_id, assigned) = if connect.client_id.is_empty() {
-            if !connect.clean_start && level != Level::V5 {
+            // MQTT 3.1 requires a client id; 3.1.1 allows none with a clean session.
+            if level == Level::V31 || (!connect.clean_start && level != Level::V5) {
                 let out = refuse(
                     reason::CLIENT_IDENTIFIER_NOT_VALID,
                     reason::V3_IDENTIFIER_REJECTED,
@@ -1302,6 +1303,12 @@ impl Connection {
                     "more unacknowledged QoS 1 and 2 publishes than the Receive Maximum",
                 ));
             }
+        }
+        if !publish.properties.subscription_identifiers.is_empty() {
+            return Err(Close::protocol(
+                reason::PROTOCOL_ERROR,
+                "a client PUBLISH must not carry a subscription identifier",
+            ));
         }
         let topic = self.resolve_topic(&publish)?;
         let Ok(topic_text) = std::str::from_utf8(&topic) else {
