@@ -430,13 +430,9 @@ impl Connection {
 
         let key: SessionKey = (Arc::from(DEFAULT_TENANT), client_id.clone());
         let claim = context.sessions.claim(&key, id);
-        if let Some(mut previous) = claim.previous.clone() {
+        if let Some(previous) = claim.previous.clone() {
             // The previous holder saves its session before letting go.
-            let _ = tokio::time::timeout(
-                Duration::from_secs(10),
-                previous.wait_for(|released| *released),
-            )
-            .await;
+            let _ = tokio::time::timeout(Duration::from_secs(10), previous.released()).await;
         }
         let store = broker.store().cloned();
         let saved = match (&store, connect.clean_start) {
@@ -471,7 +467,7 @@ impl Connection {
                     );
                     let _ = writer.write_all(&out).await;
                     context.sessions.release(&key, id, false);
-                    let _ = claim.release.send(true);
+                    claim.handoff.release();
                     return None;
                 }
             },
@@ -694,7 +690,7 @@ impl Connection {
         let mut out = BytesMut::new();
         let mut written = 0usize;
         let mut progress = Instant::now();
-        let takeover = self.claim.takeover.clone();
+        let handoff = Arc::clone(&self.claim.handoff);
         let timer = tokio::time::sleep_until(self.deadline(None));
         tokio::pin!(timer);
         // Packets that arrived with CONNECT.
@@ -736,7 +732,7 @@ impl Connection {
             let step = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => Err(Close::Shutdown),
-                _ = takeover.cancelled() => Err(Close::TakenOver),
+                () = handoff.taken_over() => Err(Close::TakenOver),
                 result = writer.write(out.get(written..).unwrap_or_default()), if writing => match result {
                     Ok(0) | Err(_) => Err(Close::Gone),
                     Ok(n) => {
@@ -1990,7 +1986,7 @@ impl Connection {
         self.context
             .sessions
             .release(&self.key, self.id, will_pending);
-        let _ = self.claim.release.send(true);
+        self.claim.handoff.release();
         if let Some(will) = will {
             let context = Arc::clone(&self.context);
             let key = self.key.clone();

@@ -11,13 +11,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use base64::Engine;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::Notify;
 
 /// Bumped when the record's meaning changes; older servers refuse newer records.
 pub const RECORD_VERSION: u32 = 1;
@@ -132,20 +132,63 @@ struct Slot {
 
 struct Live {
     conn: u64,
-    takeover: CancellationToken,
-    released: watch::Receiver<bool>,
+    handoff: Arc<Handoff>,
+}
+
+/// How one connection holding a client id learns that it must go, and how the next
+/// one learns that it went. One small allocation per connection: devices stay
+/// connected for days, so what an idle connection holds matters.
+#[derive(Default)]
+pub struct Handoff {
+    taken_over: AtomicBool,
+    released: AtomicBool,
+    changed: Notify,
+}
+
+impl Handoff {
+    fn take_over(&self) {
+        self.taken_over.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// Marks the session saved and the id let go.
+    pub fn release(&self) {
+        self.released.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// Resolves once a later connection has taken the id over. Cancel-safe.
+    pub async fn taken_over(&self) {
+        self.wait(&self.taken_over).await;
+    }
+
+    /// Resolves once the holder has released the id. Cancel-safe.
+    pub async fn released(&self) {
+        self.wait(&self.released).await;
+    }
+
+    async fn wait(&self, flag: &AtomicBool) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the flag is read, so a change in between still wakes us.
+            changed.as_mut().enable();
+            if flag.load(Ordering::Acquire) {
+                return;
+            }
+            changed.await;
+        }
+    }
 }
 
 /// What a connection gets when it claims a client id.
 pub struct Claim {
     pub generation: u64,
-    /// Cancelled when a later connection takes the id over.
-    pub takeover: CancellationToken,
-    /// Set to true once this connection saved its session and let go.
-    pub release: watch::Sender<bool>,
-    /// The connection that held the id before, if one did: it has been told to go,
-    /// and this resolves once it has saved its session.
-    pub previous: Option<watch::Receiver<bool>>,
+    /// This connection's handoff: told when a later connection takes the id, and
+    /// released once this one has saved its session.
+    pub handoff: Arc<Handoff>,
+    /// The previous holder's handoff, if one held the id: it has been told to go.
+    pub previous: Option<Arc<Handoff>>,
 }
 
 /// The client ids connected right now, per tenant.
@@ -157,8 +200,7 @@ pub struct Sessions {
 impl Sessions {
     /// Claims `key` for connection `conn`, telling any current holder to go.
     pub fn claim(&self, key: &SessionKey, conn: u64) -> Claim {
-        let takeover = CancellationToken::new();
-        let (release, released) = watch::channel(false);
+        let handoff = Arc::new(Handoff::default());
         let mut slots = self.slots.lock();
         let slot = slots.entry(key.clone()).or_insert(Slot {
             generation: 0,
@@ -167,18 +209,16 @@ impl Sessions {
         });
         slot.generation += 1;
         let previous = slot.live.take().map(|old| {
-            old.takeover.cancel();
-            old.released
+            old.handoff.take_over();
+            old.handoff
         });
         slot.live = Some(Live {
             conn,
-            takeover: takeover.clone(),
-            released,
+            handoff: Arc::clone(&handoff),
         });
         Claim {
             generation: slot.generation,
-            takeover,
-            release,
+            handoff,
             previous,
         }
     }
@@ -227,26 +267,34 @@ impl Sessions {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn key(id: &str) -> SessionKey {
         (Arc::from("default"), id.to_owned())
     }
 
-    #[test]
-    fn a_second_claim_takes_the_id_over() {
+    #[tokio::test]
+    async fn a_second_claim_takes_the_id_over() {
         let sessions = Sessions::default();
         let first = sessions.claim(&key("a"), 1);
         assert!(first.previous.is_none());
         let second = sessions.claim(&key("a"), 2);
-        assert!(
-            first.takeover.is_cancelled(),
-            "the first holder is told to go"
-        );
-        let mut waiting = second.previous.expect("told about the first");
-        assert!(!*waiting.borrow_and_update());
-        first.release.send(true).expect("someone waits");
-        assert!(*waiting.borrow());
+        let told = tokio::time::timeout(Duration::from_secs(1), first.handoff.taken_over()).await;
+        assert!(told.is_ok(), "the first holder is told to go");
+        let previous = second.previous.expect("told about the first");
+        let early = tokio::time::timeout(Duration::from_millis(20), previous.released()).await;
+        assert!(early.is_err(), "not released before it let go");
+        let waiting = tokio::spawn({
+            let previous = Arc::clone(&previous);
+            async move { previous.released().await }
+        });
+        first.handoff.release();
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("released in time")
+            .expect("the waiter ran");
         // The first connection's release does not free the id the second holds.
         sessions.release(&key("a"), 1, false);
         assert_eq!(sessions.len(), 1);
