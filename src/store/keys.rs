@@ -110,15 +110,6 @@ pub fn retained(tenant: &str, subject: &str) -> Bytes {
     key.freeze()
 }
 
-/// [`subject_marker_range`] for retained messages.
-pub fn retained_range(
-    tenant: &str,
-    literal_prefix: &str,
-    after: Option<&str>,
-) -> std::ops::Range<Bytes> {
-    subject_keyed_range(RETAINED, tenant, literal_prefix, after)
-}
-
 /// The key of a front end's session state.
 pub fn session(tenant: &str, client_id: &str) -> Bytes {
     let mut key = prefix(SESSION, tenant, client_id.len());

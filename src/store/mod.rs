@@ -18,6 +18,7 @@ mod purge;
 mod read;
 mod record;
 pub mod reduce;
+mod retained;
 mod retention;
 mod sequencer;
 mod snapshot;

@@ -82,7 +82,7 @@ fn durable_read() -> ReadOptions {
     ReadOptions::default().with_durability_filter(DurabilityLevel::Remote)
 }
 
-fn stored(subject: &str, version: u64, record: Record) -> StoredMessage {
+pub(super) fn stored(subject: &str, version: u64, record: Record) -> StoredMessage {
     StoredMessage {
         subject: subject.to_owned(),
         version,
@@ -379,46 +379,6 @@ impl Store {
 }
 
 impl Store {
-    /// A page of the retained messages of subjects matching `pattern`, in subject
-    /// order, after `after`. Only the retained index under the pattern's literal
-    /// prefix is walked, never the messages of other subjects.
-    pub async fn retained(
-        &self,
-        tenant: &str,
-        pattern: &Pattern,
-        after: Option<&str>,
-        max: usize,
-        max_bytes: usize,
-    ) -> Result<RetainedPage, StoreError> {
-        let prefix = literal_prefix(pattern);
-        let mut entries = self
-            .db()
-            .scan_with_options(
-                keys::retained_range(tenant, &prefix, after),
-                &durable_scan(),
-            )
-            .await?;
-        let mut page = RetainedPage::default();
-        let mut bytes = 0usize;
-        while let Some(kv) = entries.next().await? {
-            let Some(name) = keys::marker_subject(tenant, &kv.key) else {
-                continue;
-            };
-            if !Subject::parse_native(name).is_ok_and(|s| pattern.matches(&s)) {
-                continue;
-            }
-            if page.messages.len() >= max.max(1) || bytes >= max_bytes {
-                page.next = page.messages.last().map(|m| m.subject.clone());
-                return Ok(page);
-            }
-            if let Some((version, record)) = record::decode_retained(kv.value) {
-                bytes += record.headers.len() + record.payload.len();
-                page.messages.push(stored(name, version, record));
-            }
-        }
-        Ok(page)
-    }
-
     /// The offset the tenant's next message will get (as far as the store knows
     /// it: a message being sequenced right now may take it).
     pub async fn next_offset(&self, tenant: &str) -> Result<u64, StoreError> {
