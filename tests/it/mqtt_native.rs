@@ -417,7 +417,18 @@ async fn raw_v5(
     server: &canopy::server::RunningServer,
     max_packet: Option<u32>,
 ) -> tokio::net::TcpStream {
-    use canopy_protocols::mqtt::{Connect, Level, Packet, Properties, encode};
+    let properties = canopy_protocols::mqtt::Properties {
+        maximum_packet_size: max_packet,
+        ..canopy_protocols::mqtt::Properties::default()
+    };
+    raw_v5_with(server, properties).await
+}
+
+async fn raw_v5_with(
+    server: &canopy::server::RunningServer,
+    properties: canopy_protocols::mqtt::Properties,
+) -> tokio::net::TcpStream {
+    use canopy_protocols::mqtt::{Connect, Level, Packet, encode};
     use tokio::io::AsyncWriteExt;
     let mut stream = tokio::net::TcpStream::connect(server.mqtt_addr.expect("mqtt"))
         .await
@@ -430,10 +441,7 @@ async fn raw_v5(
         username: None,
         password: None,
         will: None,
-        properties: Properties {
-            maximum_packet_size: max_packet,
-            ..Properties::default()
-        },
+        properties,
     };
     let mut out = bytes::BytesMut::new();
     encode(&Packet::Connect(Box::new(connect)), Level::V5, &mut out).expect("encode");
@@ -669,5 +677,73 @@ async fn an_expired_retained_message_is_not_delivered() {
     })
     .await;
     assert!(more.is_err(), "nothing else arrives: {more:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_server_gives_topic_aliases_up_to_the_clients_maximum() {
+    use canopy_protocols::mqtt::{
+        Level, Packet, Properties, QoS, Subscribe, SubscribeFilter, encode,
+    };
+    use tokio::io::AsyncWriteExt;
+    let server = start_default().await;
+    let mut client = raw_v5_with(
+        &server,
+        Properties {
+            topic_alias_maximum: Some(2),
+            ..Properties::default()
+        },
+    )
+    .await;
+    let subscribe = Subscribe {
+        packet_id: 1,
+        filters: vec![SubscribeFilter {
+            filter: "al/#".into(),
+            qos: QoS::AtMostOnce,
+            no_local: false,
+            retain_as_published: false,
+            retain_handling: 0,
+        }],
+        properties: Properties::default(),
+    };
+    let mut out = bytes::BytesMut::new();
+    encode(&Packet::Subscribe(subscribe), Level::V5, &mut out).expect("encode");
+    client.write_all(&out).await.expect("send");
+    assert!(matches!(
+        read_packet(&mut client).await,
+        Some(Packet::SubAck(_))
+    ));
+    let nats = async_nats::connect(server.native_url())
+        .await
+        .expect("nats");
+    for subject in ["al.a", "al.a", "al.b", "al.c", "al.c"] {
+        nats.publish(subject, subject.into())
+            .await
+            .expect("publish");
+    }
+    nats.flush().await.expect("flush");
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        match read_packet(&mut client).await {
+            Some(Packet::Publish(p)) => seen.push((
+                p.topic.as_str().to_owned(),
+                p.properties.topic_alias,
+                String::from_utf8_lossy(&p.payload).into_owned(),
+            )),
+            other => panic!("expected a PUBLISH, got {other:?}"),
+        }
+    }
+    let alias = |t: &str, a: Option<u16>, p: &str| (t.to_owned(), a, p.to_owned());
+    assert_eq!(
+        seen,
+        [
+            alias("al/a", Some(1), "al.a"),
+            alias("", Some(1), "al.a"),
+            alias("al/b", Some(2), "al.b"),
+            alias("al/c", None, "al.c"),
+            alias("al/c", None, "al.c"),
+        ],
+        "aliases up to the client's maximum of 2, then full topics"
+    );
     server.stop().await;
 }

@@ -310,6 +310,10 @@ struct Connection {
     properties: Option<Box<Properties>>,
     /// Scratch for the MQTT rendering of a delivery's subject.
     topic: String,
+    /// Topic aliases this server may give the client (v5: the client's Topic Alias
+    /// Maximum, capped by ours), and those given so far, by topic.
+    alias_limit: u16,
+    out_aliases: Option<HashMap<String, u16>>,
     /// The inbox prefix (`_INBOX.mqtt-<conn>.`) and its subscription, once this
     /// connection made a request with correlation data.
     reply_inbox: Option<(String, Arc<Subscription>)>,
@@ -534,6 +538,11 @@ impl Connection {
             store_acks: Vec::new(),
             properties: None,
             topic: String::new(),
+            alias_limit: props
+                .topic_alias_maximum
+                .unwrap_or(0)
+                .min(config.topic_alias_maximum),
+            out_aliases: None,
             reply_inbox: None,
             requests: VecDeque::new(),
             next_request: 1,
@@ -1081,6 +1090,25 @@ impl Connection {
                 return false;
             }
         }
+        // A topic the client already knows by alias goes as the alias alone; a new
+        // one gets the next alias while the client's maximum allows.
+        let mut topic_bytes = topic.as_bytes();
+        let mut new_alias = None;
+        if self.alias_limit > 0 {
+            let aliases = self.out_aliases.get_or_insert_with(Default::default);
+            match aliases.get(topic.as_str()) {
+                Some(alias) => {
+                    properties.topic_alias = Some(*alias);
+                    topic_bytes = b"";
+                }
+                None if aliases.len() < usize::from(self.alias_limit) => {
+                    let alias = u16::try_from(aliases.len() + 1).unwrap_or(u16::MAX);
+                    properties.topic_alias = Some(alias);
+                    new_alias = Some(alias);
+                }
+                None => {}
+            }
+        }
         let qos = QoS::from_bits(delivery.qos).unwrap_or(QoS::AtMostOnce);
         let start = out.len();
         let result = encode_publish(
@@ -1089,20 +1117,25 @@ impl Connection {
             dup,
             qos,
             delivery.retain,
-            topic.as_bytes(),
+            topic_bytes,
             packet_id,
             &properties,
             &delivery.payload,
         );
         self.properties = Some(properties);
-        self.topic = topic;
         let size = out.len() - start;
         if result.is_err() || size > self.client_max_packet {
             // MQTT 5: a packet over the client's maximum is dropped as if sent.
             out.truncate(start);
+            self.topic = topic;
             self.broker.metrics().count_dropped(1);
             return false;
         }
+        // The alias holds from the packet that carried it with its topic.
+        if let (Some(alias), Some(aliases)) = (new_alias, self.out_aliases.as_mut()) {
+            aliases.insert(topic.clone(), alias);
+        }
+        self.topic = topic;
         self.broker
             .metrics()
             .count_out(1, (delivery.payload.len() + delivery.headers.len()) as u64);
