@@ -56,7 +56,7 @@ start_canopy() { # name [VAR=value...]
   rm -rf "$tmp/$name" && mkdir -p "$tmp/$name"
   canopy_port=$(free_port)
   env CANOPY_STORE__URL="file://$tmp/$name" "$@" \
-    "$canopy" serve --listen "127.0.0.1:$canopy_port" --log warn >"$out/$name.log" 2>&1 &
+    "$canopy" serve --listen "127.0.0.1:$canopy_port" --mqtt-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log warn >"$out/$name.log" 2>&1 &
   canopy_pid=$!
   started "$canopy_pid"
   wait_port "$canopy_port" "$canopy_pid" "$name"

@@ -40,7 +40,7 @@ started $!
 wait_port "$nats_port" "$!" nats-server
 
 canopy_port=$(free_port)
-"$canopy" serve --listen "127.0.0.1:$canopy_port" --log warn >"$out/canopy.log" 2>&1 &
+"$canopy" serve --listen "127.0.0.1:$canopy_port" --mqtt-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log warn >"$out/canopy.log" 2>&1 &
 started $!
 wait_port "$canopy_port" "$!" canopy
 

@@ -101,7 +101,7 @@ EOF
   canopy_mqtt_port=$(free_port)
   store="$PWD/$out/store-r$1"
   CANOPY_STORE__URL="file://$store" "$canopy" serve --listen "127.0.0.1:$canopy_port" \
-    --mqtt-listen "127.0.0.1:$canopy_mqtt_port" --log warn >>"$out/canopy.log" 2>&1 &
+    --mqtt-listen "127.0.0.1:$canopy_mqtt_port" --http-listen 127.0.0.1:0 --log warn >>"$out/canopy.log" 2>&1 &
   canopy_pid=$!
   started "$canopy_pid"
   wait_port "$canopy_mqtt_port" "$canopy_pid" canopy

@@ -40,6 +40,7 @@ pub struct Config {
     pub server: ServerConfig,
     pub native: NativeConfig,
     pub mqtt: MqttConfig,
+    pub http: HttpConfig,
     pub store: StoreConfig,
     pub limits: LimitsConfig,
     pub authz: AuthzConfig,
@@ -54,6 +55,21 @@ pub struct ServerConfig {
     pub allow_anonymous: bool,
     /// How long shutdown waits for connections to flush.
     pub drain_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address of the HTTP listener (health, readiness, metrics); `None` turns it off.
+    pub listen: Option<SocketAddr>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

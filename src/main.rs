@@ -146,6 +146,9 @@ struct ServeArgs {
     /// Address of the MQTT listener, e.g. 127.0.0.1:1883 (port 0: any free port).
     #[arg(long, value_name = "ADDR")]
     mqtt_listen: Option<std::net::SocketAddr>,
+    /// Address of the HTTP listener (health, metrics), e.g. 127.0.0.1:8080.
+    #[arg(long, value_name = "ADDR")]
+    http_listen: Option<std::net::SocketAddr>,
     /// Accept anonymous clients on non-loopback addresses.
     #[arg(long)]
     allow_anonymous: bool,
@@ -431,6 +434,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     }
     if let Some(listen) = args.mqtt_listen {
         config.mqtt.listen = Some(listen);
+    }
+    if let Some(listen) = args.http_listen {
+        config.http.listen = Some(listen);
     }
     if args.allow_anonymous {
         config.server.allow_anonymous = true;

@@ -5,10 +5,30 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// The front ends, for counting connections by protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Native = 0,
+    Mqtt = 1,
+}
+
+impl Protocol {
+    pub const ALL: [Protocol; 2] = [Protocol::Native, Protocol::Mqtt];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Native => "native",
+            Protocol::Mqtt => "mqtt",
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     connections_total: AtomicU64,
     connections_open: AtomicU64,
+    /// Open connections by [`Protocol`].
+    open_by_protocol: [AtomicU64; 2],
     msgs_in: AtomicU64,
     bytes_in: AtomicU64,
     msgs_out: AtomicU64,
@@ -34,13 +54,20 @@ pub struct MetricsSnapshot {
 }
 
 impl Metrics {
-    pub fn connection_opened(&self) {
+    pub fn connection_opened(&self, protocol: Protocol) {
         self.connections_total.fetch_add(1, Ordering::Relaxed);
         self.connections_open.fetch_add(1, Ordering::Relaxed);
+        self.open_by_protocol[protocol as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn connection_closed(&self) {
+    pub fn connection_closed(&self, protocol: Protocol) {
         self.connections_open.fetch_sub(1, Ordering::Relaxed);
+        self.open_by_protocol[protocol as usize].fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Connections open now on one front end.
+    pub fn open_connections(&self, protocol: Protocol) -> u64 {
+        self.open_by_protocol[protocol as usize].load(Ordering::Relaxed)
     }
 
     pub fn count_in(&self, msgs: u64, bytes: u64) {

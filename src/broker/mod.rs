@@ -191,6 +191,15 @@ impl Broker {
         &self.authz
     }
 
+    /// Live subscriptions of every tenant.
+    pub fn subscription_count(&self) -> usize {
+        self.tenants
+            .read()
+            .values()
+            .map(|t| t.subscription_count())
+            .sum()
+    }
+
     /// A fresh id for a connection or subscription.
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)

@@ -6,6 +6,7 @@
 //! parses protocol bytes or routes messages; connection tasks do the one and the
 //! broker the other.
 
+pub mod http;
 mod listener;
 pub mod mqtt;
 pub mod native;
@@ -60,6 +61,29 @@ fn store_settings(config: &Config) -> Result<StoreSettings, ServerError> {
     })
 }
 
+/// Binds an optional listener, refusing a non-loopback address unless
+/// `beyond_loopback` (authentication is on, or anonymous access was allowed).
+async fn bind_optional(
+    protocol: &'static str,
+    addr: Option<SocketAddr>,
+    beyond_loopback: bool,
+) -> Result<Option<(TcpListener, SocketAddr)>, ServerError> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    if !addr.ip().is_loopback() && !beyond_loopback {
+        return Err(ServerError::AnonymousOutsideLoopback { addr });
+    }
+    let bind_error = |source| ServerError::Bind {
+        protocol,
+        addr,
+        source,
+    };
+    let listener = TcpListener::bind(addr).await.map_err(bind_error)?;
+    let local = listener.local_addr().map_err(bind_error)?;
+    Ok(Some((listener, local)))
+}
+
 /// A server whose ports are bound, ready to run.
 pub struct Server {
     config: Arc<Config>,
@@ -67,6 +91,7 @@ pub struct Server {
     native: TcpListener,
     native_addr: SocketAddr,
     mqtt: Option<(TcpListener, SocketAddr)>,
+    http: Option<(TcpListener, SocketAddr)>,
 }
 
 impl Server {
@@ -100,25 +125,9 @@ impl Server {
             addr,
             source,
         })?;
-        let mqtt = match config.mqtt.listen {
-            Some(addr) => {
-                if !authentication_configured
-                    && !addr.ip().is_loopback()
-                    && !config.server.allow_anonymous
-                {
-                    return Err(ServerError::AnonymousOutsideLoopback { addr });
-                }
-                let bind_error = |source| ServerError::Bind {
-                    protocol: "mqtt",
-                    addr,
-                    source,
-                };
-                let listener = TcpListener::bind(addr).await.map_err(bind_error)?;
-                let local = listener.local_addr().map_err(bind_error)?;
-                Some((listener, local))
-            }
-            None => None,
-        };
+        let beyond_loopback = authentication_configured || config.server.allow_anonymous;
+        let mqtt = bind_optional("mqtt", config.mqtt.listen, beyond_loopback).await?;
+        let http = bind_optional("http", config.http.listen, beyond_loopback).await?;
         if !authentication_configured {
             if native_addr.ip().is_loopback() {
                 tracing::info!(
@@ -155,11 +164,17 @@ impl Server {
             native,
             native_addr,
             mqtt,
+            http,
         })
     }
 
     pub fn native_addr(&self) -> SocketAddr {
         self.native_addr
+    }
+
+    /// The HTTP listener's address, when HTTP is on.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().map(|(_, addr)| *addr)
     }
 
     /// The MQTT listener's address, when MQTT is on.
@@ -182,21 +197,38 @@ impl Server {
             Arc::clone(&self.broker),
             self.native_addr,
         ));
-        let mqtt = self.mqtt.map(|(listener, addr)| {
-            tracing::info!(protocol = "mqtt", %addr, "listening");
-            let context = Arc::new(mqtt::MqttContext::new(
+        let mqtt_context = self.mqtt.as_ref().map(|_| {
+            Arc::new(mqtt::MqttContext::new(
                 Arc::clone(&self.config),
                 Arc::clone(&self.broker),
-            ));
-            let tracker = tracker.clone();
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                mqtt::accept_loop(listener, context, &tracker, shutdown).await;
-            })
+            ))
         });
+        let http = self.http.map(|(listener, addr)| {
+            tracing::info!(protocol = "http", %addr, "listening");
+            let state = http::HttpState {
+                broker: Arc::clone(&self.broker),
+                mqtt: mqtt_context.clone(),
+                shutdown: shutdown.clone(),
+            };
+            tokio::spawn(http::serve(listener, state))
+        });
+        let mqtt = self
+            .mqtt
+            .zip(mqtt_context)
+            .map(|((listener, addr), context)| {
+                tracing::info!(protocol = "mqtt", %addr, "listening");
+                let tracker = tracker.clone();
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    mqtt::accept_loop(listener, context, &tracker, shutdown).await;
+                })
+            });
         native::accept_loop(self.native, context, &tracker, shutdown.clone()).await;
         if let Some(accepting) = mqtt {
             let _ = accepting.await;
+        }
+        if let Some(serving) = http {
+            let _ = serving.await;
         }
         tracker.close();
         if tokio::time::timeout(drain, tracker.wait()).await.is_err() {
@@ -218,11 +250,13 @@ impl Server {
         let shutdown = CancellationToken::new();
         let native_addr = self.native_addr;
         let mqtt_addr = self.mqtt_addr();
+        let http_addr = self.http_addr();
         let metrics = self.metrics();
         let task = tokio::spawn(self.run(shutdown.clone()));
         RunningServer {
             native_addr,
             mqtt_addr,
+            http_addr,
             metrics,
             shutdown,
             task,
@@ -235,6 +269,8 @@ pub struct RunningServer {
     pub native_addr: SocketAddr,
     /// Set when the MQTT listener is on (it is by default).
     pub mqtt_addr: Option<SocketAddr>,
+    /// Set when the HTTP listener is on (it is by default).
+    pub http_addr: Option<SocketAddr>,
     pub metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     task: JoinHandle<()>,

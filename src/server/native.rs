@@ -287,7 +287,9 @@ impl Connection {
         let Some(stream) = self.stream.take() else {
             return;
         };
-        self.broker.metrics().connection_opened();
+        self.broker
+            .metrics()
+            .connection_opened(crate::broker::metrics::Protocol::Native);
         tracing::debug!(conn = self.id, peer = %self.peer, "connected");
         let (mut reader, mut writer) = stream.into_split();
         let info = self.context.info(self.id, self.peer);
@@ -377,7 +379,9 @@ impl Connection {
             }
         }
         self.outbox.close();
-        self.broker.metrics().connection_closed();
+        self.broker
+            .metrics()
+            .connection_closed(crate::broker::metrics::Protocol::Native);
     }
 
     fn ping(&mut self) -> Result<(), Close> {

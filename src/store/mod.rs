@@ -22,6 +22,7 @@ mod retained;
 mod retention;
 mod sequencer;
 mod snapshot;
+pub mod stats;
 #[cfg(test)]
 mod tests;
 
@@ -242,6 +243,7 @@ pub struct Store {
     _lock: Option<StoreLock>,
     stop: tokio_util::sync::CancellationToken,
     sequencer: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    stats: Arc<stats::StoreStats>,
 }
 
 impl Store {
@@ -262,8 +264,15 @@ impl Store {
             durable.clone(),
             job_queue,
         ));
-        let sequencer =
-            sequencer::Sequencer::new(Arc::clone(&db), events, &settings, durable_tx, jobs);
+        let stats = Arc::new(stats::StoreStats::default());
+        let sequencer = sequencer::Sequencer::new(
+            Arc::clone(&db),
+            events,
+            &settings,
+            durable_tx,
+            jobs,
+            Arc::clone(&stats),
+        );
         let task = tokio::spawn(sequencer.run(queue, stop.clone()));
         Ok(Store {
             db,
@@ -272,6 +281,7 @@ impl Store {
             _lock: opened.lock,
             stop,
             sequencer: tokio::sync::Mutex::new(Some(task)),
+            stats,
         })
     }
 
@@ -327,6 +337,11 @@ impl Store {
         self.db.flush().await?;
         self.db.close().await?;
         Ok(())
+    }
+
+    /// Write and durability latencies, for `/metrics`.
+    pub fn stats(&self) -> &stats::StoreStats {
+        &self.stats
     }
 
     pub(crate) fn db(&self) -> &Db {

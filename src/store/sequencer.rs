@@ -96,6 +96,8 @@ struct RoundWrite {
 
 /// A write whose acks wait for its durability.
 struct PendingDurable {
+    /// When the write was handed to the engine.
+    written_at: std::time::Instant,
     handle: Option<WriteHandle>,
     acks: Vec<(Arc<str>, AckTo, AppendOutcome)>,
     barriers: Vec<tokio::sync::oneshot::Sender<()>>,
@@ -112,6 +114,7 @@ pub(super) struct Sequencer {
     /// Counts failed writes; a change makes the next round forget memory's heads.
     failures: Arc<AtomicU64>,
     epoch_seen: u64,
+    stats: Arc<super::stats::StoreStats>,
 }
 
 /// A tenant's part of one round: its first offset and (subject, version, bytes) list.
@@ -132,6 +135,7 @@ impl Sequencer {
         settings: &StoreSettings,
         durable_tx: watch::Sender<u64>,
         compactions: mpsc::Sender<CompactionJob>,
+        stats: Arc<super::stats::StoreStats>,
     ) -> Self {
         Self {
             db,
@@ -143,6 +147,7 @@ impl Sequencer {
             compactions,
             failures: Arc::new(AtomicU64::new(0)),
             epoch_seen: 0,
+            stats,
         }
     }
 
@@ -152,6 +157,7 @@ impl Sequencer {
             durable_rx,
             Arc::clone(&self.events),
             self.durable_tx.clone(),
+            Arc::clone(&self.stats),
         ));
         let (write_tx, write_rx) = mpsc::channel(WRITES_AHEAD);
         let writer = tokio::spawn(write_rounds(
@@ -160,6 +166,7 @@ impl Sequencer {
             Arc::clone(&self.failures),
             write_rx,
             durable_tx,
+            Arc::clone(&self.stats),
         ));
         let mut requests = Vec::with_capacity(self.max_batch);
         let mut barriers = Vec::new();
@@ -558,8 +565,10 @@ async fn write_rounds(
     failures: Arc<AtomicU64>,
     mut rounds: mpsc::Receiver<RoundWrite>,
     durable: mpsc::Sender<PendingDurable>,
+    stats: Arc<super::stats::StoreStats>,
 ) {
     while let Some(round) = rounds.recv().await {
+        let started = std::time::Instant::now();
         let failed_before = failures.load(Ordering::Acquire);
         let result = match round.batch {
             None => Ok(None),
@@ -567,7 +576,10 @@ async fn write_rounds(
                 Err("an earlier write failed before this one; retry".to_owned())
             }
             Some(batch) => match db.write_with_options(batch, &WriteOptions::default()).await {
-                Ok(handle) => Ok(Some(handle)),
+                Ok(handle) => {
+                    stats.write.record(started.elapsed());
+                    Ok(Some(handle))
+                }
                 Err(error) => {
                     report_failure(
                         &error,
@@ -584,6 +596,7 @@ async fn write_rounds(
                     events.acknowledged(round.immediate);
                 }
                 let pending = PendingDurable {
+                    written_at: started,
                     handle,
                     acks: round.durable_acks,
                     barriers: round.durable_barriers,
@@ -624,10 +637,15 @@ async fn acknowledge(
     mut queue: mpsc::Receiver<PendingDurable>,
     events: Arc<dyn StoreEvents>,
     durable: watch::Sender<u64>,
+    stats: Arc<super::stats::StoreStats>,
 ) {
     while let Some(pending) = queue.recv().await {
         let result = match &pending.handle {
-            Some(handle) => handle.await_durable().await,
+            Some(handle) => {
+                let result = handle.await_durable().await;
+                stats.durable.record(pending.written_at.elapsed());
+                result
+            }
             None => Ok(()),
         };
         let acks = match result {

@@ -17,7 +17,15 @@ pub const WAIT: Duration = Duration::from_secs(10);
 pub fn canopy_serve(listen: &str) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_canopy"));
     command
-        .args(["serve", "--listen", listen, "--mqtt-listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--listen",
+            listen,
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
         .env_remove("RUST_LOG")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
@@ -72,6 +80,7 @@ pub fn test_config() -> Config {
     let mut config = Config::default();
     config.native.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     config.mqtt.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    config.http.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
     match backend() {
         Backend::Memory => config.store.url = "memory://".into(),
         Backend::File => {

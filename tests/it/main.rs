@@ -11,6 +11,7 @@ mod deploy;
 mod durable;
 mod faults;
 mod format;
+mod http;
 mod mqtt;
 mod mqtt_native;
 mod nats_client;

@@ -92,12 +92,12 @@ pub(super) async fn serve(
         return;
     };
     let metrics = Arc::clone(context.broker.metrics());
-    metrics.connection_opened();
+    metrics.connection_opened(crate::broker::metrics::Protocol::Mqtt);
     let close = connection
         .run(&mut reader, &mut writer, rbuf, &shutdown)
         .await;
     Box::pin(connection.finish(close, &mut writer)).await;
-    metrics.connection_closed();
+    metrics.connection_closed(crate::broker::metrics::Protocol::Mqtt);
 }
 
 /// Reads until the first packet, which must be CONNECT. An error carries the bytes to

@@ -34,6 +34,11 @@ pub struct MqttContext {
 }
 
 impl MqttContext {
+    /// Client ids connected or waiting for a delayed will.
+    pub fn live_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
     pub fn new(config: Arc<Config>, broker: Arc<Broker>) -> Self {
         let subject_limits = SubjectLimits {
             max_len: config.limits.max_subject_len,

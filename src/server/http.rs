@@ -1,0 +1,194 @@
+//! The HTTP port: health, readiness and Prometheus metrics today; the browser API,
+//! MQTT over WebSocket and the console are built on it (issue 6).
+//!
+//! Handlers only read counters and states that other parts keep; they must never
+//! block on a connection, route a message or write to the store.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::mqtt::MqttContext;
+use crate::broker::Broker;
+use crate::broker::metrics::Protocol;
+use crate::store::stats::{BUCKETS, Latency};
+
+/// What the handlers read.
+#[derive(Clone)]
+pub struct HttpState {
+    pub broker: Arc<Broker>,
+    pub mqtt: Option<Arc<MqttContext>>,
+    pub shutdown: CancellationToken,
+}
+
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// Serves until `shutdown` fires.
+pub async fn serve(listener: TcpListener, state: HttpState) {
+    let shutdown = state.shutdown.clone();
+    let app = router(state);
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+    if let Err(error) = served {
+        tracing::error!(%error, "the HTTP listener failed");
+    }
+}
+
+/// The process is up and answering.
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// The server takes traffic: its store is open and it is not shutting down.
+async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
+    if state.shutdown.is_cancelled() {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+    } else if state.broker.store().is_none() {
+        (StatusCode::SERVICE_UNAVAILABLE, "store not open\n")
+    } else {
+        (StatusCode::OK, "ready\n")
+    }
+}
+
+async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        render(&state),
+    )
+}
+
+/// The Prometheus text exposition of every counter.
+pub fn render(state: &HttpState) -> String {
+    let metrics = state.broker.metrics();
+    let snap = metrics.snapshot();
+    let mut out = String::with_capacity(4096);
+    let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, f64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, value) in lines {
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    };
+    let plain = |v: u64| vec![(String::new(), v as f64)];
+    metric(
+        "canopy_connections",
+        "gauge",
+        "Open client connections, by protocol.",
+        &Protocol::ALL
+            .iter()
+            .map(|p| {
+                (
+                    format!("{{protocol=\"{}\"}}", p.name()),
+                    metrics.open_connections(*p) as f64,
+                )
+            })
+            .collect::<Vec<_>>(),
+    );
+    metric(
+        "canopy_connections_total",
+        "counter",
+        "Client connections accepted since start.",
+        &plain(snap.connections_total),
+    );
+    metric(
+        "canopy_messages_in_total",
+        "counter",
+        "Messages published by clients.",
+        &plain(snap.msgs_in),
+    );
+    metric(
+        "canopy_bytes_in_total",
+        "counter",
+        "Payload bytes published by clients.",
+        &plain(snap.bytes_in),
+    );
+    metric(
+        "canopy_messages_out_total",
+        "counter",
+        "Messages delivered to subscribers.",
+        &plain(snap.msgs_out),
+    );
+    metric(
+        "canopy_bytes_out_total",
+        "counter",
+        "Payload and header bytes delivered to subscribers.",
+        &plain(snap.bytes_out),
+    );
+    metric(
+        "canopy_slow_consumers_total",
+        "counter",
+        "Clients disconnected because they fell too far behind.",
+        &plain(snap.slow_consumers),
+    );
+    metric(
+        "canopy_stale_connections_total",
+        "counter",
+        "Clients dropped for not answering pings.",
+        &plain(snap.stale_connections),
+    );
+    metric(
+        "canopy_dropped_total",
+        "counter",
+        "Deliveries not sent because they exceeded the client's maximum packet size.",
+        &plain(snap.dropped),
+    );
+    metric(
+        "canopy_subscriptions",
+        "gauge",
+        "Live subscriptions of every protocol, all tenants.",
+        &plain(state.broker.subscription_count() as u64),
+    );
+    if let Some(mqtt) = &state.mqtt {
+        metric(
+            "canopy_mqtt_sessions",
+            "gauge",
+            "MQTT client ids connected or waiting for a delayed will.",
+            &plain(mqtt.live_sessions() as u64),
+        );
+    }
+    if let Some(store) = state.broker.store() {
+        let stats = store.stats();
+        histogram(
+            &mut out,
+            "canopy_store_write_seconds",
+            "Time to hand one group commit to the storage engine.",
+            &stats.write,
+        );
+        histogram(
+            &mut out,
+            "canopy_store_durable_seconds",
+            "Time from a group commit's write to its durability (WAL flushed).",
+            &stats.durable,
+        );
+    }
+    out
+}
+
+fn histogram(out: &mut String, name: &str, help: &str, latency: &Latency) {
+    let (buckets, count, sum) = latency.read();
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for (bound, cumulative) in BUCKETS.iter().zip(&buckets) {
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+    let _ = writeln!(out, "{name}_sum {sum}");
+    let _ = writeln!(out, "{name}_count {count}");
+}

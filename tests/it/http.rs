@@ -1,0 +1,102 @@
+//! The HTTP port: health, readiness and Prometheus metrics, read with a plain HTTP/1.1
+//! request over TCP.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::{publish_acked, start_default};
+
+/// GETs `path` and returns the status code and the body.
+async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of one sample line (`name{labels} value`) in a metrics page.
+fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|line| {
+        line.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_are_served() {
+    let server = start_default().await;
+    let http = server.http_addr.expect("http on");
+    assert_eq!(get(http, "/healthz").await.0, 200);
+    assert_eq!(get(http, "/readyz").await, (200, "ready\n".to_owned()));
+
+    // One client of each protocol, and a stored publish.
+    let nats = async_nats::connect(server.native_url())
+        .await
+        .expect("nats");
+    let _sub = nats.subscribe("metrics.>").await.expect("sub");
+    publish_acked(&nats, "metrics.a", "x").await;
+    let mqtt = tokio::net::TcpStream::connect(server.mqtt_addr.expect("mqtt"))
+        .await
+        .expect("mqtt connect");
+    let mut mqtt = mqtt;
+    // A bare MQTT 3.1.1 CONNECT (client id "m").
+    mqtt.write_all(&[
+        0x10, 0x0D, 0, 4, b'M', b'Q', b'T', b'T', 4, 2, 0, 60, 0, 1, b'm',
+    ])
+    .await
+    .expect("CONNECT");
+    let mut connack = [0u8; 4];
+    mqtt.read_exact(&mut connack).await.expect("CONNACK");
+    assert_eq!(connack, [0x20, 2, 0, 0]);
+
+    let (status, page) = get(http, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        sample(&page, "canopy_connections{protocol=\"native\"}"),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, "canopy_connections{protocol=\"mqtt\"}"),
+        Some(1.0),
+        "{page}"
+    );
+    assert!(
+        sample(&page, "canopy_messages_in_total").is_some_and(|n| n >= 1.0),
+        "{page}"
+    );
+    assert!(
+        sample(&page, "canopy_subscriptions").is_some_and(|n| n >= 1.0),
+        "{page}"
+    );
+    assert_eq!(sample(&page, "canopy_mqtt_sessions"), Some(1.0), "{page}");
+    let writes = sample(&page, "canopy_store_write_seconds_count").expect("write histogram");
+    assert!(writes >= 1.0, "{page}");
+    assert_eq!(
+        sample(&page, "canopy_store_write_seconds_bucket{le=\"+Inf\"}"),
+        Some(writes),
+        "the +Inf bucket holds every write"
+    );
+    assert!(sample(&page, "canopy_store_durable_seconds_count").is_some_and(|n| n >= 1.0));
+    assert!(page.contains("# TYPE canopy_store_durable_seconds histogram"));
+    server.stop().await;
+}
