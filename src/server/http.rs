@@ -101,54 +101,51 @@ pub fn render(state: &HttpState) -> String {
             })
             .collect::<Vec<_>>(),
     );
-    metric(
-        "canopy_connections_total",
-        "counter",
-        "Client connections accepted since start.",
-        &plain(snap.connections_total),
-    );
-    metric(
-        "canopy_messages_in_total",
-        "counter",
-        "Messages published by clients.",
-        &plain(snap.msgs_in),
-    );
-    metric(
-        "canopy_bytes_in_total",
-        "counter",
-        "Payload bytes published by clients.",
-        &plain(snap.bytes_in),
-    );
-    metric(
-        "canopy_messages_out_total",
-        "counter",
-        "Messages delivered to subscribers.",
-        &plain(snap.msgs_out),
-    );
-    metric(
-        "canopy_bytes_out_total",
-        "counter",
-        "Payload and header bytes delivered to subscribers.",
-        &plain(snap.bytes_out),
-    );
-    metric(
-        "canopy_slow_consumers_total",
-        "counter",
-        "Clients disconnected because they fell too far behind.",
-        &plain(snap.slow_consumers),
-    );
-    metric(
-        "canopy_stale_connections_total",
-        "counter",
-        "Clients dropped for not answering pings.",
-        &plain(snap.stale_connections),
-    );
-    metric(
-        "canopy_dropped_total",
-        "counter",
-        "Deliveries not sent because they exceeded the client's maximum packet size.",
-        &plain(snap.dropped),
-    );
+    let counters: [(&str, &str, u64); 8] = [
+        (
+            "canopy_connections_total",
+            "Client connections accepted since start.",
+            snap.connections_total,
+        ),
+        (
+            "canopy_messages_in_total",
+            "Messages published by clients.",
+            snap.msgs_in,
+        ),
+        (
+            "canopy_bytes_in_total",
+            "Payload bytes published by clients.",
+            snap.bytes_in,
+        ),
+        (
+            "canopy_messages_out_total",
+            "Messages delivered to subscribers.",
+            snap.msgs_out,
+        ),
+        (
+            "canopy_bytes_out_total",
+            "Payload and header bytes delivered to subscribers.",
+            snap.bytes_out,
+        ),
+        (
+            "canopy_slow_consumers_total",
+            "Clients disconnected because they fell too far behind.",
+            snap.slow_consumers,
+        ),
+        (
+            "canopy_stale_connections_total",
+            "Clients dropped for not answering pings.",
+            snap.stale_connections,
+        ),
+        (
+            "canopy_dropped_total",
+            "Deliveries not sent because they exceeded the client's maximum packet size.",
+            snap.dropped,
+        ),
+    ];
+    for (name, help, value) in counters {
+        metric(name, "counter", help, &plain(value));
+    }
     metric(
         "canopy_subscriptions",
         "gauge",
