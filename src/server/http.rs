@@ -1,16 +1,19 @@
-//! The HTTP port: health, readiness and Prometheus metrics today; the browser API,
-//! MQTT over WebSocket and the console are built on it (issue 6).
+//! The HTTP port: health, readiness, Prometheus metrics and MQTT over WebSocket
+//! (`/mqtt`, subprotocol `mqtt`); the browser API and the console are built on it
+//! next (issue 6).
 //!
 //! Handlers only read counters and states that other parts keep; they must never
 //! block on a connection, route a message or write to the store.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -33,6 +36,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/mqtt", get(mqtt_over_websocket))
         .with_state(state)
 }
 
@@ -40,12 +44,32 @@ pub fn router(state: HttpState) -> Router {
 pub async fn serve(listener: TcpListener, state: HttpState) {
     let shutdown = state.shutdown.clone();
     let app = router(state);
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await;
     if let Err(error) = served {
         tracing::error!(%error, "the HTTP listener failed");
     }
+}
+
+/// MQTT 3.1.1 and 5 over WebSocket: the same sessions and rules as the TCP listener.
+/// The `mqtt` subprotocol is echoed, without which browsers drop the connection.
+async fn mqtt_over_websocket(
+    upgrade: WebSocketUpgrade,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    State(state): State<HttpState>,
+) -> Response {
+    let Some(context) = state.mqtt.clone() else {
+        return (StatusCode::NOT_FOUND, "MQTT is turned off on this server\n").into_response();
+    };
+    let shutdown = state.shutdown.clone();
+    upgrade
+        .protocols(["mqtt"])
+        .on_upgrade(move |socket| async move {
+            let (inbound, outbound) = super::mqtt::transport::websocket(socket);
+            super::mqtt::serve_on(inbound, outbound, peer, context, shutdown).await;
+        })
 }
 
 /// The process is up and answering.

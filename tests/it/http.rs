@@ -100,3 +100,96 @@ async fn health_readiness_and_metrics_are_served() {
     assert!(page.contains("# TYPE canopy_store_durable_seconds histogram"));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn mqtt_over_websocket_speaks_to_native_clients() {
+    use canopy_protocols::mqtt::{Decoder, Level, Packet};
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    let server = start_default().await;
+    let http = server.http_addr.expect("http on");
+    let mut request = format!("ws://{http}/mqtt")
+        .into_client_request()
+        .expect("request");
+    request
+        .headers_mut()
+        .insert("Sec-WebSocket-Protocol", "mqtt".parse().expect("header"));
+    let (mut socket, response) = tokio_tungstenite::connect_async(request)
+        .await
+        .expect("websocket upgrade");
+    assert_eq!(
+        response
+            .headers()
+            .get("sec-websocket-protocol")
+            .and_then(|v| v.to_str().ok()),
+        Some("mqtt"),
+        "browsers drop a connection whose subprotocol is not echoed"
+    );
+    let mut decoder = Decoder::with_level(Level::V311, 1 << 20);
+    let mut buf = bytes::BytesMut::new();
+    let mut next_packet = async |socket: &mut tokio_tungstenite::WebSocketStream<_>| loop {
+        if let Some(packet) = decoder.decode(&mut buf).expect("valid packets") {
+            return packet;
+        }
+        let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
+            .await
+            .expect("in time")
+            .expect("open")
+            .expect("a message");
+        match message {
+            Message::Binary(bytes) => buf.extend_from_slice(&bytes),
+            other => panic!("MQTT over WebSocket is binary, got {other:?}"),
+        }
+    };
+    // CONNECT (3.1.1, client id "ws"), split over two messages on purpose.
+    let connect: &[u8] = &[
+        0x10, 0x0E, 0, 4, b'M', b'Q', b'T', b'T', 4, 2, 0, 60, 0, 2, b'w', b's',
+    ];
+    socket
+        .send(Message::binary(connect[..5].to_vec()))
+        .await
+        .expect("send");
+    socket
+        .send(Message::binary(connect[5..].to_vec()))
+        .await
+        .expect("send");
+    assert!(matches!(next_packet(&mut socket).await, Packet::ConnAck(ref a) if a.code == 0));
+    // SUBSCRIBE devices/+/temp (14 bytes) at QoS 0, packet id 1: 2 + 2 + 14 + 1 = 19.
+    let mut subscribe = vec![0x82, 19, 0, 1, 0, 14];
+    subscribe.extend_from_slice(b"devices/+/temp");
+    subscribe.push(0);
+    socket.send(Message::binary(subscribe)).await.expect("send");
+    assert!(matches!(next_packet(&mut socket).await, Packet::SubAck(_)));
+
+    let nats = async_nats::connect(server.native_url())
+        .await
+        .expect("nats");
+    nats.publish("devices.42.temp", "21.5".into())
+        .await
+        .expect("publish");
+    nats.flush().await.expect("flush");
+    match next_packet(&mut socket).await {
+        Packet::Publish(publish) => {
+            assert_eq!(publish.topic.as_str(), "devices/42/temp");
+            assert_eq!(&publish.payload[..], b"21.5");
+        }
+        other => panic!("expected the PUBLISH, got {other:?}"),
+    }
+    // And back: an MQTT publish over WebSocket reaches a native subscriber.
+    let mut native = nats.subscribe("ws.out").await.expect("sub");
+    nats.flush().await.expect("flush");
+    socket
+        .send(Message::binary(vec![
+            0x30, 0x0A, 0, 6, b'w', b's', b'/', b'o', b'u', b't', b'h', b'i',
+        ]))
+        .await
+        .expect("send");
+    let got = tokio::time::timeout(Duration::from_secs(10), native.next())
+        .await
+        .expect("in time")
+        .expect("a message");
+    assert_eq!(&got.payload[..], b"hi");
+    server.stop().await;
+}

@@ -20,9 +20,8 @@ use canopy_protocols::mqtt::{
     Subscribe, UnsubAck, Unsubscribe, Will, encode, encode_publish, reason,
 };
 use canopy_subjects::{Pattern, Subject, Trie};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -31,6 +30,7 @@ use super::session::{
     Claim, RECORD_VERSION, SavedInflight, SavedSubscription, SessionKey, SessionRecord, Stage,
 };
 use super::translate;
+use super::transport::Inbound;
 use crate::broker::durable::{ACK_MQTT, StoreRequest};
 use crate::broker::envelope::{
     self, AckInbox, Envelope, MqttOptions, StoreAck, mqtt_flags, qos_cap,
@@ -55,14 +55,25 @@ const MAX_OPEN_REQUESTS: usize = 1024;
 const STORE_PAGE: usize = 4096;
 const STORE_PAGE_BYTES: usize = 4 * 1024 * 1024;
 
-/// Serves one MQTT connection until it ends.
+/// Serves one MQTT connection on a TCP socket until it ends.
 pub(super) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
     context: Arc<MqttContext>,
     shutdown: CancellationToken,
 ) {
-    let (mut reader, mut writer) = stream.into_split();
+    let (reader, writer) = stream.into_split();
+    serve_on(reader, writer, peer, context, shutdown).await;
+}
+
+/// Serves one MQTT connection on any transport until it ends.
+pub async fn serve_on<R: Inbound, W: AsyncWrite + Unpin + Send>(
+    mut reader: R,
+    mut writer: W,
+    peer: SocketAddr,
+    context: Arc<MqttContext>,
+    shutdown: CancellationToken,
+) {
     let mut rbuf = BytesMut::with_capacity(1024);
     let mut decoder = Decoder::new(context.config.mqtt.max_packet_size);
     let wait = Duration::from_secs(context.config.mqtt.connect_timeout_secs.max(1));
@@ -102,8 +113,8 @@ pub(super) async fn serve(
 
 /// Reads until the first packet, which must be CONNECT. An error carries the bytes to
 /// send before closing, when the client can be told.
-async fn read_connect(
-    reader: &mut OwnedReadHalf,
+async fn read_connect<R: Inbound>(
+    reader: &mut R,
     rbuf: &mut BytesMut,
     decoder: &mut Decoder,
 ) -> Result<Box<Connect>, Option<BytesMut>> {
@@ -142,9 +153,15 @@ async fn read_connect(
                 return Err(Some(out));
             }
         }
-        match reader.read_buf(rbuf).await {
-            Ok(0) | Err(_) => return Err(None),
+        if reader.ready().await.is_err() {
+            return Err(None);
+        }
+        rbuf.reserve(1024);
+        match reader.try_read(rbuf) {
+            Ok(0) => return Err(None),
             Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return Err(None),
         }
     }
 }
@@ -330,7 +347,7 @@ impl Connection {
         peer: SocketAddr,
         context: &Arc<MqttContext>,
         mut decoder: Decoder,
-        writer: &mut OwnedWriteHalf,
+        writer: &mut (impl AsyncWrite + Unpin),
     ) -> Option<Connection> {
         let config = &context.config.mqtt;
         let level = connect.level;
@@ -688,8 +705,8 @@ impl Connection {
 
     async fn run(
         &mut self,
-        reader: &mut OwnedReadHalf,
-        writer: &mut OwnedWriteHalf,
+        reader: &mut impl Inbound,
+        writer: &mut (impl AsyncWrite + Unpin),
         mut rbuf: BytesMut,
         shutdown: &CancellationToken,
     ) -> Close {
@@ -751,13 +768,13 @@ impl Connection {
                     }
                 },
                 _ = self.outbox.woken(), if !writing => Ok(()),
-                ready = reader.readable() => match ready {
+                ready = reader.ready() => match ready {
                     Err(_) => Err(Close::Gone),
                     Ok(()) => {
                         if rbuf.capacity() - rbuf.len() < 1024 {
                             rbuf.reserve(READ_CHUNK);
                         }
-                        match reader.try_read_buf(&mut rbuf) {
+                        match reader.try_read(&mut rbuf) {
                             Ok(0) => Err(Close::Gone),
                             Ok(_) => {
                                 self.last_read = Instant::now();
@@ -1959,7 +1976,7 @@ impl Connection {
 
     /// Ends the connection: tells the client why where it can, saves the session,
     /// publishes the will when due and lets the client id go.
-    async fn finish(mut self, close: Close, writer: &mut OwnedWriteHalf) {
+    async fn finish(mut self, close: Close, writer: &mut (impl AsyncWrite + Unpin)) {
         let subs: Vec<Arc<Subscription>> = self
             .subs
             .values()

@@ -12,6 +12,9 @@
 mod connection;
 pub mod session;
 pub mod translate;
+pub mod transport;
+
+pub use connection::serve_on;
 
 use std::sync::Arc;
 
