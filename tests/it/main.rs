@@ -12,6 +12,7 @@ mod durable;
 mod faults;
 mod format;
 mod http;
+mod js;
 mod mqtt;
 mod mqtt_native;
 mod nats_client;
