@@ -28,6 +28,7 @@ use crate::store::stats::{BUCKETS, Latency};
 pub struct HttpState {
     pub broker: Arc<Broker>,
     pub mqtt: Option<Arc<MqttContext>>,
+    pub websocket: Arc<super::websocket::WsContext>,
     pub shutdown: CancellationToken,
 }
 
@@ -37,6 +38,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/mqtt", get(mqtt_over_websocket))
+        .route("/ws", get(json_websocket))
         .with_state(state)
 }
 
@@ -70,6 +72,15 @@ async fn mqtt_over_websocket(
             let (inbound, outbound) = super::mqtt::transport::websocket(socket);
             super::mqtt::serve_on(inbound, outbound, peer, context, shutdown).await;
         })
+}
+
+/// The JSON WebSocket API (docs/websocket.md).
+async fn json_websocket(upgrade: WebSocketUpgrade, State(state): State<HttpState>) -> Response {
+    let context = Arc::clone(&state.websocket);
+    let shutdown = state.shutdown.clone();
+    upgrade
+        .max_message_size(context.max_message_bytes)
+        .on_upgrade(move |socket| super::websocket::serve(socket, context, shutdown))
 }
 
 /// The process is up and answering.

@@ -10,6 +10,7 @@ pub mod http;
 mod listener;
 pub mod mqtt;
 pub mod native;
+pub mod websocket;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -205,9 +206,20 @@ impl Server {
         });
         let http = self.http.map(|(listener, addr)| {
             tracing::info!(protocol = "http", %addr, "listening");
+            let websocket = Arc::new(websocket::WsContext {
+                broker: Arc::clone(&self.broker),
+                limits: canopy_subjects::Limits {
+                    max_len: self.config.limits.max_subject_len,
+                    max_tokens: self.config.limits.max_subject_tokens,
+                },
+                max_pending_bytes: self.config.native.max_pending_bytes,
+                // A request carries one payload plus its JSON (base64 adds a third).
+                max_message_bytes: self.config.native.max_payload * 2 + 64 * 1024,
+            });
             let state = http::HttpState {
                 broker: Arc::clone(&self.broker),
                 mqtt: mqtt_context.clone(),
+                websocket,
                 shutdown: shutdown.clone(),
             };
             tokio::spawn(http::serve(listener, state))

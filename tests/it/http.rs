@@ -193,3 +193,134 @@ async fn mqtt_over_websocket_speaks_to_native_clients() {
     assert_eq!(&got.payload[..], b"hi");
     server.stop().await;
 }
+
+/// A `/ws` JSON API client.
+struct JsonSocket {
+    socket: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+}
+
+impl JsonSocket {
+    async fn connect(http: std::net::SocketAddr) -> JsonSocket {
+        let (socket, _) = tokio_tungstenite::connect_async(format!("ws://{http}/ws"))
+            .await
+            .expect("websocket upgrade");
+        JsonSocket { socket }
+    }
+
+    async fn send(&mut self, text: &str) {
+        use futures::SinkExt;
+        self.socket
+            .send(tokio_tungstenite::tungstenite::Message::text(text))
+            .await
+            .expect("send");
+    }
+
+    /// The next text the server sends.
+    async fn text(&mut self) -> String {
+        use futures::StreamExt;
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(10), self.socket.next())
+                .await
+                .expect("in time")
+                .expect("open")
+                .expect("a message");
+            if let tokio_tungstenite::tungstenite::Message::Text(text) = message {
+                return text.to_string();
+            }
+        }
+    }
+
+    async fn json(&mut self) -> serde_json::Value {
+        serde_json::from_str(&self.text().await).expect("JSON")
+    }
+}
+
+#[tokio::test]
+async fn the_json_websocket_api_subscribes_publishes_and_locks() {
+    use futures::StreamExt;
+    let server = start_default().await;
+    let http = server.http_addr.expect("http on");
+    let mut ws = JsonSocket::connect(http).await;
+
+    ws.send(r#"{"op":"sub","id":"s","pattern":"devices/+/temp"}"#)
+        .await;
+    let ok = ws.json().await;
+    assert_eq!(ok["op"], "ok", "{ok}");
+    assert_eq!(ok["id"], "s");
+    assert_eq!(ok["pattern"], "devices.*.temp", "MQTT syntax is accepted");
+    let sid = ok["sid"].as_u64().expect("a sid");
+
+    // A native publish arrives with its payload in base64 (it does not say it is JSON).
+    let nats = async_nats::connect(server.native_url())
+        .await
+        .expect("nats");
+    nats.publish("devices.42.temp", vec![0u8, 255, 1].into())
+        .await
+        .expect("publish");
+    nats.flush().await.expect("flush");
+    let msg = ws.json().await;
+    assert_eq!(msg["op"], "msg");
+    assert_eq!(msg["sid"], sid);
+    assert_eq!(msg["subject"], "devices.42.temp");
+    assert_eq!(msg["data_b64"], "AP8B");
+    assert_eq!(msg["version"], 1, "stored subjects carry their version");
+
+    // Odd JSON from the browser: its exact bytes reach a native subscriber and come
+    // back inline, byte for byte (key order, spacing, a big number, an escape).
+    let odd = r#"{"z": 1,   "a":[12345678901234567890123456789, 1.50], "u":"\u00e9"}"#;
+    let mut native = nats.subscribe("devices.7.temp").await.expect("sub");
+    nats.flush().await.expect("flush");
+    ws.send(&format!(
+        r#"{{"op":"pub","id":"p1","subject":"devices.7.temp","data":{odd},"expect_version":0}}"#
+    ))
+    .await;
+    let mut texts = [ws.text().await, ws.text().await];
+    texts.sort_by_key(|t| !t.contains("\"op\":\"msg\""));
+    assert!(
+        texts[0].contains(odd),
+        "inline data keeps its bytes: {}",
+        texts[0]
+    );
+    let ack: serde_json::Value = serde_json::from_str(&texts[1]).expect("JSON");
+    assert_eq!(ack["op"], "ok", "{ack}");
+    assert_eq!(ack["id"], "p1");
+    assert_eq!(ack["version"], 1);
+    let got = tokio::time::timeout(Duration::from_secs(10), native.next())
+        .await
+        .expect("in time")
+        .expect("a message");
+    assert_eq!(&got.payload[..], odd.as_bytes());
+
+    // A stale expected version is a conflict that names the current version.
+    ws.send(
+        r#"{"op":"pub","id":"p2","subject":"devices.7.temp","data_b64":"eA==","expect_version":0}"#,
+    )
+    .await;
+    let conflict = ws.json().await;
+    assert_eq!(conflict["op"], "error", "{conflict}");
+    assert_eq!(conflict["id"], "p2");
+    assert_eq!(conflict["code"], "conflict");
+    assert_eq!(conflict["current_version"], 1);
+
+    // get, and errors that keep the connection usable.
+    ws.send(r#"{"op":"get","id":"g","subject":"devices.7.temp"}"#)
+        .await;
+    let text = ws.text().await;
+    assert!(text.contains(odd), "{text}");
+    let stored: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(stored["version"], 1);
+    ws.send(r#"{"op":"fly","id":"x"}"#).await;
+    let bad = ws.json().await;
+    assert_eq!(
+        (bad["op"].as_str(), bad["code"].as_str(), bad["id"].as_str()),
+        (Some("error"), Some("bad_request"), Some("x"))
+    );
+    ws.send(r#"{"op":"sub","id":"y","pattern":"a.>.b"}"#).await;
+    assert_eq!(ws.json().await["code"], "invalid_pattern");
+    ws.send(&format!(r#"{{"op":"unsub","id":"u","sid":{sid}}}"#))
+        .await;
+    assert_eq!(ws.json().await["op"], "ok");
+    server.stop().await;
+}

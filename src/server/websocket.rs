@@ -1,0 +1,615 @@
+//! The JSON WebSocket API (`/ws` on the HTTP port): subscribe, publish with
+//! optimistic locking and get, for browsers (docs/websocket.md has the messages).
+//!
+//! A connection is a task like the other front ends': its subscriptions sit in the
+//! same trie and routing queues envelopes in its bounded outbox; a client that falls
+//! more than `max_pending_bytes` behind is closed with a reason (WebSocket close code
+//! 1008). Payloads are byte-exact: inline JSON when the message says it is JSON
+//! (`Content-Type: application/json`) and its bytes parse, kept as the very same
+//! bytes; base64 otherwise. This module must never block on another connection.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use base64::Engine;
+use bytes::{Bytes, BytesMut};
+use canopy_protocols::native::HeaderMap;
+use canopy_subjects::{Limits, Pattern, Subject};
+use futures::{SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::durable::{ACK_MQTT, StoreRequest};
+use crate::broker::envelope::{self, AckInbox, MqttOptions, StoreAck};
+use crate::broker::{Broker, Message as Routed, Outbox, RouteScratch, Subscription, Wakes};
+use crate::store::{AckTo, AppendOutcome, AppendRequest, NewMessage, RouteTag};
+use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
+
+/// What every `/ws` connection shares.
+pub struct WsContext {
+    pub broker: Arc<Broker>,
+    pub limits: Limits,
+    pub max_pending_bytes: usize,
+    pub max_message_bytes: usize,
+}
+
+/// One request from the client. A flat struct rather than a tagged enum: serde
+/// buffers tagged enums, and a buffered `RawValue` cannot be borrowed.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Request<'a> {
+    op: String,
+    id: Option<String>,
+    pattern: Option<String>,
+    sid: Option<u32>,
+    subject: Option<String>,
+    #[serde(borrow)]
+    data: Option<&'a RawValue>,
+    data_b64: Option<String>,
+    #[serde(default)]
+    headers: HashMap<String, String>,
+    expect_version: Option<u64>,
+    msg_id: Option<String>,
+    version: Option<u64>,
+}
+
+/// An error answered to a request: a code for programs and a sentence for people.
+struct Refusal {
+    code: &'static str,
+    message: String,
+}
+
+fn refusal(code: &'static str, message: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        message: message.into(),
+    }
+}
+
+/// Serves one `/ws` connection until it ends.
+pub async fn serve(socket: WebSocket, context: Arc<WsContext>, shutdown: CancellationToken) {
+    let broker = Arc::clone(&context.broker);
+    let id = broker.next_id();
+    let outbox = Arc::new(Outbox::new(
+        id,
+        context.max_pending_bytes,
+        Arc::clone(broker.metrics()),
+    ));
+    let acks = Arc::new(AckInbox::new(Arc::clone(&outbox)));
+    broker.mqtt_acks().register(id, Arc::clone(&acks));
+    let mut connection = Connection {
+        id,
+        context,
+        routes: broker.tenant(DEFAULT_TENANT),
+        principal: Principal::anonymous(format!("ws-{id}")),
+        broker,
+        outbox,
+        acks,
+        subs: HashMap::new(),
+        next_sid: 1,
+        pending_acks: HashMap::new(),
+        next_ack: 1,
+        out: Vec::new(),
+        scratch: RouteScratch::default(),
+        wakes: Wakes::default(),
+    };
+    let (mut sink, mut stream) = socket.split();
+    let close = loop {
+        let step = tokio::select! {
+            _ = shutdown.cancelled() => Some((1001, "server shutting down")),
+            _ = connection.outbox.woken() => {
+                if connection.outbox.is_slow() {
+                    Some((1008, "slow consumer: messages were not read fast enough"))
+                } else {
+                    connection.deliveries();
+                    None
+                }
+            }
+            message = stream.next() => match message {
+                Some(Ok(Message::Text(text))) => {
+                    connection.request(text.as_str()).await;
+                    None
+                }
+                Some(Ok(Message::Binary(_))) => {
+                    connection.reply_error(None, refusal("bad_request", "requests are JSON text messages"));
+                    None
+                }
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => None,
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break None,
+            },
+        };
+        connection.store_acks();
+        for text in connection.out.drain(..) {
+            if sink
+                .send(Message::Text(Utf8Bytes::from(text)))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        if step.is_some() {
+            break step;
+        }
+    };
+    let subs: Vec<Arc<Subscription>> = connection.subs.drain().map(|(_, s)| s).collect();
+    connection.broker.unsubscribe_all(&connection.routes, &subs);
+    connection.broker.mqtt_acks().remove(id);
+    connection.outbox.close();
+    if let Some((code, reason)) = close {
+        let frame = CloseFrame {
+            code,
+            reason: Utf8Bytes::from_static(reason),
+        };
+        let _ = sink.send(Message::Close(Some(frame))).await;
+    }
+    let _ = sink.close().await;
+}
+
+struct Connection {
+    id: u64,
+    context: Arc<WsContext>,
+    broker: Arc<Broker>,
+    routes: Arc<crate::broker::TenantRoutes>,
+    principal: Principal,
+    outbox: Arc<Outbox>,
+    acks: Arc<AckInbox>,
+    subs: HashMap<u32, Arc<Subscription>>,
+    next_sid: u32,
+    /// Publishes waiting for the store, by ack number: the request id.
+    pending_acks: HashMap<u16, Option<String>>,
+    next_ack: u16,
+    /// JSON texts to send, in order.
+    out: Vec<String>,
+    scratch: RouteScratch,
+    wakes: Wakes,
+}
+
+impl Connection {
+    fn reply(&mut self, id: Option<&str>, mut body: Value) {
+        if let Some(id) = id {
+            body["id"] = json!(id);
+        }
+        self.out.push(body.to_string());
+    }
+
+    fn reply_error(&mut self, id: Option<&str>, refusal: Refusal) {
+        self.reply(
+            id,
+            json!({"op": "error", "code": refusal.code, "message": refusal.message}),
+        );
+    }
+
+    async fn request(&mut self, text: &str) {
+        if text.len() > self.context.max_message_bytes {
+            self.reply_error(
+                None,
+                refusal(
+                    "too_large",
+                    format!(
+                        "a request may hold at most {} bytes",
+                        self.context.max_message_bytes
+                    ),
+                ),
+            );
+            return;
+        }
+        let request: Request<'_> = match serde_json::from_str(text) {
+            Ok(request) => request,
+            Err(error) => {
+                // The id, when the text has one, still goes back with the error.
+                let id = serde_json::from_str::<Value>(text)
+                    .ok()
+                    .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_owned));
+                self.reply_error(
+                    id.as_deref(),
+                    refusal("bad_request", format!("not a request: {error}")),
+                );
+                return;
+            }
+        };
+        let id = request.id.clone();
+        let id = id.as_deref();
+        let needs = |field: Option<String>, name: &str| {
+            field.ok_or_else(|| refusal("bad_request", format!("{} needs `{name}`", request.op)))
+        };
+        let result = match request.op.as_str() {
+            "sub" => needs(request.pattern.clone(), "pattern").map(|p| self.subscribe(id, &p)),
+            "unsub" => match request.sid {
+                Some(sid) => {
+                    match self.subs.remove(&sid) {
+                        Some(sub) => {
+                            self.broker.unsubscribe(&self.routes, &sub);
+                            self.reply(id, json!({"op": "ok"}));
+                        }
+                        None => self.reply_error(
+                            id,
+                            refusal("not_found", format!("no subscription {sid}")),
+                        ),
+                    }
+                    Ok(())
+                }
+                None => Err(refusal("bad_request", "unsub needs `sid`")),
+            },
+            "pub" => match needs(request.subject.clone(), "subject") {
+                Ok(subject) => {
+                    self.publish(
+                        request.id.clone(),
+                        &subject,
+                        request.data,
+                        request.data_b64,
+                        request.headers,
+                        request.expect_version,
+                        request.msg_id,
+                    )
+                    .await
+                }
+                Err(refusal) => Err(refusal),
+            },
+            "get" => match needs(request.subject.clone(), "subject") {
+                Ok(subject) => self
+                    .get(id, &subject, request.version)
+                    .await
+                    .map(|text| self.out.push(text)),
+                Err(refusal) => Err(refusal),
+            },
+            other => Err(refusal(
+                "bad_request",
+                format!("unknown op `{other}`: use sub, unsub, pub or get"),
+            )),
+        };
+        if let Err(refusal) = result {
+            self.reply_error(id, refusal);
+        }
+    }
+
+    fn subscribe(&mut self, id: Option<&str>, text: &str) {
+        // Native syntax, or MQTT's when the pattern has a `/`, `+` or `#`.
+        let mqtt = text.contains(['/', '+', '#']);
+        let parsed = if mqtt {
+            Pattern::parse_mqtt_with(text, &self.context.limits)
+        } else {
+            Pattern::parse_native_with(text, &self.context.limits)
+        };
+        let pattern = match parsed {
+            Ok(pattern) => pattern,
+            Err(error) => {
+                self.reply_error(id, refusal("invalid_pattern", error.to_string()));
+                return;
+            }
+        };
+        let native = pattern.to_string();
+        if let Err(denied) =
+            self.broker
+                .authorizer()
+                .authorize(&self.principal, Action::Subscribe, &native)
+        {
+            self.reply_error(id, refusal("forbidden", denied.to_string()));
+            return;
+        }
+        let sid = self.next_sid;
+        self.next_sid = self.next_sid.wrapping_add(1).max(1);
+        let sub = self.broker.subscribe_as(
+            &self.routes,
+            &self.outbox,
+            Bytes::new(),
+            pattern,
+            None,
+            Some(MqttOptions {
+                qos: 0,
+                subscription_id: sid,
+                ..MqttOptions::default()
+            }),
+        );
+        self.subs.insert(sid, sub);
+        self.reply(id, json!({"op": "ok", "sid": sid, "pattern": native}));
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn publish(
+        &mut self,
+        id: Option<String>,
+        subject: &str,
+        data: Option<&RawValue>,
+        data_b64: Option<String>,
+        headers: HashMap<String, String>,
+        expect_version: Option<u64>,
+        msg_id: Option<String>,
+    ) -> Result<(), Refusal> {
+        let subject = Subject::parse_native_with(subject, &self.context.limits)
+            .map_err(|e| refusal("invalid_subject", e.to_string()))?;
+        let subject = subject.as_str();
+        if subject.starts_with('$') {
+            return Err(refusal(
+                "forbidden",
+                format!("{subject} is reserved for the server"),
+            ));
+        }
+        self.broker
+            .authorizer()
+            .authorize(&self.principal, Action::Publish, subject)
+            .map_err(|denied| refusal("forbidden", denied.to_string()))?;
+        let mut map = HeaderMap::new();
+        let (payload, json_inline) = match (data, data_b64) {
+            (Some(raw), None) => (Bytes::copy_from_slice(raw.get().as_bytes()), true),
+            (None, Some(text)) => {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(text.trim())
+                    .map_err(|e| refusal("bad_request", format!("data_b64 is not base64: {e}")))?;
+                (Bytes::from(bytes), false)
+            }
+            (None, None) => (Bytes::new(), false),
+            (Some(_), Some(_)) => {
+                return Err(refusal("bad_request", "give data or data_b64, not both"));
+            }
+        };
+        for (name, value) in headers {
+            map.append(name, value);
+        }
+        if json_inline && map.get("Content-Type").is_none() {
+            map.append("Content-Type", "application/json");
+        }
+        if let Some(version) = expect_version {
+            map.insert("Canopy-Expected-Version", version.to_string());
+        }
+        if let Some(msg_id) = &msg_id {
+            map.insert("Canopy-Msg-Id", msg_id.as_str());
+        }
+        let block = if map.is_empty() {
+            Bytes::new()
+        } else {
+            let mut block = BytesMut::new();
+            map.encode(&mut block);
+            block.freeze()
+        };
+        let broker = Arc::clone(&self.broker);
+        let Some(policy) = broker.store_policy(subject) else {
+            let message = Routed {
+                subject,
+                headers: (!block.is_empty()).then_some(&block[..]),
+                payload: &payload,
+                origin: self.id,
+                ..Routed::default()
+            };
+            broker.route(
+                &self.routes,
+                None,
+                &message,
+                &mut self.scratch,
+                &mut self.wakes,
+            );
+            self.wakes.wake_all();
+            self.reply(id.as_deref(), json!({"op": "ok", "stored": false}));
+            return Ok(());
+        };
+        let request = if block.is_empty() {
+            StoreRequest::default()
+        } else {
+            StoreRequest::from_headers(&block).map_err(|bad| refusal("bad_request", bad.0))?
+        };
+        if self.pending_acks.len() >= usize::from(u16::MAX) - 1 {
+            return Err(refusal("busy", "too many publishes waiting for the store"));
+        }
+        let ack = self.next_ack;
+        self.next_ack = self.next_ack.wrapping_add(1).max(1);
+        self.pending_acks.insert(ack, id);
+        let append = AppendRequest {
+            tenant: Arc::clone(&self.routes.name),
+            subject: Arc::from(subject),
+            messages: vec![NewMessage {
+                headers: block,
+                payload,
+                flags: 0,
+            }],
+            expect: request.expect,
+            msg_id: request.msg_id,
+            durability: policy.durability,
+            ack: Some(AckTo {
+                address: envelope::ack_address(self.id, ack),
+                flags: ACK_MQTT,
+            }),
+            route: RouteTag {
+                origin: self.id,
+                flags: 0,
+                reply: None,
+            },
+            compaction: policy.compaction(),
+            max_versions: policy.max_versions,
+            retain: false,
+        };
+        let Some(store) = self.broker.store().cloned() else {
+            return Err(refusal("unavailable", "the store is not open"));
+        };
+        store
+            .append(append)
+            .await
+            .map_err(|_| refusal("unavailable", "the store is closing"))
+    }
+
+    async fn get(
+        &mut self,
+        id: Option<&str>,
+        subject: &str,
+        version: Option<u64>,
+    ) -> Result<String, Refusal> {
+        let subject = Subject::parse_native_with(subject, &self.context.limits)
+            .map_err(|e| refusal("invalid_subject", e.to_string()))?;
+        self.broker
+            .authorizer()
+            .authorize(&self.principal, Action::Subscribe, subject.as_str())
+            .map_err(|denied| refusal("forbidden", denied.to_string()))?;
+        let Some(store) = self.broker.store().cloned() else {
+            return Err(refusal("unavailable", "the store is not open"));
+        };
+        let found = store
+            .get(&self.routes.name, subject.as_str(), version)
+            .await
+            .map_err(|e| refusal("unavailable", e.to_string()))?;
+        let Some(message) = found else {
+            return Err(refusal(
+                "not_found",
+                format!("{subject} has no such message"),
+            ));
+        };
+        let out = Stored {
+            op: "ok",
+            id,
+            subject: &message.subject,
+            version: message.version,
+            offset: message.offset,
+            time_ms: message.time_ms,
+            payload: Payload::of(&message.headers, &message.payload),
+        };
+        serde_json::to_string(&out).map_err(|e| refusal("internal", e.to_string()))
+    }
+
+    /// Turns queued envelopes into `msg` texts.
+    fn deliveries(&mut self) {
+        let mut taken = BytesMut::new();
+        self.outbox.take(&mut taken);
+        let mut taken = taken.freeze();
+        while let Some(delivery) = envelope::decode(&mut taken) {
+            let stored = delivery.offset != 0;
+            let out = Delivery {
+                op: "msg",
+                sid: delivery.subscription_id,
+                subject: std::str::from_utf8(&delivery.subject).unwrap_or_default(),
+                version: stored.then_some(delivery.version),
+                offset: stored.then_some(delivery.offset),
+                reply: std::str::from_utf8(&delivery.reply)
+                    .ok()
+                    .filter(|r| !r.is_empty()),
+                payload: Payload::of(&delivery.headers, &delivery.payload),
+            };
+            if let Ok(text) = serde_json::to_string(&out) {
+                self.out.push(text);
+            }
+        }
+    }
+
+    /// Answers publishes the store has decided.
+    fn store_acks(&mut self) {
+        let mut acks = Vec::new();
+        self.acks.take(&mut acks);
+        for StoreAck { packet_id, outcome } in acks {
+            let Some(id) = self.pending_acks.remove(&packet_id) else {
+                continue;
+            };
+            let body = match outcome {
+                AppendOutcome::Stored {
+                    subject,
+                    version,
+                    offset,
+                    ..
+                } => {
+                    json!({"op": "ok", "stored": true, "subject": &*subject, "version": version, "offset": offset})
+                }
+                AppendOutcome::Duplicate {
+                    subject,
+                    version,
+                    offset,
+                } => {
+                    json!({"op": "ok", "stored": true, "duplicate": true, "subject": &*subject, "version": version, "offset": offset})
+                }
+                AppendOutcome::Conflict {
+                    subject,
+                    current_version,
+                    ..
+                } => json!({
+                    "op": "error",
+                    "code": "conflict",
+                    "message": format!("{subject} is at version {current_version}"),
+                    "subject": &*subject,
+                    "current_version": current_version,
+                }),
+                AppendOutcome::Failed { reason } => {
+                    json!({"op": "error", "code": "unavailable", "message": reason})
+                }
+            };
+            self.reply(id.as_deref(), body);
+        }
+    }
+}
+
+/// A delivery as the client sees it.
+#[derive(Serialize)]
+struct Delivery<'a> {
+    op: &'static str,
+    sid: u32,
+    subject: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    offset: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reply: Option<&'a str>,
+    #[serde(flatten)]
+    payload: Payload,
+}
+
+/// A stored message answering `get`.
+#[derive(Serialize)]
+struct Stored<'a> {
+    op: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    subject: &'a str,
+    version: u64,
+    offset: u64,
+    time_ms: u64,
+    #[serde(flatten)]
+    payload: Payload,
+}
+
+/// A message's headers (when any) and payload: inline `data` when the headers say the
+/// content is JSON and the bytes parse (serialized as the very same bytes), `data_b64`
+/// otherwise.
+#[derive(Serialize)]
+struct Payload {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    headers: Option<serde_json::Map<String, Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<Box<RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data_b64: Option<String>,
+}
+
+impl Payload {
+    fn of(headers: &[u8], payload: &[u8]) -> Payload {
+        let mut json_content = false;
+        let mut object = None;
+        if !headers.is_empty()
+            && let Ok(map) = HeaderMap::parse(headers)
+        {
+            json_content = map
+                .get("Content-Type")
+                .is_some_and(|t| t.trim().starts_with("application/json"));
+            let mut fields = serde_json::Map::new();
+            for (name, value) in map.entries {
+                match fields.get_mut(&name) {
+                    Some(Value::Array(values)) => values.push(json!(value)),
+                    Some(first) => *first = json!([first.take(), value]),
+                    None => {
+                        fields.insert(name, json!(value));
+                    }
+                }
+            }
+            object = Some(fields);
+        }
+        let data = json_content
+            .then(|| std::str::from_utf8(payload).ok())
+            .flatten()
+            .and_then(|text| RawValue::from_string(text.to_owned()).ok());
+        let data_b64 = data
+            .is_none()
+            .then(|| base64::engine::general_purpose::STANDARD.encode(payload));
+        Payload {
+            headers: object,
+            data,
+            data_b64,
+        }
+    }
+}
