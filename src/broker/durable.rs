@@ -16,7 +16,10 @@ use serde_json::json;
 
 use super::{Broker, Message, RouteScratch, Wakes};
 use crate::config::{AckMode, StorePolicy};
-use crate::store::{AckTo, AppendOutcome, Durability, Expectation, Sequenced, StoreEvents};
+use crate::store::{
+    AckTo, AppendOutcome, AppendRequest, Durability, Expectation, NewMessage, RouteTag, Sequenced,
+    StoreEvents,
+};
 
 /// [`RouteTag::flags`](crate::store::RouteTag) bits.
 pub const FLAG_NO_ECHO: u32 = 1;
@@ -163,6 +166,32 @@ impl StoreRequest {
             || self.expect.is_some()
             || self.msg_id.is_some()
             || self.jetstream
+    }
+}
+
+/// One message to append under `policy`, with what its headers asked
+/// (`request`): the request every front end builds the same way.
+pub fn append_one(
+    policy: &StorePolicy,
+    tenant: &Arc<str>,
+    subject: &str,
+    message: NewMessage,
+    request: StoreRequest,
+    ack: Option<AckTo>,
+    route: RouteTag,
+) -> AppendRequest {
+    AppendRequest {
+        tenant: Arc::clone(tenant),
+        subject: Arc::from(subject),
+        messages: vec![message],
+        expect: request.expect,
+        msg_id: request.msg_id,
+        durability: request.ack.flatten().unwrap_or(policy.durability),
+        ack,
+        route,
+        compaction: policy.compaction(),
+        max_versions: policy.max_versions,
+        retain: false,
     }
 }
 

@@ -27,7 +27,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::api;
 use crate::broker::durable::{
-    ACK_JETSTREAM, FLAG_NO_ECHO, FLAG_NO_RESPONDERS, StoreRequest, bad_request_body,
+    ACK_JETSTREAM, FLAG_NO_ECHO, FLAG_NO_RESPONDERS, StoreRequest, append_one, bad_request_body,
 };
 use crate::broker::{Broker, Message, Outbox, RouteScratch, Subscription, TenantRoutes, Wakes};
 use crate::config::{Config, StorePolicy};
@@ -628,29 +628,27 @@ impl Connection {
         if self.no_responders {
             flags |= FLAG_NO_RESPONDERS;
         }
-        self.appends.push(AppendRequest {
-            tenant: Arc::clone(&self.routes.name),
-            subject: Arc::from(subject),
-            messages: vec![NewMessage {
-                headers: headers.unwrap_or_default(),
-                payload,
-                flags: 0,
-            }],
-            expect: request.expect,
-            msg_id: request.msg_id,
-            durability: request.ack.flatten().unwrap_or(policy.durability),
-            // The reply belongs to the ack when the store answers; otherwise it is a
-            // plain request that subscribers may answer.
-            route: RouteTag {
-                origin: self.id,
-                flags,
-                reply: if ack.is_some() { None } else { reply },
-            },
+        // The reply belongs to the ack when the store answers; otherwise it is a
+        // plain request that subscribers may answer.
+        let route = RouteTag {
+            origin: self.id,
+            flags,
+            reply: if ack.is_some() { None } else { reply },
+        };
+        let message = NewMessage {
+            headers: headers.unwrap_or_default(),
+            payload,
+            flags: 0,
+        };
+        self.appends.push(append_one(
+            policy,
+            &self.routes.name,
+            subject,
+            message,
+            request,
             ack,
-            compaction: policy.compaction(),
-            max_versions: policy.max_versions,
-            retain: false,
-        });
+            route,
+        ));
     }
 
     /// Publishes `body` to `subject` on behalf of the server (an error ack).

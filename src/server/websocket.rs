@@ -22,10 +22,10 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::durable::{ACK_MQTT, StoreRequest};
+use crate::broker::durable::{ACK_MQTT, StoreRequest, append_one};
 use crate::broker::envelope::{self, AckInbox, MqttOptions, StoreAck};
 use crate::broker::{Broker, Message as Routed, Outbox, RouteScratch, Subscription, Wakes};
-use crate::store::{AckTo, AppendOutcome, AppendRequest, NewMessage, RouteTag};
+use crate::store::{AckTo, AppendOutcome, NewMessage, RouteTag};
 use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
 
 /// What every `/ws` connection shares.
@@ -396,30 +396,29 @@ impl Connection {
         let ack = self.next_ack;
         self.next_ack = self.next_ack.wrapping_add(1).max(1);
         self.pending_acks.insert(ack, id);
-        let append = AppendRequest {
-            tenant: Arc::clone(&self.routes.name),
-            subject: Arc::from(subject),
-            messages: vec![NewMessage {
-                headers: block,
-                payload,
-                flags: 0,
-            }],
-            expect: request.expect,
-            msg_id: request.msg_id,
-            durability: policy.durability,
-            ack: Some(AckTo {
-                address: envelope::ack_address(self.id, ack),
-                flags: ACK_MQTT,
-            }),
-            route: RouteTag {
-                origin: self.id,
-                flags: 0,
-                reply: None,
-            },
-            compaction: policy.compaction(),
-            max_versions: policy.max_versions,
-            retain: false,
+        let message = NewMessage {
+            headers: block,
+            payload,
+            flags: 0,
         };
+        let ack = AckTo {
+            address: envelope::ack_address(self.id, ack),
+            flags: ACK_MQTT,
+        };
+        let route = RouteTag {
+            origin: self.id,
+            flags: 0,
+            reply: None,
+        };
+        let append = append_one(
+            policy,
+            &self.routes.name,
+            subject,
+            message,
+            request,
+            Some(ack),
+            route,
+        );
         let Some(store) = self.broker.store().cloned() else {
             return Err(refusal("unavailable", "the store is not open"));
         };

@@ -31,7 +31,7 @@ use super::session::{
 };
 use super::translate;
 use super::transport::Inbound;
-use crate::broker::durable::{ACK_MQTT, StoreRequest};
+use crate::broker::durable::{ACK_MQTT, StoreRequest, append_one};
 use crate::broker::envelope::{
     self, AckInbox, Envelope, MqttOptions, StoreAck, mqtt_flags, qos_cap,
 };
@@ -1454,27 +1454,27 @@ impl Connection {
             if qos > 0 {
                 self.inbound.insert(packet_id, InboundState::Storing(qos));
             }
-            self.appends.push(AppendRequest {
-                tenant: Arc::clone(&self.routes.name),
-                subject: Arc::from(subject_text),
-                messages: vec![NewMessage {
-                    headers: parts.headers,
-                    payload: publish.payload,
-                    flags,
-                }],
-                expect: request.expect,
-                msg_id: request.msg_id,
-                durability: request.ack.flatten().unwrap_or(policy.durability),
+            let message = NewMessage {
+                headers: parts.headers,
+                payload: publish.payload,
+                flags,
+            };
+            let route = RouteTag {
+                origin: self.id,
+                flags: 0,
+                reply: parts.reply,
+            };
+            let mut append = append_one(
+                policy,
+                &self.routes.name,
+                subject_text,
+                message,
+                request,
                 ack,
-                route: RouteTag {
-                    origin: self.id,
-                    flags: 0,
-                    reply: parts.reply,
-                },
-                compaction: policy.compaction(),
-                max_versions: policy.max_versions,
-                retain: publish.retain,
-            });
+                route,
+            );
+            append.retain = publish.retain;
+            self.appends.push(append);
             return Ok(());
         }
         // Not stored: routed now, acknowledged now.
@@ -1570,23 +1570,20 @@ impl Connection {
         let flags = mqtt_flags(envelope.qos, false);
         let broker = Arc::clone(&self.broker);
         if let Some(policy) = broker.store_policy(subject) {
-            self.appends.push(AppendRequest {
-                tenant: Arc::clone(&self.routes.name),
-                subject: Arc::from(subject),
-                messages: vec![NewMessage {
-                    headers,
-                    payload: envelope.payload.clone(),
-                    flags,
-                }],
-                expect: None,
-                msg_id: None,
-                durability: policy.durability,
-                ack: None,
-                route: RouteTag::default(),
-                compaction: policy.compaction(),
-                max_versions: policy.max_versions,
-                retain: false,
-            });
+            let message = NewMessage {
+                headers,
+                payload: envelope.payload.clone(),
+                flags,
+            };
+            self.appends.push(append_one(
+                policy,
+                &self.routes.name,
+                subject,
+                message,
+                StoreRequest::default(),
+                None,
+                RouteTag::default(),
+            ));
             // The append goes out in the next catch-up.
             self.outbox.wake();
         } else {
@@ -2130,27 +2127,26 @@ async fn publish_will(context: &MqttContext, will: &Will, level: Level, origin: 
     if let Some(policy) = broker.store_policy(subject.as_str())
         && let Some(store) = broker.store()
     {
-        let request = AppendRequest {
-            tenant: Arc::clone(&routes.name),
-            subject: Arc::from(subject.as_str()),
-            messages: vec![NewMessage {
-                headers: parts.headers,
-                payload: will.payload.clone(),
-                flags,
-            }],
-            expect: None,
-            msg_id: None,
-            durability: policy.durability,
-            ack: None,
-            route: RouteTag {
-                origin,
-                flags: 0,
-                reply: parts.reply,
-            },
-            compaction: policy.compaction(),
-            max_versions: policy.max_versions,
-            retain: will.retain,
+        let message = NewMessage {
+            headers: parts.headers,
+            payload: will.payload.clone(),
+            flags,
         };
+        let route = RouteTag {
+            origin,
+            flags: 0,
+            reply: parts.reply,
+        };
+        let mut request = append_one(
+            policy,
+            &routes.name,
+            subject.as_str(),
+            message,
+            StoreRequest::default(),
+            None,
+            route,
+        );
+        request.retain = will.retain;
         if store.append(request).await.is_err() {
             tracing::warn!(topic = %will.topic, "the will could not be stored: the store is closing");
         }
