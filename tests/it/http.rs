@@ -324,3 +324,75 @@ async fn the_json_websocket_api_subscribes_publishes_and_locks() {
     assert_eq!(ws.json().await["op"], "ok");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn the_json_websocket_api_replays_and_lists_subjects() {
+    let server = start_default().await;
+    let http = server.http_addr.expect("http on");
+    let nats = async_nats::connect(server.native_url())
+        .await
+        .expect("nats");
+    for (subject, body) in [("orders.1", "a"), ("orders.2", "b"), ("orders.1", "c")] {
+        publish_acked(&nats, subject, body).await;
+    }
+    let mut ws = JsonSocket::connect(http).await;
+    // Exact JSON bytes survive a replay page too.
+    let odd = r#"{"n": 123456789012345678901234567890,"k" :1}"#;
+    ws.send(&format!(
+        r#"{{"op":"pub","id":"p","subject":"orders.3","data":{odd}}}"#
+    ))
+    .await;
+    assert_eq!(ws.json().await["op"], "ok");
+
+    ws.send(r#"{"op":"replay","id":"r","subject":"orders.1","from_version":2}"#)
+        .await;
+    let page = ws.json().await;
+    assert_eq!(page["id"], "r");
+    let messages = page["messages"].as_array().expect("messages");
+    assert_eq!(messages.len(), 1, "{page}");
+    assert_eq!(messages[0]["version"], 2);
+    assert_eq!(messages[0]["data_b64"], "Yw==");
+
+    ws.send(r#"{"op":"replay","id":"r2","pattern":"orders/#","max":2}"#)
+        .await;
+    let first = ws.json().await;
+    assert_eq!(
+        first["messages"].as_array().map(Vec::len),
+        Some(2),
+        "{first}"
+    );
+    assert_eq!(first["caught_up"], false);
+    let next = first["next"].as_u64().expect("next");
+    ws.send(&format!(
+        r#"{{"op":"replay","id":"r3","pattern":"orders.>","from_offset":{next}}}"#
+    ))
+    .await;
+    let text = ws.text().await;
+    assert!(text.contains(odd), "{text}");
+    let rest: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let subjects: Vec<&str> = rest["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter_map(|m| m["subject"].as_str())
+        .collect();
+    assert_eq!(subjects, ["orders.1", "orders.3"]);
+    assert_eq!(rest["caught_up"], true);
+
+    ws.send(r#"{"op":"subjects","id":"l","pattern":"orders.*"}"#)
+        .await;
+    let listed = ws.json().await;
+    let names: Vec<(&str, u64)> = listed["subjects"]
+        .as_array()
+        .expect("subjects")
+        .iter()
+        .map(|s| {
+            (
+                s["subject"].as_str().unwrap_or(""),
+                s["version"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(names, [("orders.1", 2), ("orders.2", 1), ("orders.3", 1)]);
+    server.stop().await;
+}
