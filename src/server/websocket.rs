@@ -436,9 +436,7 @@ impl Connection {
             Some(ack),
             route,
         );
-        let Some(store) = self.broker.store().cloned() else {
-            return Err(refusal("unavailable", "the store is not open"));
-        };
+        let store = self.store()?;
         store
             .append(append)
             .await
@@ -457,9 +455,7 @@ impl Connection {
             .authorizer()
             .authorize(&self.principal, Action::Subscribe, subject.as_str())
             .map_err(|denied| refusal("forbidden", denied.to_string()))?;
-        let Some(store) = self.broker.store().cloned() else {
-            return Err(refusal("unavailable", "the store is not open"));
-        };
+        let store = self.store()?;
         let found = store
             .get(&self.routes.name, subject.as_str(), version)
             .await
@@ -495,11 +491,7 @@ impl Connection {
     /// One page of history: of a subject (`subject`, from a version) or of a pattern
     /// (`pattern`, from a tenant offset), or from a time.
     async fn replay(&mut self, request: &Request<'_>) -> Result<String, Refusal> {
-        let store = self
-            .broker
-            .store()
-            .cloned()
-            .ok_or_else(|| refusal("unavailable", "the store is not open"))?;
+        let store = self.store()?;
         let max = request.max.unwrap_or(100).clamp(1, 1000);
         let from = match (
             request.from_time_ms,
@@ -561,11 +553,7 @@ impl Connection {
 
     /// One page of stored subjects matching `pattern`, with their heads.
     async fn subjects(&mut self, request: &Request<'_>) -> Result<String, Refusal> {
-        let store = self
-            .broker
-            .store()
-            .cloned()
-            .ok_or_else(|| refusal("unavailable", "the store is not open"))?;
+        let store = self.store()?;
         let pattern = self.pattern(request.pattern.as_deref().unwrap_or(">"))?;
         self.may_read(&pattern.to_string())?;
         let max = request.max.unwrap_or(100).clamp(1, 1000);
@@ -584,6 +572,13 @@ impl Connection {
             json!({"op": "ok", "id": request.id, "subjects": subjects, "next": page.next})
                 .to_string(),
         )
+    }
+
+    fn store(&self) -> Result<Arc<crate::store::Store>, Refusal> {
+        self.broker
+            .store()
+            .cloned()
+            .ok_or_else(|| refusal("unavailable", "the store is not open"))
     }
 
     /// Reading stored history is subscribing to it, for the deny lists.
