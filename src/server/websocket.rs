@@ -28,6 +28,28 @@ use crate::broker::{Broker, Message as Routed, Outbox, RouteScratch, Subscriptio
 use crate::store::{AckTo, AppendOutcome, NewMessage, ReplayFrom, RouteTag};
 use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
 
+/// Messages per page of a subscription's history.
+const CATCH_UP_PAGE: usize = 512;
+
+/// Whose history a catching-up subscription reads.
+enum History {
+    Subject(String),
+    Pattern(Pattern),
+}
+
+/// A subscription sending its history before its live messages.
+struct CatchUp {
+    sid: u32,
+    target: History,
+    from: ReplayFrom,
+    /// The highest offset sent from history: live messages at or below it are repeats.
+    high: u64,
+}
+
+fn envelope_size(envelope: &envelope::Envelope) -> usize {
+    envelope.subject.len() + envelope.headers.len() + envelope.payload.len() + 64
+}
+
 /// Bytes one replay page may hold, about.
 const REPLAY_BYTES: usize = 4 * 1024 * 1024;
 
@@ -105,6 +127,9 @@ pub async fn serve(socket: WebSocket, context: Arc<WsContext>, shutdown: Cancell
         pending_acks: HashMap::new(),
         next_ack: 1,
         out: Vec::new(),
+        catchups: std::collections::VecDeque::new(),
+        held: HashMap::new(),
+        held_bytes: 0,
         scratch: RouteScratch::default(),
         wakes: Wakes::default(),
     };
@@ -146,6 +171,43 @@ pub async fn serve(socket: WebSocket, context: Arc<WsContext>, shutdown: Cancell
         if step.is_some() {
             break step;
         }
+        // History pages go out one at a time, each sent before the next is read.
+        let mut failed = false;
+        while connection.catch_up().await {
+            if connection.holds_too_much() {
+                break;
+            }
+            for text in connection.out.drain(..) {
+                if sink
+                    .send(Message::Text(Utf8Bytes::from(text)))
+                    .await
+                    .is_err()
+                {
+                    failed = true;
+                    break;
+                }
+            }
+            if failed {
+                break;
+            }
+            connection.deliveries();
+        }
+        if connection.holds_too_much() {
+            break Some((1008, "slow consumer: messages were not read fast enough"));
+        }
+        for text in connection.out.drain(..) {
+            if sink
+                .send(Message::Text(Utf8Bytes::from(text)))
+                .await
+                .is_err()
+            {
+                failed = true;
+                break;
+            }
+        }
+        if failed {
+            break None;
+        }
     };
     let subs: Vec<Arc<Subscription>> = connection.subs.drain().map(|(_, s)| s).collect();
     connection.broker.unsubscribe_all(&connection.routes, &subs);
@@ -176,6 +238,11 @@ struct Connection {
     next_ack: u16,
     /// JSON texts to send, in order.
     out: Vec<String>,
+    /// Subscriptions still sending their history, oldest first.
+    catchups: std::collections::VecDeque<CatchUp>,
+    /// Live deliveries of those subscriptions, held until their history is sent.
+    held: HashMap<u32, Vec<envelope::Envelope>>,
+    held_bytes: usize,
     scratch: RouteScratch,
     wakes: Wakes,
 }
@@ -229,7 +296,23 @@ impl Connection {
             field.ok_or_else(|| refusal("bad_request", format!("{} needs `{name}`", request.op)))
         };
         let result = match request.op.as_str() {
-            "sub" => needs(request.pattern.clone(), "pattern").map(|p| self.subscribe(id, &p)),
+            "sub" => match needs(request.pattern.clone(), "pattern") {
+                Ok(pattern) => {
+                    let from = match (
+                        request.from_time_ms,
+                        request.from_offset,
+                        request.from_version,
+                    ) {
+                        (Some(t), _, _) => Some(ReplayFrom::Time(t)),
+                        (None, Some(o), _) => Some(ReplayFrom::Offset(o)),
+                        (None, None, Some(v)) => Some(ReplayFrom::Version(v)),
+                        (None, None, None) => None,
+                    };
+                    self.subscribe(id, &pattern, from).await;
+                    Ok(())
+                }
+                Err(refusal) => Err(refusal),
+            },
             "unsub" => match request.sid {
                 Some(sid) => {
                     match self.subs.remove(&sid) {
@@ -283,7 +366,9 @@ impl Connection {
         }
     }
 
-    fn subscribe(&mut self, id: Option<&str>, text: &str) {
+    /// Subscribes live; with `from`, the stored history since then comes first and
+    /// live messages follow without a gap or a repeat.
+    async fn subscribe(&mut self, id: Option<&str>, text: &str, from: Option<ReplayFrom>) {
         // Native syntax, or MQTT's when the pattern has a `/`, `+` or `#`.
         let mqtt = text.contains(['/', '+', '#']);
         let parsed = if mqtt {
@@ -321,8 +406,108 @@ impl Connection {
                 ..MqttOptions::default()
             }),
         );
+        let literal = sub.pattern.is_literal();
+        let pattern = sub.pattern.clone();
         self.subs.insert(sid, sub);
         self.reply(id, json!({"op": "ok", "sid": sid, "pattern": native}));
+        let Some(from) = from else {
+            return;
+        };
+        let Ok(store) = self.store() else {
+            return;
+        };
+        // Everything routed before the subscription went live is durable after this,
+        // so the history read next misses nothing; live messages wait meanwhile.
+        let _ = store.durable_barrier().await;
+        let target = if literal {
+            History::Subject(native)
+        } else {
+            History::Pattern(pattern)
+        };
+        self.catchups.push_back(CatchUp {
+            sid,
+            target,
+            from,
+            high: 0,
+        });
+    }
+
+    /// Reads the next page of the oldest catch-up and queues it as `msg` texts; when
+    /// it is done, the live messages held for it follow (those it already sent are
+    /// dropped by offset). False when there is nothing to catch up.
+    async fn catch_up(&mut self) -> bool {
+        let Some(catchup) = self.catchups.front() else {
+            return false;
+        };
+        let Ok(store) = self.store() else {
+            self.catchups.clear();
+            return false;
+        };
+        let tenant = Arc::clone(&self.routes.name);
+        let page = match &catchup.target {
+            History::Subject(subject) => {
+                store
+                    .replay_subject(&tenant, subject, catchup.from, CATCH_UP_PAGE, REPLAY_BYTES)
+                    .await
+            }
+            History::Pattern(pattern) => {
+                store
+                    .replay_pattern(&tenant, pattern, catchup.from, CATCH_UP_PAGE, REPLAY_BYTES)
+                    .await
+            }
+        };
+        let sid = catchup.sid;
+        let subject_history = matches!(catchup.target, History::Subject(_));
+        let (next, done) = match page {
+            Ok(page) => {
+                let mut high = 0;
+                for message in &page.messages {
+                    high = high.max(message.offset);
+                    let out = Delivery {
+                        op: "msg",
+                        sid,
+                        subject: &message.subject,
+                        version: Some(message.version),
+                        offset: Some(message.offset),
+                        reply: None,
+                        payload: Payload::of(&message.headers, &message.payload),
+                    };
+                    if let Ok(text) = serde_json::to_string(&out) {
+                        self.out.push(text);
+                    }
+                }
+                if let Some(catchup) = self.catchups.front_mut() {
+                    catchup.high = catchup.high.max(high);
+                }
+                (page.next, page.caught_up)
+            }
+            Err(error) => {
+                self.reply_error(
+                    None,
+                    refusal(
+                        "unavailable",
+                        format!("history of subscription {sid}: {error}"),
+                    ),
+                );
+                (0, true)
+            }
+        };
+        if let Some(catchup) = self.catchups.front_mut() {
+            catchup.from = if subject_history {
+                ReplayFrom::Version(next)
+            } else {
+                ReplayFrom::Offset(next)
+            };
+        }
+        if done && let Some(finished) = self.catchups.pop_front() {
+            for envelope in self.held.remove(&finished.sid).unwrap_or_default() {
+                self.held_bytes = self.held_bytes.saturating_sub(envelope_size(&envelope));
+                if envelope.offset == 0 || envelope.offset > finished.high {
+                    self.emit(&envelope);
+                }
+            }
+        }
+        true
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -595,6 +780,25 @@ impl Connection {
         self.outbox.take(&mut taken);
         let mut taken = taken.freeze();
         while let Some(delivery) = envelope::decode(&mut taken) {
+            if self
+                .catchups
+                .iter()
+                .any(|c| c.sid == delivery.subscription_id)
+            {
+                self.held_bytes += envelope_size(&delivery);
+                self.held
+                    .entry(delivery.subscription_id)
+                    .or_default()
+                    .push(delivery);
+                continue;
+            }
+            self.emit(&delivery);
+        }
+    }
+
+    /// Queues one delivery as a `msg` text.
+    fn emit(&mut self, delivery: &envelope::Envelope) {
+        {
             let stored = delivery.offset != 0;
             let out = Delivery {
                 op: "msg",
@@ -611,6 +815,11 @@ impl Connection {
                 self.out.push(text);
             }
         }
+    }
+
+    /// Whether live messages held during catch-ups passed the outbox's bound.
+    fn holds_too_much(&self) -> bool {
+        self.held_bytes > self.context.max_pending_bytes
     }
 
     /// Answers publishes the store has decided.

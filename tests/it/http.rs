@@ -396,3 +396,60 @@ async fn the_json_websocket_api_replays_and_lists_subjects() {
     assert_eq!(names, [("orders.1", 2), ("orders.2", 1), ("orders.3", 1)]);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_json_subscription_from_the_past_continues_live_without_a_gap() {
+    let server = start_default().await;
+    let http = server.http_addr.expect("http on");
+    let nats = async_nats::connect(server.native_url())
+        .await
+        .expect("nats");
+    for i in 1..=5 {
+        publish_acked(&nats, &format!("feed.{}", i % 2), format!("m{i}")).await;
+    }
+    let mut ws = JsonSocket::connect(http).await;
+    ws.send(r#"{"op":"sub","id":"s","pattern":"feed.*","from_offset":2}"#)
+        .await;
+    assert_eq!(ws.json().await["op"], "ok");
+    // Live publishes race the history being sent.
+    let publisher = nats.clone();
+    let live = tokio::spawn(async move {
+        for i in 6..=8 {
+            publish_acked(&publisher, &format!("feed.{}", i % 2), format!("m{i}")).await;
+        }
+    });
+    let mut payloads = Vec::new();
+    let mut offsets = Vec::new();
+    while payloads.len() < 7 {
+        let msg = ws.json().await;
+        assert_eq!(msg["op"], "msg", "{msg}");
+        offsets.push(msg["offset"].as_u64().expect("stored"));
+        let data = msg["data_b64"].as_str().expect("bytes");
+        let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, data)
+            .expect("base64");
+        payloads.push(String::from_utf8(bytes).expect("text"));
+    }
+    live.await.expect("publisher ran");
+    assert_eq!(
+        payloads,
+        ["m2", "m3", "m4", "m5", "m6", "m7", "m8"],
+        "{offsets:?}"
+    );
+    assert!(
+        offsets.windows(2).all(|w| w[0] < w[1]),
+        "in order, once: {offsets:?}"
+    );
+
+    // A subject from a version.
+    ws.send(r#"{"op":"sub","id":"v","pattern":"feed.1","from_version":3}"#)
+        .await;
+    assert_eq!(ws.json().await["op"], "ok");
+    let msg = ws.json().await;
+    assert_eq!(
+        (msg["subject"].as_str(), msg["version"].as_u64()),
+        (Some("feed.1"), Some(3))
+    );
+    let msg = ws.json().await;
+    assert_eq!(msg["version"], 4);
+    server.stop().await;
+}
