@@ -28,6 +28,23 @@ use crate::broker::{Broker, Message as Routed, Outbox, RouteScratch, Subscriptio
 use crate::store::{AckTo, AppendOutcome, NewMessage, ReplayFrom, RouteTag};
 use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
 
+/// Sends every queued text in order; false once the socket failed.
+async fn send_all(
+    sink: &mut futures::stream::SplitSink<WebSocket, Message>,
+    out: &mut Vec<String>,
+) -> bool {
+    for text in out.drain(..) {
+        if sink
+            .send(Message::Text(Utf8Bytes::from(text)))
+            .await
+            .is_err()
+        {
+            return false;
+        }
+    }
+    true
+}
+
 /// Messages per page of a subscription's history.
 const CATCH_UP_PAGE: usize = 512;
 
@@ -159,35 +176,15 @@ pub async fn serve(socket: WebSocket, context: Arc<WsContext>, shutdown: Cancell
             },
         };
         connection.store_acks();
-        for text in connection.out.drain(..) {
-            if sink
-                .send(Message::Text(Utf8Bytes::from(text)))
-                .await
-                .is_err()
-            {
-                break;
-            }
+        if !send_all(&mut sink, &mut connection.out).await {
+            break None;
         }
         if step.is_some() {
             break step;
         }
         // History pages go out one at a time, each sent before the next is read.
-        let mut failed = false;
-        while connection.catch_up().await {
-            if connection.holds_too_much() {
-                break;
-            }
-            for text in connection.out.drain(..) {
-                if sink
-                    .send(Message::Text(Utf8Bytes::from(text)))
-                    .await
-                    .is_err()
-                {
-                    failed = true;
-                    break;
-                }
-            }
-            if failed {
+        while !connection.holds_too_much() && connection.catch_up().await {
+            if !send_all(&mut sink, &mut connection.out).await {
                 break;
             }
             connection.deliveries();
@@ -195,17 +192,7 @@ pub async fn serve(socket: WebSocket, context: Arc<WsContext>, shutdown: Cancell
         if connection.holds_too_much() {
             break Some((1008, "slow consumer: messages were not read fast enough"));
         }
-        for text in connection.out.drain(..) {
-            if sink
-                .send(Message::Text(Utf8Bytes::from(text)))
-                .await
-                .is_err()
-            {
-                failed = true;
-                break;
-            }
-        }
-        if failed {
+        if !send_all(&mut sink, &mut connection.out).await {
             break None;
         }
     };
