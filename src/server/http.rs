@@ -39,6 +39,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/metrics", get(metrics))
         .route("/mqtt", get(mqtt_over_websocket))
         .route("/ws", get(json_websocket))
+        .route("/canopy.js", get(client_module))
         .with_state(state)
 }
 
@@ -81,6 +82,14 @@ async fn json_websocket(upgrade: WebSocketUpgrade, State(state): State<HttpState
     upgrade
         .max_message_size(context.max_message_bytes)
         .on_upgrade(move |socket| super::websocket::serve(socket, context, shutdown))
+}
+
+/// The browser client, an ES module embedded in the binary.
+async fn client_module() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("../../web/canopy.js"),
+    )
 }
 
 /// The process is up and answering.

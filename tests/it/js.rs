@@ -72,3 +72,50 @@ async fn mqtt_js_over_websocket_exchanges_messages_with_native_clients() {
         server.stop().await;
     }
 }
+
+#[tokio::test]
+async fn the_browser_client_module_is_served_and_works() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = start_default().await;
+    let http = server.http_addr.expect("http on");
+    // Served as JavaScript, byte for byte the module in web/.
+    let mut stream = tokio::net::TcpStream::connect(http).await.expect("connect");
+    stream
+        .write_all(b"GET /canopy.js HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("send");
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.expect("read");
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        text.to_lowercase()
+            .contains("content-type: text/javascript"),
+        "{text}"
+    );
+    let module =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("web/canopy.js"))
+            .expect("web/canopy.js");
+    assert!(
+        text.ends_with(&module),
+        "the served module is web/canopy.js"
+    );
+
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new("node")
+            .arg(js_dir().join("canopy_js_check.mjs"))
+            .arg(format!("ws://{http}/ws"))
+            .output(),
+    )
+    .await
+    .expect("node finishes")
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("all checks passed"),
+        "canopy.js check failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    server.stop().await;
+}

@@ -1,0 +1,127 @@
+// Canopy's browser client: an ES module over the JSON WebSocket API (/ws, see
+// docs/websocket.md). No build step: `import { connect } from "/canopy.js"`.
+//
+//   const canopy = await connect("ws://127.0.0.1:8080/ws");
+//   await canopy.subscribe("devices.*.temp", (msg) => console.log(msg.subject, msg.data));
+//   await canopy.publish("devices.42.temp", { t: 21.5 }, { expectVersion: 3 });
+
+/** An error the server answered: `code` for programs, `message` for people. */
+export class CanopyError extends Error {
+  constructor(answer) {
+    super(answer.message);
+    this.code = answer.code;
+    this.currentVersion = answer.current_version;
+  }
+}
+
+const base64ToBytes = (text) => Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
+const bytesToBase64 = (bytes) => btoa(String.fromCharCode(...bytes));
+
+/** A message as handlers receive it: `data` is parsed JSON, or bytes (Uint8Array). */
+function message(raw) {
+  const { op, id, data, data_b64, ...rest } = raw;
+  return { ...rest, data: data_b64 === undefined ? data : base64ToBytes(data_b64) };
+}
+
+/** Connects; resolves once the socket is open. */
+export function connect(url, { WebSocket: Socket = globalThis.WebSocket } = {}) {
+  return new Promise((resolve, reject) => {
+    const socket = new Socket(url);
+    socket.onopen = () => resolve(new Client(socket));
+    socket.onerror = () => reject(new Error(`cannot connect to ${url}`));
+  });
+}
+
+class Client {
+  #socket;
+  #nextId = 1;
+  #pending = new Map();
+  #handlers = new Map();
+
+  constructor(socket) {
+    this.#socket = socket;
+    socket.onmessage = (event) => this.#receive(JSON.parse(event.data));
+    socket.onclose = (event) => {
+      for (const { reject } of this.#pending.values()) {
+        reject(new Error(`connection closed: ${event.reason || event.code}`));
+      }
+      this.#pending.clear();
+    };
+  }
+
+  #receive(answer) {
+    if (answer.op === "msg") {
+      this.#handlers.get(answer.sid)?.(message(answer));
+      return;
+    }
+    const waiting = this.#pending.get(answer.id);
+    if (!waiting) return;
+    this.#pending.delete(answer.id);
+    if (answer.op === "error") waiting.reject(new CanopyError(answer));
+    else waiting.resolve(answer);
+  }
+
+  #request(op, fields) {
+    const id = String(this.#nextId++);
+    return new Promise((resolve, reject) => {
+      this.#pending.set(id, { resolve, reject });
+      this.#socket.send(JSON.stringify({ op, id, ...fields }));
+    });
+  }
+
+  /** Follows `pattern` (native or MQTT syntax); `from`: {offset}, {version} or {timeMs}. */
+  async subscribe(pattern, handler, { from } = {}) {
+    const fields = { pattern };
+    if (from?.offset !== undefined) fields.from_offset = from.offset;
+    if (from?.version !== undefined) fields.from_version = from.version;
+    if (from?.timeMs !== undefined) fields.from_time_ms = from.timeMs;
+    // The answer resolves in a microtask, before the next socket message is handled,
+    // so the handler is in place for the first message of the subscription.
+    const answer = await this.#request("sub", fields);
+    this.#handlers.set(answer.sid, handler);
+    return { sid: answer.sid, unsubscribe: () => this.#unsubscribe(answer.sid) };
+  }
+
+  async #unsubscribe(sid) {
+    this.#handlers.delete(sid);
+    await this.#request("unsub", { sid });
+  }
+
+  /** Publishes JSON (any value) or bytes (Uint8Array); resolves with the ack. */
+  publish(subject, data, { expectVersion, msgId, headers } = {}) {
+    const fields = { subject };
+    if (data instanceof Uint8Array) fields.data_b64 = bytesToBase64(data);
+    else fields.data = data;
+    if (expectVersion !== undefined) fields.expect_version = expectVersion;
+    if (msgId !== undefined) fields.msg_id = msgId;
+    if (headers !== undefined) fields.headers = headers;
+    return this.#request("pub", fields);
+  }
+
+  /** The latest message of `subject`, or a given `version`. */
+  async get(subject, { version } = {}) {
+    return message(await this.#request("get", version === undefined ? { subject } : { subject, version }));
+  }
+
+  /** One page of history: `target` is {subject} or {pattern}. */
+  async replay(target, { fromOffset, fromVersion, fromTimeMs, max } = {}) {
+    const page = await this.#request("replay", {
+      ...target,
+      from_offset: fromOffset,
+      from_version: fromVersion,
+      from_time_ms: fromTimeMs,
+      max,
+    });
+    return { messages: page.messages.map(message), next: page.next, caughtUp: page.caught_up };
+  }
+
+  /** One page of stored subjects matching `pattern`. */
+  async subjects(pattern = ">", { after, max } = {}) {
+    const page = await this.#request("subjects", { pattern, after, max });
+    return { subjects: page.subjects, next: page.next };
+  }
+
+  close() {
+    this.#socket.close();
+  }
+}
