@@ -62,12 +62,15 @@ pub struct ServerConfig {
 pub struct HttpConfig {
     /// Address of the HTTP listener (health, readiness, metrics); `None` turns it off.
     pub listen: Option<SocketAddr>,
+    /// WebSocket connections (`/ws` and `/mqtt`) open at once.
+    pub max_websockets: usize,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
+            max_websockets: 65_536,
         }
     }
 }

@@ -30,6 +30,37 @@ pub struct HttpState {
     pub mqtt: Option<Arc<MqttContext>>,
     pub websocket: Arc<super::websocket::WsContext>,
     pub shutdown: CancellationToken,
+    /// WebSocket connections open now, and how many may be.
+    pub websockets: Arc<std::sync::atomic::AtomicUsize>,
+    pub max_websockets: usize,
+}
+
+/// A WebSocket connection counted against the cap while it lives.
+struct Admitted(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl HttpState {
+    /// Counts one more WebSocket, or `None` when the cap is reached.
+    fn admit(&self) -> Option<Admitted> {
+        let open = self
+            .websockets
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let admitted = Admitted(Arc::clone(&self.websockets));
+        (open < self.max_websockets).then_some(admitted)
+    }
+}
+
+fn too_many() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too many WebSocket connections\n",
+    )
+        .into_response()
 }
 
 pub fn router(state: HttpState) -> Router {
@@ -66,22 +97,32 @@ async fn mqtt_over_websocket(
     let Some(context) = state.mqtt.clone() else {
         return (StatusCode::NOT_FOUND, "MQTT is turned off on this server\n").into_response();
     };
+    let Some(admitted) = state.admit() else {
+        return too_many();
+    };
     let shutdown = state.shutdown.clone();
     upgrade
         .protocols(["mqtt"])
         .on_upgrade(move |socket| async move {
             let (inbound, outbound) = super::mqtt::transport::websocket(socket);
             super::mqtt::serve_on(inbound, outbound, peer, context, shutdown).await;
+            drop(admitted);
         })
 }
 
 /// The JSON WebSocket API (docs/websocket.md).
 async fn json_websocket(upgrade: WebSocketUpgrade, State(state): State<HttpState>) -> Response {
+    let Some(admitted) = state.admit() else {
+        return too_many();
+    };
     let context = Arc::clone(&state.websocket);
     let shutdown = state.shutdown.clone();
     upgrade
         .max_message_size(context.max_message_bytes)
-        .on_upgrade(move |socket| super::websocket::serve(socket, context, shutdown))
+        .on_upgrade(move |socket| async move {
+            super::websocket::serve(socket, context, shutdown).await;
+            drop(admitted);
+        })
 }
 
 /// The browser client, an ES module embedded in the binary.

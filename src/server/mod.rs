@@ -221,6 +221,8 @@ impl Server {
                 mqtt: mqtt_context.clone(),
                 websocket,
                 shutdown: shutdown.clone(),
+                websockets: Arc::default(),
+                max_websockets: self.config.http.max_websockets,
             };
             tokio::spawn(http::serve(listener, state))
         });

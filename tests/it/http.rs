@@ -453,3 +453,36 @@ async fn a_json_subscription_from_the_past_continues_live_without_a_gap() {
     assert_eq!(msg["version"], 4);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn websocket_connections_are_capped() {
+    let mut config = crate::common::test_config();
+    config.http.max_websockets = 1;
+    let server = crate::common::start(config).await;
+    let http = server.http_addr.expect("http on");
+    let mut first = JsonSocket::connect(http).await;
+    let refused = tokio_tungstenite::connect_async(format!("ws://{http}/ws")).await;
+    match refused {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 503);
+        }
+        other => panic!("expected 503, got {:?}", other.map(|(_, r)| r.status())),
+    }
+    let mqtt = tokio_tungstenite::connect_async(format!("ws://{http}/mqtt")).await;
+    assert!(mqtt.is_err(), "/mqtt counts against the same cap");
+    // The first still works; once it closes, a new one is admitted.
+    first.send(r#"{"op":"subjects","id":"l"}"#).await;
+    assert_eq!(first.json().await["op"], "ok");
+    drop(first);
+    let again = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(socket) = tokio_tungstenite::connect_async(format!("ws://{http}/ws")).await {
+                return socket;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(again.is_ok(), "a closed connection frees its place");
+    server.stop().await;
+}
