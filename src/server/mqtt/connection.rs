@@ -1983,7 +1983,9 @@ impl Connection {
         self.broker.unsubscribe_all(&self.routes, &subs);
         let deadline = Duration::from_secs(self.context.config.mqtt.write_deadline_secs.max(1));
         // Publishes already decoded still go to the store; their acks may not
-        // reach this client any more, and it will send them again.
+        // reach this client any more, and it will send them again. Retained
+        // messages nobody will read are not fetched.
+        self.retained_jobs.clear();
         let _ = Box::pin(self.catch_up()).await;
         let told = match &close {
             Close::Server { code, reason } => Some((*code, Some(reason.clone()))),
