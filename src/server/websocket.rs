@@ -641,11 +641,7 @@ impl Connection {
         let out = Stored {
             op: "ok",
             id,
-            subject: &message.subject,
-            version: message.version,
-            offset: message.offset,
-            time_ms: message.time_ms,
-            payload: Payload::of(&message.headers, &message.payload),
+            message: StoredOut::of(&message),
         };
         serde_json::to_string(&out).map_err(|e| refusal("internal", e.to_string()))
     }
@@ -700,17 +696,7 @@ impl Connection {
             }
         }
         .map_err(|e| refusal("unavailable", e.to_string()))?;
-        let messages: Vec<StoredOut<'_>> = page
-            .messages
-            .iter()
-            .map(|m| StoredOut {
-                subject: &m.subject,
-                version: m.version,
-                offset: m.offset,
-                time_ms: m.time_ms,
-                payload: Payload::of(&m.headers, &m.payload),
-            })
-            .collect();
+        let messages: Vec<StoredOut<'_>> = page.messages.iter().map(StoredOut::of).collect();
         // Serialized straight to text: through a `Value` the raw payloads would be
         // parsed and lose their exact bytes.
         let out = ReplayOut {
@@ -891,18 +877,26 @@ struct StoredOut<'a> {
     payload: Payload,
 }
 
+impl<'a> StoredOut<'a> {
+    fn of(message: &'a crate::store::StoredMessage) -> StoredOut<'a> {
+        StoredOut {
+            subject: &message.subject,
+            version: message.version,
+            offset: message.offset,
+            time_ms: message.time_ms,
+            payload: Payload::of(&message.headers, &message.payload),
+        }
+    }
+}
+
 /// A stored message answering `get`.
 #[derive(Serialize)]
 struct Stored<'a> {
     op: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<&'a str>,
-    subject: &'a str,
-    version: u64,
-    offset: u64,
-    time_ms: u64,
     #[serde(flatten)]
-    payload: Payload,
+    message: StoredOut<'a>,
 }
 
 /// A message's headers (when any) and payload: inline `data` when the headers say the

@@ -547,30 +547,10 @@ async fn bad_packets_close_only_their_connection_with_the_reason() {
 
 #[tokio::test]
 async fn a_delivery_larger_than_the_clients_maximum_is_not_sent() {
-    use canopy_protocols::mqtt::{
-        Level, Packet, Properties, QoS, Subscribe, SubscribeFilter, encode,
-    };
-    use tokio::io::AsyncWriteExt;
+    use canopy_protocols::mqtt::Packet;
     let server = start_default().await;
     let mut small = raw_v5(&server, Some(64)).await;
-    let subscribe = Subscribe {
-        packet_id: 1,
-        filters: vec![SubscribeFilter {
-            filter: "sizes/#".into(),
-            qos: QoS::AtMostOnce,
-            no_local: false,
-            retain_as_published: false,
-            retain_handling: 0,
-        }],
-        properties: Properties::default(),
-    };
-    let mut out = bytes::BytesMut::new();
-    encode(&Packet::Subscribe(subscribe), Level::V5, &mut out).expect("encode");
-    small.write_all(&out).await.expect("send");
-    assert!(matches!(
-        read_packet(&mut small).await,
-        Some(Packet::SubAck(_))
-    ));
+    raw_subscribe(&mut small, "sizes/#").await;
     let nats = async_nats::connect(server.native_url())
         .await
         .expect("nats");
@@ -682,10 +662,7 @@ async fn an_expired_retained_message_is_not_delivered() {
 
 #[tokio::test]
 async fn the_server_gives_topic_aliases_up_to_the_clients_maximum() {
-    use canopy_protocols::mqtt::{
-        Level, Packet, Properties, QoS, Subscribe, SubscribeFilter, encode,
-    };
-    use tokio::io::AsyncWriteExt;
+    use canopy_protocols::mqtt::{Packet, Properties};
     let server = start_default().await;
     let mut client = raw_v5_with(
         &server,
@@ -695,24 +672,7 @@ async fn the_server_gives_topic_aliases_up_to_the_clients_maximum() {
         },
     )
     .await;
-    let subscribe = Subscribe {
-        packet_id: 1,
-        filters: vec![SubscribeFilter {
-            filter: "al/#".into(),
-            qos: QoS::AtMostOnce,
-            no_local: false,
-            retain_as_published: false,
-            retain_handling: 0,
-        }],
-        properties: Properties::default(),
-    };
-    let mut out = bytes::BytesMut::new();
-    encode(&Packet::Subscribe(subscribe), Level::V5, &mut out).expect("encode");
-    client.write_all(&out).await.expect("send");
-    assert!(matches!(
-        read_packet(&mut client).await,
-        Some(Packet::SubAck(_))
-    ));
+    raw_subscribe(&mut client, "al/#").await;
     let nats = async_nats::connect(server.native_url())
         .await
         .expect("nats");
@@ -746,4 +706,27 @@ async fn the_server_gives_topic_aliases_up_to_the_clients_maximum() {
         "aliases up to the client's maximum of 2, then full topics"
     );
     server.stop().await;
+}
+
+/// Subscribes a raw MQTT 5 connection to `filter` at QoS 0 and waits for its SUBACK.
+async fn raw_subscribe(stream: &mut tokio::net::TcpStream, filter: &str) {
+    use canopy_protocols::mqtt::{
+        Level, Packet, Properties, QoS, Subscribe, SubscribeFilter, encode,
+    };
+    use tokio::io::AsyncWriteExt;
+    let subscribe = Subscribe {
+        packet_id: 1,
+        filters: vec![SubscribeFilter {
+            filter: filter.into(),
+            qos: QoS::AtMostOnce,
+            no_local: false,
+            retain_as_published: false,
+            retain_handling: 0,
+        }],
+        properties: Properties::default(),
+    };
+    let mut out = bytes::BytesMut::new();
+    encode(&Packet::Subscribe(subscribe), Level::V5, &mut out).expect("encode");
+    stream.write_all(&out).await.expect("send");
+    assert!(matches!(read_packet(stream).await, Some(Packet::SubAck(_))));
 }
