@@ -83,6 +83,12 @@ MQTT shapes (--protocol mqtt, --server mqtt://HOST:PORT; MQTT 3.1.1 unless --mqt
   mqtt-retained  --retained QoS 1 RETAIN publishes to `ret/<i>`, then SUBSCRIBE `ret/#` timed to
                  its SUBACK and to the last retained message
 
+WebSocket shape (--server is the native publisher's server, --ws-url the subscribers'):
+  ws-fanout  1 native publisher round-robin over --devices `devices.<k>.temp` -> --subscribers
+             (1,000) WebSocket subscribers on `devices.>`: Canopy's JSON API
+             (ws://HOST:HTTP_PORT/ws) or nats-server's websocket listener (ws://HOST:PORT),
+             told from the publisher's INFO; --rate paces the publisher
+
 Every payload starts with its send time, so latency is measured in this process: one way \
 for the publisher shapes, the round trip for reqrep. Throughput is messages received per \
 second, from the first send to the last receive. Publishers send as fast as the socket takes \
@@ -99,7 +105,8 @@ Example: canopy bench --server nats://127.0.0.1:4222 --shape fanout --msgs 20000
 #[derive(Args)]
 struct BenchArgs {
     /// The traffic pattern: pubsub, fanin, fanout, reqrep, durable or replay; MQTT:
-    /// mqtt-fanin, mqtt-qos1, mqtt-fanout, mqtt-idle or mqtt-retained.
+    /// mqtt-fanin, mqtt-qos1, mqtt-fanout, mqtt-idle or mqtt-retained; WebSocket:
+    /// ws-fanout.
     #[arg(long, default_value = "pubsub", value_name = "SHAPE")]
     shape: bench::Shape,
     /// Messages to publish (fanin: in total over the 4 publishers; reqrep: requests).
@@ -113,7 +120,8 @@ struct BenchArgs {
     flush_every: u64,
     /// Publishers also wait while more than this many messages are published but not yet
     /// received by every subscriber (0: no bound). Default 20,000; mqtt-fanout 2,000 (its
-    /// 100 subscribers can then have 200,000 deliveries queued in the server).
+    /// 100 subscribers can then have 200,000 deliveries queued in the server); ws-fanout
+    /// 200 (per subscriber, with 1,000 of them).
     #[arg(long, value_name = "N")]
     max_in_flight: Option<u64>,
     /// reqrep: requests outstanding at once (1 measures latency, 64 throughput; default
@@ -121,7 +129,8 @@ struct BenchArgs {
     /// (default 64).
     #[arg(long, value_name = "N")]
     window: Option<u64>,
-    /// nats or mqtt (default: mqtt for the mqtt-* shapes, nats otherwise).
+    /// nats, mqtt or ws (default: mqtt for the mqtt-* shapes, ws for ws-fanout, nats
+    /// otherwise).
     #[arg(long, value_enum, value_name = "PROTOCOL")]
     protocol: Option<bench::Protocol>,
     /// Print the result as one JSON object.
@@ -131,6 +140,8 @@ struct BenchArgs {
     durable: bench::DurableArgs,
     #[command(flatten)]
     mqtt: bench::MqttArgs,
+    #[command(flatten)]
+    ws: bench::WsArgs,
     #[command(flatten)]
     connect: ConnectArgs,
 }
@@ -611,6 +622,7 @@ async fn run_bench(args: BenchArgs) -> Result<()> {
         timeout: Duration::from_secs(args.connect.timeout.max(1)),
         durable: args.durable,
         mqtt: args.mqtt,
+        ws: args.ws,
     };
     let report = bench::run(&options)
         .await

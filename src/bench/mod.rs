@@ -7,6 +7,9 @@
 //! (`durable`, `replay`, in [`durable`]) measure acked publishes and the replay of one
 //! subject, on Canopy's store and on JetStream alike. The MQTT shapes (`mqtt-*`, in
 //! [`mqtt`], with `--protocol mqtt`) measure Canopy's MQTT listener and Mosquitto alike.
+//! The WebSocket shape (`ws-fanout`, in [`ws`]) measures many WebSocket subscribers fed
+//! by one native publisher: Canopy's JSON API at `/ws` and nats-server's `websocket`
+//! listener alike.
 //!
 //! Both protocols share the roles (publish, subscribe: [`roles`]), the start of a timed
 //! run ([`timed`]), flow control ([`flow`]) and what a run measures ([`measured`]); only
@@ -29,6 +32,7 @@ mod report;
 mod roles;
 mod shapes;
 mod timed;
+mod ws;
 
 use std::fmt;
 use std::str::FromStr;
@@ -37,6 +41,7 @@ use std::time::Duration;
 pub use mqtt::{MqttArgs, MqttReport};
 pub use report::Report;
 use serde::Serialize;
+pub use ws::{WsArgs, WsReport};
 
 /// Publisher connections of the fan-in shape.
 pub const FANIN_PUBLISHERS: usize = 4;
@@ -79,10 +84,13 @@ pub enum Shape {
     MqttIdle,
     /// MQTT: `--retained` retained messages loaded, then SUBSCRIBE `ret/#` timed.
     MqttRetained,
+    /// WebSocket: 1 native publisher on `devices.<k>.temp` to `--subscribers` (1,000)
+    /// WebSocket subscribers on `devices.>`.
+    WsFanOut,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 11] = [
+    pub const ALL: [Shape; 12] = [
         Shape::PubSub,
         Shape::FanIn,
         Shape::FanOut,
@@ -94,6 +102,7 @@ impl Shape {
         Shape::MqttFanOut,
         Shape::MqttIdle,
         Shape::MqttRetained,
+        Shape::WsFanOut,
     ];
 
     /// The shapes that speak MQTT (`--protocol mqtt`).
@@ -109,10 +118,12 @@ impl Shape {
     }
 
     /// `--max-in-flight` when left out: 20,000, but mqtt-fanout
-    /// [`mqtt::FANOUT_MAX_IN_FLIGHT`] (per subscriber, with 100 of them).
+    /// [`mqtt::FANOUT_MAX_IN_FLIGHT`] (per subscriber, with 100 of them) and ws-fanout
+    /// [`ws::FANOUT_MAX_IN_FLIGHT`] (per subscriber, with 1,000 of them).
     pub fn default_max_in_flight(self) -> u64 {
         match self {
             Shape::MqttFanOut => mqtt::FANOUT_MAX_IN_FLIGHT,
+            Shape::WsFanOut => ws::FANOUT_MAX_IN_FLIGHT,
             _ => 20_000,
         }
     }
@@ -130,6 +141,7 @@ impl Shape {
             Shape::MqttFanOut => "mqtt-fanout",
             Shape::MqttIdle => "mqtt-idle",
             Shape::MqttRetained => "mqtt-retained",
+            Shape::WsFanOut => "ws-fanout",
         }
     }
 }
@@ -142,8 +154,9 @@ impl fmt::Display for Shape {
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown shape `{0}`: expected pubsub, fanin, fanout, reqrep, durable or replay, or with \
-     --protocol mqtt: mqtt-fanin, mqtt-qos1, mqtt-fanout, mqtt-idle or mqtt-retained"
+    "unknown shape `{0}`: expected pubsub, fanin, fanout, reqrep, durable or replay, with \
+     --protocol mqtt: mqtt-fanin, mqtt-qos1, mqtt-fanout, mqtt-idle or mqtt-retained, or \
+     ws-fanout"
 )]
 pub struct UnknownShape(String);
 
@@ -165,6 +178,9 @@ pub enum Protocol {
     Nats,
     /// MQTT 3.1.1 or 5.0 (Canopy's MQTT listener, Mosquitto).
     Mqtt,
+    /// WebSocket subscribers (Canopy's JSON API at `/ws`, nats-server's `websocket`
+    /// listener) fed by a NATS-protocol publisher (`--server`).
+    Ws,
 }
 
 impl Protocol {
@@ -172,15 +188,17 @@ impl Protocol {
     pub fn of(shape: Shape) -> Protocol {
         if shape.is_mqtt() {
             Protocol::Mqtt
+        } else if shape == Shape::WsFanOut {
+            Protocol::Ws
         } else {
             Protocol::Nats
         }
     }
 
-    /// The server when `--server` is left out.
+    /// The server when `--server` is left out (ws: the publisher's).
     pub fn default_server(self) -> &'static str {
         match self {
-            Protocol::Nats => "nats://127.0.0.1:4222",
+            Protocol::Nats | Protocol::Ws => "nats://127.0.0.1:4222",
             Protocol::Mqtt => "mqtt://127.0.0.1:1883",
         }
     }
@@ -189,7 +207,7 @@ impl Protocol {
     /// [`mqtt::QOS1_WINDOW`].
     pub fn default_window(self) -> u64 {
         match self {
-            Protocol::Nats => 1,
+            Protocol::Nats | Protocol::Ws => 1,
             Protocol::Mqtt => mqtt::QOS1_WINDOW,
         }
     }
@@ -200,7 +218,7 @@ impl Protocol {
 pub struct Options {
     pub protocol: Protocol,
     /// `nats://host:port` (MQTT: `mqtt://host:port`), `host:port` or `host` (port 4222,
-    /// MQTT 1883).
+    /// MQTT 1883). ws-fanout: the native publisher's server.
     pub server: String,
     pub shape: Shape,
     /// Messages published (fan-in: in total over all publishers; reqrep: requests).
@@ -223,8 +241,10 @@ pub struct Options {
     pub timeout: Duration,
     /// The durable and replay shapes (`publishers` also for mqtt-qos1 and mqtt-retained).
     pub durable: DurableArgs,
-    /// The MQTT shapes.
+    /// The MQTT shapes (`--stall-secs` also for ws-fanout).
     pub mqtt: MqttArgs,
+    /// The WebSocket shape.
+    pub ws: WsArgs,
 }
 
 /// Flags of the durable and replay shapes (`canopy bench --shape durable|replay`).
@@ -317,6 +337,11 @@ pub enum BenchError {
         expected: u64,
         idle: Duration,
     },
+    #[error("the {role} WebSocket failed: {source}")]
+    WebSocket {
+        role: &'static str,
+        source: Box<tokio_tungstenite::tungstenite::Error>,
+    },
     #[error("the {role} got {what}")]
     Unexpected { role: &'static str, what: String },
     #[error("a subscriber failed")]
@@ -353,6 +378,7 @@ impl BenchError {
 pub enum Outcome {
     Nats(Report),
     Mqtt(MqttReport),
+    Ws(WsReport),
 }
 
 impl fmt::Display for Outcome {
@@ -360,6 +386,7 @@ impl fmt::Display for Outcome {
         match self {
             Outcome::Nats(report) => report.fmt(f),
             Outcome::Mqtt(report) => report.fmt(f),
+            Outcome::Ws(report) => report.fmt(f),
         }
     }
 }
@@ -369,6 +396,7 @@ pub async fn run(options: &Options) -> Result<Outcome, BenchError> {
     match options.protocol {
         Protocol::Nats => run_nats(options).await.map(Outcome::Nats),
         Protocol::Mqtt => mqtt::run(options).await.map(Outcome::Mqtt),
+        Protocol::Ws => ws::run(options).await.map(Outcome::Ws),
     }
 }
 
@@ -390,6 +418,9 @@ async fn run_nats(options: &Options) -> Result<Report, BenchError> {
         Shape::ReqRep => shapes::reqrep(&addr, options).await,
         Shape::Durable => durable::durable(&addr, options).await,
         Shape::Replay => durable::replay(&addr, options).await,
+        Shape::WsFanOut => Err(BenchError::Config(
+            "shape ws-fanout has WebSocket subscribers: use --protocol ws (or leave it out)".into(),
+        )),
         shape => Err(BenchError::Config(format!(
             "shape {shape} speaks MQTT: use --protocol mqtt"
         ))),

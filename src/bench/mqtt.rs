@@ -118,7 +118,8 @@ pub struct MqttArgs {
     /// mqtt-retained: retained messages `ret/<i>` loaded before subscribing to `ret/#`.
     #[arg(long, default_value_t = 100_000, value_name = "N")]
     pub retained: usize,
-    /// mqtt shapes: a run fails as stalled when nothing progresses for this long.
+    /// mqtt shapes and ws-fanout: a run fails as stalled when nothing progresses for
+    /// this long.
     #[arg(long, default_value_t = 10, value_name = "SECS")]
     pub stall_secs: u64,
 }
@@ -140,7 +141,7 @@ impl Default for MqttArgs {
 
 impl MqttArgs {
     /// How long without progress fails a run as stalled.
-    fn stall(&self) -> Duration {
+    pub(super) fn stall(&self) -> Duration {
         Duration::from_secs(self.stall_secs.max(1))
     }
 }

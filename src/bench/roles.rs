@@ -179,6 +179,12 @@ pub struct PublishPlan {
     /// How long to wait for a ping's answer, and for subscribers to catch up.
     pub timeout: Duration,
     pub flow: Arc<Flow>,
+    /// Messages per second on a fixed schedule from the first send (0: as fast as the
+    /// socket and the flow bound let it). A publisher behind schedule does not sleep.
+    pub rate: u64,
+    /// Messages per write at most, so the flow bound is checked at least that often (0:
+    /// as many as fit in [`WRITE_BATCH`] bytes).
+    pub batch: u64,
 }
 
 impl PublishPlan {
@@ -200,14 +206,24 @@ impl PublishPlan {
             flush_every: options.flush_every,
             timeout,
             flow: flow.clone(),
+            rate: 0,
+            batch: 0,
         }
     }
 }
 
-/// Publishes `plan.count` stamped messages as fast as the socket takes them, with a ping
-/// after every `flush_every` and at most one ping unanswered, and the end-to-end bound of
-/// [`Flow`] checked after every batch written, then waits until the server has processed
-/// everything (the last ping's answer).
+/// When message `n` (from 0) of a run paced at `rate` per second is due, in nanoseconds
+/// after the first.
+fn due_after(n: u64, rate: u64) -> u64 {
+    let due = u128::from(n) * 1_000_000_000 / u128::from(rate.max(1));
+    u64::try_from(due).unwrap_or(u64::MAX)
+}
+
+/// Publishes `plan.count` stamped messages as fast as the socket takes them (or paced at
+/// `plan.rate`, each sent when due), with a ping after every `flush_every` and at most
+/// one ping unanswered, and the end-to-end bound of [`Flow`] checked after every batch
+/// written, then waits until the server has processed everything (the last ping's
+/// answer).
 pub async fn publish<C: Connection>(mut conn: C, plan: PublishPlan) -> Result<(), BenchError> {
     let mut payload = vec![b'x'; plan.size];
     let len = plan.subjects.len().max(1);
@@ -216,13 +232,26 @@ pub async fn publish<C: Connection>(mut conn: C, plan: PublishPlan) -> Result<()
     let mut unanswered = 0u32;
     // Messages written but not yet counted in `plan.flow`.
     let mut unreported = 0u64;
+    let start = now_ns();
     for sent in 1..=plan.count {
+        if plan.rate > 0 {
+            let due = start.saturating_add(due_after(sent - 1, plan.rate));
+            let now = now_ns();
+            if now < due {
+                // Everything queued goes out before the wait, so each message leaves
+                // when it is due, stamped then.
+                conn.send().await?;
+                plan.flow.published(unreported, plan.timeout).await?;
+                unreported = 0;
+                tokio::time::sleep(Duration::from_nanos(due - now)).await;
+            }
+        }
         stamp(&mut payload);
         let subject = plan.subjects.get(subject_index).map_or(&[][..], |s| &s[..]);
         conn.queue(subject, &payload)?;
         subject_index = (subject_index + plan.stride) % len;
         unreported += 1;
-        if conn.buffered() >= WRITE_BATCH {
+        if conn.buffered() >= WRITE_BATCH || (plan.batch > 0 && unreported >= plan.batch) {
             conn.send().await?;
             plan.flow.published(unreported, plan.timeout).await?;
             unreported = 0;
@@ -337,6 +366,14 @@ pub async fn request(mut conn: Conn, plan: RequestPlan) -> Result<Received, Benc
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paced_messages_fall_due_on_schedule() {
+        assert_eq!(due_after(0, 100), 0);
+        assert_eq!(due_after(1, 100), 10_000_000);
+        assert_eq!(due_after(250, 1000), 250_000_000);
+        assert_eq!(due_after(u64::MAX, 1), u64::MAX);
+    }
 
     #[test]
     fn shares_cover_every_message() {

@@ -43,11 +43,13 @@ impl<R> Tasks<Result<R, BenchError>> {
 
 /// Starts the subscribers (each expecting `options.msgs`, failing after `idle` without
 /// a message), then the clock, then the publishers; measures from the start to the last
-/// message received, with the end-to-end bound `options.max_in_flight`.
-pub async fn publish_run<C: Connection>(
+/// message received, with the end-to-end bound `options.max_in_flight`. Subscribers and
+/// publishers may speak different protocols (ws-fanout: WebSocket subscribers, a NATS
+/// publisher).
+pub async fn publish_run<S: Connection, P: Connection>(
     options: &Options,
-    subscribers: Vec<C>,
-    publishers: Vec<(C, PublishPlan)>,
+    subscribers: Vec<S>,
+    publishers: Vec<(P, PublishPlan)>,
     flow: Arc<Flow>,
     idle: Duration,
 ) -> Result<Measured, BenchError> {
