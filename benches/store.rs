@@ -94,7 +94,7 @@ fn replay_from_snapshot(c: &mut Criterion) {
             .expect("open");
         load(&store, &acks, &["acct.1".to_owned()], 10_000).await;
         store
-            .put_snapshot("bench", "acct.1", 9_990, b"state as of 9990")
+            .put_snapshot("bench", "acct.1", 9_990, b"state as of 9990", false)
             .await
             .expect("snapshot");
         store

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of Canopy. On a fresh machine it first installs what the tests
 # need (a Python venv under target/ with nats-py, paho-mqtt and moto's S3 server;
-# Debian's mosquitto-clients for mosquitto_pub and mosquitto_sub; Node with MQTT.js
-# from tests/js/package-lock.json), starts an
+# Debian's mosquitto-clients for mosquitto_pub and mosquitto_sub; Node with MQTT.js and
+# playwright-core from tests/js/package-lock.json; Debian's chromium), starts an
 # S3-compatible server (moto) on a free loopback port for the S3 tests, runs the
 # whole suite, runs the durable-stream tests again on the file and S3 backends, and
 # stops moto. A missing tool is an error here, never a skipped test.
@@ -38,15 +38,28 @@ fi
   exit 1
 }
 
-# Node and MQTT.js (tests/js, pinned by its package-lock.json), for the browser-side tests.
+# Node, MQTT.js and playwright-core (tests/js, pinned by its package-lock.json), for the
+# browser-side tests.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   echo "test-all: installing nodejs and npm" >&2
   apt_install nodejs npm
 fi
-if [ ! -d tests/js/node_modules/mqtt ] || [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
+if [ ! -d tests/js/node_modules/mqtt ] || [ ! -d tests/js/node_modules/playwright-core ] ||
+  [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
   echo "test-all: installing the JavaScript test clients (npm ci in tests/js)" >&2
   npm ci --prefix tests/js --no-audit --no-fund >&2
 fi
+
+# Debian's Chromium, which tests/js/browser.mjs drives headless through playwright-core
+# (never Playwright's own browser downloads), for the browser tests (tests/it/browser.rs).
+if [ ! -x /usr/bin/chromium ]; then
+  echo "test-all: installing chromium" >&2
+  DEBIAN_FRONTEND=noninteractive apt_install chromium
+fi
+[ -x /usr/bin/chromium ] || {
+  echo "test-all: /usr/bin/chromium is still missing" >&2
+  exit 1
+}
 
 # Mosquitto's command-line clients, for the MQTT tests.
 if ! command -v mosquitto_pub >/dev/null || ! command -v mosquitto_sub >/dev/null; then

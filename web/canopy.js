@@ -38,20 +38,30 @@ class Client {
   #pending = new Map();
   #handlers = new Map();
 
+  /** Resolves with `{code, reason}` when the connection ends (1008: a slow consumer). */
+  closed;
+
   constructor(socket) {
     this.#socket = socket;
     socket.onmessage = (event) => this.#receive(JSON.parse(event.data));
+    let ended;
+    this.closed = new Promise((resolve) => (ended = resolve));
     socket.onclose = (event) => {
       for (const { reject } of this.#pending.values()) {
         reject(new Error(`connection closed: ${event.reason || event.code}`));
       }
       this.#pending.clear();
+      ended({ code: event.code, reason: event.reason });
     };
   }
 
   #receive(answer) {
     if (answer.op === "msg") {
       this.#handlers.get(answer.sid)?.(message(answer));
+      return;
+    }
+    if (answer.op === "snapshot" && answer.sid !== undefined) {
+      this.#handlers.get(answer.sid)?.({ ...message(answer), snapshot: true });
       return;
     }
     const waiting = this.#pending.get(answer.id);
@@ -69,9 +79,14 @@ class Client {
     });
   }
 
-  /** Follows `pattern` (native or MQTT syntax); `from`: {offset}, {version} or {timeMs}. */
+  /**
+   * Follows `pattern` (native or MQTT syntax); `from`: {offset}, {version}, {timeMs} or
+   * "snapshot" (one subject: its latest snapshot, marked `snapshot: true`, then the
+   * versions after it).
+   */
   async subscribe(pattern, handler, { from } = {}) {
     const fields = { pattern };
+    if (from === "snapshot") fields.from_snapshot = true;
     if (from?.offset !== undefined) fields.from_offset = from.offset;
     if (from?.version !== undefined) fields.from_version = from.version;
     if (from?.timeMs !== undefined) fields.from_time_ms = from.timeMs;
@@ -101,6 +116,19 @@ class Client {
   /** The latest message of `subject`, or a given `version`. */
   async get(subject, { version } = {}) {
     return message(await this.#request("get", version === undefined ? { subject } : { subject, version }));
+  }
+
+  /** The latest snapshot of `subject`, or the latest at or below `version`. */
+  async snapshot(subject, { version } = {}) {
+    return message(await this.#request("snapshot.get", { subject, version }));
+  }
+
+  /** Stores a snapshot of `subject` as of `version`: JSON (any value) or bytes. */
+  putSnapshot(subject, version, data) {
+    const fields = { subject, version };
+    if (data instanceof Uint8Array) fields.data_b64 = bytesToBase64(data);
+    else fields.data = data;
+    return this.#request("snapshot.put", fields);
   }
 
   /** One page of history: `target` is {subject} or {pattern}. */

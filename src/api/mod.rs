@@ -157,6 +157,9 @@ impl Answer {
         headers.insert("Canopy-Version", snapshot.version.to_string());
         headers.insert("Canopy-Time", snapshot.time_ms.to_string());
         headers.insert("Canopy-Snapshot", "true");
+        if snapshot.json {
+            headers.insert("Content-Type", "application/json");
+        }
         let mut block = BytesMut::new();
         headers.encode(&mut block);
         self.send(Some(&block), &snapshot.payload);
@@ -515,6 +518,8 @@ struct PutSnapshot {
     version: u64,
     data: Option<String>,
     data_base64: Option<String>,
+    /// `application/json` marks the snapshot as JSON for readers that show it.
+    content_type: Option<String>,
 }
 
 async fn put_snapshot(
@@ -529,7 +534,15 @@ async fn put_snapshot(
     authorize(broker, &call.principal, Action::Publish, &request.subject)?;
     let payload = payload_of(request.data, request.data_base64)?;
     store
-        .put_snapshot(tenant, &request.subject, request.version, &payload)
+        .put_snapshot(
+            tenant,
+            &request.subject,
+            request.version,
+            &payload,
+            request
+                .content_type
+                .is_some_and(|t| t.trim().starts_with("application/json")),
+        )
         .await?;
     answer.json(&json!({"subject": request.subject, "version": request.version}));
     Ok(())

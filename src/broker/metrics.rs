@@ -10,15 +10,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub enum Protocol {
     Native = 0,
     Mqtt = 1,
+    /// The JSON API on `/ws` (MQTT over WebSocket counts as MQTT).
+    WebSocket = 2,
 }
 
 impl Protocol {
-    pub const ALL: [Protocol; 2] = [Protocol::Native, Protocol::Mqtt];
+    pub const ALL: [Protocol; 3] = [Protocol::Native, Protocol::Mqtt, Protocol::WebSocket];
 
     pub fn name(self) -> &'static str {
         match self {
             Protocol::Native => "native",
             Protocol::Mqtt => "mqtt",
+            Protocol::WebSocket => "websocket",
         }
     }
 }
@@ -28,7 +31,7 @@ pub struct Metrics {
     connections_total: AtomicU64,
     connections_open: AtomicU64,
     /// Open connections by [`Protocol`].
-    open_by_protocol: [AtomicU64; 2],
+    open_by_protocol: [AtomicU64; 3],
     msgs_in: AtomicU64,
     bytes_in: AtomicU64,
     msgs_out: AtomicU64,

@@ -333,7 +333,11 @@ pub async fn snapshot_put(
     data: &str,
     timeout: Duration,
 ) -> Result<()> {
-    let body = json!({"subject": subject, "version": version, "data": data});
+    let mut body = json!({"subject": subject, "version": version, "data": data});
+    // JSON text is marked as such, so browsers and the console show it inline.
+    if serde_json::from_str::<serde::de::IgnoredAny>(data).is_ok() {
+        body["content_type"] = json!("application/json");
+    }
     call_json(client, "$CANOPY.snapshot.put", &body, timeout).await?;
     println!("snapshot of {subject} at version {version} stored");
     Ok(())

@@ -22,6 +22,7 @@ use super::mqtt::MqttContext;
 use crate::broker::Broker;
 use crate::broker::metrics::Protocol;
 use crate::store::stats::{BUCKETS, Latency};
+use crate::tenancy::DEFAULT_TENANT;
 
 /// What the handlers read.
 #[derive(Clone)]
@@ -71,6 +72,9 @@ pub fn router(state: HttpState) -> Router {
         .route("/mqtt", get(mqtt_over_websocket))
         .route("/ws", get(json_websocket))
         .route("/canopy.js", get(client_module))
+        .route("/", get(|| console_file(CONSOLE_PAGE)))
+        .route("/console/console.js", get(|| console_file(CONSOLE_SCRIPT)))
+        .route("/console/console.css", get(|| console_file(CONSOLE_STYLE)))
         .with_state(state)
 }
 
@@ -125,6 +129,27 @@ async fn json_websocket(upgrade: WebSocketUpgrade, State(state): State<HttpState
         })
 }
 
+/// A file of the console: its content type and its text, embedded in the binary so
+/// the console works with no internet access and no files beside the server.
+type ConsoleFile = (&'static str, &'static str);
+
+const CONSOLE_PAGE: ConsoleFile = (
+    "text/html; charset=utf-8",
+    include_str!("../../web/console/index.html"),
+);
+const CONSOLE_SCRIPT: ConsoleFile = (
+    "text/javascript; charset=utf-8",
+    include_str!("../../web/console/console.js"),
+);
+const CONSOLE_STYLE: ConsoleFile = (
+    "text/css; charset=utf-8",
+    include_str!("../../web/console/console.css"),
+);
+
+async fn console_file((content_type, body): ConsoleFile) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, content_type)], body)
+}
+
 /// The browser client, an ES module embedded in the binary.
 async fn client_module() -> impl IntoResponse {
     (
@@ -150,17 +175,22 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
 }
 
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+    let subjects = match state.broker.store() {
+        Some(store) => store.subject_count(DEFAULT_TENANT).await.ok(),
+        None => None,
+    };
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        render(&state),
+        render(&state, subjects),
     )
 }
 
-/// The Prometheus text exposition of every counter.
-pub fn render(state: &HttpState) -> String {
+/// The Prometheus text exposition of every counter; `subjects` is the default
+/// tenant's subject count when the store could tell.
+pub fn render(state: &HttpState, subjects: Option<u64>) -> String {
     let metrics = state.broker.metrics();
     let snap = metrics.snapshot();
     let mut out = String::with_capacity(4096);
@@ -237,6 +267,14 @@ pub fn render(state: &HttpState) -> String {
         "Live subscriptions of every protocol, all tenants.",
         &plain(state.broker.subscription_count() as u64),
     );
+    if let Some(subjects) = subjects {
+        metric(
+            "canopy_subjects",
+            "gauge",
+            "Stored subjects, by tenant.",
+            &[(format!("{{tenant=\"{DEFAULT_TENANT}\"}}"), subjects as f64)],
+        );
+    }
     if let Some(mqtt) = &state.mqtt {
         metric(
             "canopy_mqtt_sessions",

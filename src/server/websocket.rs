@@ -24,8 +24,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::durable::{ACK_MQTT, StoreRequest, append_one};
 use crate::broker::envelope::{self, AckInbox, MqttOptions, StoreAck};
+use crate::broker::metrics::Protocol;
 use crate::broker::{Broker, Message as Routed, Outbox, RouteScratch, Subscription, Wakes};
-use crate::store::{AckTo, AppendOutcome, NewMessage, ReplayFrom, RouteTag};
+use crate::store::{AckTo, AppendOutcome, NewMessage, ReplayFrom, RouteTag, Snapshot};
 use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
 
 /// Sends every queued text in order; false once the socket failed.
@@ -105,6 +106,9 @@ struct Request<'a> {
     max: Option<usize>,
     /// `subjects`: continue after this subject.
     after: Option<String>,
+    /// `sub` of one subject: its latest snapshot first, then the versions after it.
+    #[serde(default)]
+    from_snapshot: bool,
 }
 
 /// An error answered to a request: a code for programs and a sentence for people.
@@ -151,6 +155,10 @@ pub async fn serve(socket: WebSocket, context: Arc<WsContext>, shutdown: Cancell
         wakes: Wakes::default(),
     };
     let (mut sink, mut stream) = socket.split();
+    connection
+        .broker
+        .metrics()
+        .connection_opened(Protocol::WebSocket);
     let close = loop {
         let step = tokio::select! {
             _ = shutdown.cancelled() => Some((1001, "server shutting down")),
@@ -200,6 +208,10 @@ pub async fn serve(socket: WebSocket, context: Arc<WsContext>, shutdown: Cancell
     connection.broker.unsubscribe_all(&connection.routes, &subs);
     connection.broker.mqtt_acks().remove(id);
     connection.outbox.close();
+    connection
+        .broker
+        .metrics()
+        .connection_closed(Protocol::WebSocket);
     if let Some((code, reason)) = close {
         let frame = CloseFrame {
             code,
@@ -293,9 +305,11 @@ impl Connection {
                         (Some(t), _, _) => Some(ReplayFrom::Time(t)),
                         (None, Some(o), _) => Some(ReplayFrom::Offset(o)),
                         (None, None, Some(v)) => Some(ReplayFrom::Version(v)),
+                        (None, None, None) if request.from_snapshot => Some(ReplayFrom::Start),
                         (None, None, None) => None,
                     };
-                    self.subscribe(id, &pattern, from).await;
+                    self.subscribe(id, &pattern, from, request.from_snapshot)
+                        .await;
                     Ok(())
                 }
                 Err(refusal) => Err(refusal),
@@ -343,9 +357,23 @@ impl Connection {
                 .subjects(&request)
                 .await
                 .map(|text| self.out.push(text)),
+            "snapshot.get" => match needs(request.subject.clone(), "subject") {
+                Ok(subject) => self
+                    .snapshot(id, &subject, request.version)
+                    .await
+                    .map(|text| self.out.push(text)),
+                Err(refusal) => Err(refusal),
+            },
+            "snapshot.put" => self
+                .put_snapshot(&request)
+                .await
+                .map(|text| self.out.push(text)),
             other => Err(refusal(
                 "bad_request",
-                format!("unknown op `{other}`: use sub, unsub, pub, get, replay or subjects"),
+                format!(
+                    "unknown op `{other}`: use sub, unsub, pub, get, replay, subjects, \
+                     snapshot.get or snapshot.put"
+                ),
             )),
         };
         if let Err(refusal) = result {
@@ -355,7 +383,13 @@ impl Connection {
 
     /// Subscribes live; with `from`, the stored history since then comes first and
     /// live messages follow without a gap or a repeat.
-    async fn subscribe(&mut self, id: Option<&str>, text: &str, from: Option<ReplayFrom>) {
+    async fn subscribe(
+        &mut self,
+        id: Option<&str>,
+        text: &str,
+        mut from: Option<ReplayFrom>,
+        from_snapshot: bool,
+    ) {
         // Native syntax, or MQTT's when the pattern has a `/`, `+` or `#`.
         let mqtt = text.contains(['/', '+', '#']);
         let parsed = if mqtt {
@@ -379,6 +413,16 @@ impl Connection {
             self.reply_error(id, refusal("forbidden", denied.to_string()));
             return;
         }
+        if from_snapshot && !pattern.is_literal() {
+            self.reply_error(
+                id,
+                refusal(
+                    "bad_request",
+                    "from_snapshot needs a single subject: snapshots are per subject",
+                ),
+            );
+            return;
+        }
         let sid = self.next_sid;
         self.next_sid = self.next_sid.wrapping_add(1).max(1);
         let sub = self.broker.subscribe_as(
@@ -397,15 +441,41 @@ impl Connection {
         let pattern = sub.pattern.clone();
         self.subs.insert(sid, sub);
         self.reply(id, json!({"op": "ok", "sid": sid, "pattern": native}));
-        let Some(from) = from else {
+        if from.is_none() {
             return;
-        };
+        }
         let Ok(store) = self.store() else {
             return;
         };
         // Everything routed before the subscription went live is durable after this,
         // so the history read next misses nothing; live messages wait meanwhile.
         let _ = store.durable_barrier().await;
+        if from_snapshot {
+            match store.snapshot(&self.routes.name, &native, None).await {
+                Ok(Some(snapshot)) => {
+                    let out = SnapshotOut {
+                        op: "snapshot",
+                        sid: Some(sid),
+                        ..SnapshotOut::of(&snapshot)
+                    };
+                    if let Ok(text) = serde_json::to_string(&out) {
+                        self.out.push(text);
+                    }
+                    from = Some(ReplayFrom::Version(snapshot.version + 1));
+                }
+                Ok(None) => {}
+                Err(error) => self.reply_error(
+                    None,
+                    refusal(
+                        "unavailable",
+                        format!("snapshot of subscription {sid}: {error}"),
+                    ),
+                ),
+            }
+        }
+        let Some(from) = from else {
+            return;
+        };
         let target = if literal {
             History::Subject(native)
         } else {
@@ -508,8 +578,7 @@ impl Connection {
         expect_version: Option<u64>,
         msg_id: Option<String>,
     ) -> Result<(), Refusal> {
-        let subject = Subject::parse_native_with(subject, &self.context.limits)
-            .map_err(|e| refusal("invalid_subject", e.to_string()))?;
+        let subject = self.subject(subject)?;
         let subject = subject.as_str();
         if subject.starts_with('$') {
             return Err(refusal(
@@ -522,19 +591,8 @@ impl Connection {
             .authorize(&self.principal, Action::Publish, subject)
             .map_err(|denied| refusal("forbidden", denied.to_string()))?;
         let mut map = HeaderMap::new();
-        let (payload, json_inline) = match (data, data_b64) {
-            (Some(raw), None) => (Bytes::copy_from_slice(raw.get().as_bytes()), true),
-            (None, Some(text)) => {
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(text.trim())
-                    .map_err(|e| refusal("bad_request", format!("data_b64 is not base64: {e}")))?;
-                (Bytes::from(bytes), false)
-            }
-            (None, None) => (Bytes::new(), false),
-            (Some(_), Some(_)) => {
-                return Err(refusal("bad_request", "give data or data_b64, not both"));
-            }
-        };
+        let (payload, json_inline) = payload_of(data, data_b64.as_deref())?;
+        self.broker.metrics().count_in(1, payload.len() as u64);
         for (name, value) in headers {
             map.append(name, value);
         }
@@ -621,12 +679,8 @@ impl Connection {
         subject: &str,
         version: Option<u64>,
     ) -> Result<String, Refusal> {
-        let subject = Subject::parse_native_with(subject, &self.context.limits)
-            .map_err(|e| refusal("invalid_subject", e.to_string()))?;
-        self.broker
-            .authorizer()
-            .authorize(&self.principal, Action::Subscribe, subject.as_str())
-            .map_err(|denied| refusal("forbidden", denied.to_string()))?;
+        let subject = self.subject(subject)?;
+        self.may_read(subject.as_str())?;
         let store = self.store()?;
         let found = store
             .get(&self.routes.name, subject.as_str(), version)
@@ -644,6 +698,64 @@ impl Connection {
             message: StoredOut::of(&message),
         };
         serde_json::to_string(&out).map_err(|e| refusal("internal", e.to_string()))
+    }
+
+    /// The latest snapshot of `subject`, or the latest at or below `version`.
+    async fn snapshot(
+        &mut self,
+        id: Option<&str>,
+        subject: &str,
+        version: Option<u64>,
+    ) -> Result<String, Refusal> {
+        let subject = self.subject(subject)?;
+        self.may_read(subject.as_str())?;
+        let store = self.store()?;
+        let Some(snapshot) = store
+            .snapshot(&self.routes.name, subject.as_str(), version)
+            .await
+            .map_err(|e| refusal("unavailable", e.to_string()))?
+        else {
+            return Err(refusal("not_found", format!("{subject} has no snapshot")));
+        };
+        let out = SnapshotOut {
+            id,
+            ..SnapshotOut::of(&snapshot)
+        };
+        serde_json::to_string(&out).map_err(|e| refusal("internal", e.to_string()))
+    }
+
+    /// Stores the client's snapshot of `subject` at `version`.
+    async fn put_snapshot(&mut self, request: &Request<'_>) -> Result<String, Refusal> {
+        let (Some(subject), Some(version)) = (&request.subject, request.version) else {
+            return Err(refusal(
+                "bad_request",
+                "snapshot.put needs `subject` and `version`",
+            ));
+        };
+        let subject = self.subject(subject)?;
+        self.broker
+            .authorizer()
+            .authorize(&self.principal, Action::Publish, subject.as_str())
+            .map_err(|denied| refusal("forbidden", denied.to_string()))?;
+        let (payload, json) = payload_of(request.data, request.data_b64.as_deref())?;
+        let store = self.store()?;
+        store
+            .put_snapshot(&self.routes.name, subject.as_str(), version, &payload, json)
+            .await
+            .map_err(|e| match e {
+                crate::store::StoreError::Refused(reason) => refusal("conflict", reason),
+                other => refusal("unavailable", other.to_string()),
+            })?;
+        Ok(
+            json!({"op": "ok", "id": request.id, "subject": subject.as_str(), "version": version})
+                .to_string(),
+        )
+    }
+
+    /// A subject in native syntax, within the limits.
+    fn subject(&self, text: &str) -> Result<Subject, Refusal> {
+        Subject::parse_native_with(text, &self.context.limits)
+            .map_err(|e| refusal("invalid_subject", e.to_string()))
     }
 
     /// A pattern in either syntax: MQTT's when it has a `/`, `+` or `#`.
@@ -674,8 +786,7 @@ impl Connection {
         let tenant = Arc::clone(&self.routes.name);
         let page = match (&request.subject, &request.pattern) {
             (Some(subject), None) => {
-                let subject = Subject::parse_native_with(subject, &self.context.limits)
-                    .map_err(|e| refusal("invalid_subject", e.to_string()))?;
+                let subject = self.subject(subject)?;
                 self.may_read(subject.as_str())?;
                 store
                     .replay_subject(&tenant, subject.as_str(), from, max, REPLAY_BYTES)
@@ -788,6 +899,9 @@ impl Connection {
                 self.out.push(text);
             }
         }
+        self.broker
+            .metrics()
+            .count_out(1, (delivery.payload.len() + delivery.headers.len()) as u64);
     }
 
     /// Whether live messages held during catch-ups passed the outbox's bound.
@@ -836,6 +950,20 @@ impl Connection {
             };
             self.reply(id.as_deref(), body);
         }
+    }
+}
+
+/// A request's payload: `data` (inline JSON, kept as the very same bytes; true) or
+/// `data_b64` (bytes; false), or nothing.
+fn payload_of(data: Option<&RawValue>, data_b64: Option<&str>) -> Result<(Bytes, bool), Refusal> {
+    match (data, data_b64) {
+        (Some(raw), None) => Ok((Bytes::copy_from_slice(raw.get().as_bytes()), true)),
+        (None, Some(text)) => base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .map(|bytes| (Bytes::from(bytes), false))
+            .map_err(|e| refusal("bad_request", format!("data_b64 is not base64: {e}"))),
+        (None, None) => Ok((Bytes::new(), false)),
+        (Some(_), Some(_)) => Err(refusal("bad_request", "give data or data_b64, not both")),
     }
 }
 
@@ -919,9 +1047,7 @@ impl Payload {
         if !headers.is_empty()
             && let Ok(map) = HeaderMap::parse(headers)
         {
-            json_content = map
-                .get("Content-Type")
-                .is_some_and(|t| t.trim().starts_with("application/json"));
+            json_content = map.says_json();
             let mut fields = serde_json::Map::new();
             for (name, value) in map.entries {
                 match fields.get_mut(&name) {
@@ -934,7 +1060,15 @@ impl Payload {
             }
             object = Some(fields);
         }
-        let data = json_content
+        Payload {
+            headers: object,
+            ..Payload::bytes(json_content, payload)
+        }
+    }
+
+    /// Bare bytes, inline when `json` and they parse.
+    fn bytes(json: bool, payload: &[u8]) -> Payload {
+        let data = json
             .then(|| std::str::from_utf8(payload).ok())
             .flatten()
             .and_then(|text| RawValue::from_string(text.to_owned()).ok());
@@ -942,9 +1076,38 @@ impl Payload {
             .is_none()
             .then(|| base64::engine::general_purpose::STANDARD.encode(payload));
         Payload {
-            headers: object,
+            headers: None,
             data,
             data_b64,
+        }
+    }
+}
+
+/// A snapshot: answering `snapshot.get`, or first on a subscription from a snapshot.
+#[derive(Serialize)]
+struct SnapshotOut<'a> {
+    op: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sid: Option<u32>,
+    subject: &'a str,
+    version: u64,
+    time_ms: u64,
+    #[serde(flatten)]
+    payload: Payload,
+}
+
+impl<'a> SnapshotOut<'a> {
+    fn of(snapshot: &'a Snapshot) -> SnapshotOut<'a> {
+        SnapshotOut {
+            op: "ok",
+            id: None,
+            sid: None,
+            subject: &snapshot.subject,
+            version: snapshot.version,
+            time_ms: snapshot.time_ms,
+            payload: Payload::bytes(snapshot.json, &snapshot.payload),
         }
     }
 }

@@ -10,6 +10,7 @@
 //!  offsets   'o' tenant 0x00                                -> next offset floor (set when retention deletes batch keys)
 //!  retained  'r' tenant 0x00 subject 0x00                   -> version, record of the subject's retained message
 //!  session   'q' tenant 0x00 client_id                      -> a front end's session state (opaque)
+//!  subjects  'c' tenant 0x00                                -> how many subjects the tenant has (u64be)
 //!  format    'x' "format"                                   -> format version
 //! ```
 //!
@@ -27,6 +28,7 @@ pub const OFFSET_FLOOR: u8 = b'o';
 pub const MSG_ID: u8 = b'd';
 pub const RETAINED: u8 = b'r';
 pub const SESSION: u8 = b'q';
+pub const SUBJECT_COUNT: u8 = b'c';
 pub const FORMAT_KEY: &[u8] = b"xformat";
 
 fn prefix(kind: u8, tenant: &str, extra: usize) -> BytesMut {
@@ -108,6 +110,11 @@ pub fn retained(tenant: &str, subject: &str) -> Bytes {
     key.put_slice(subject.as_bytes());
     key.put_u8(0);
     key.freeze()
+}
+
+/// The key of a tenant's subject count, written with every new subject's marker.
+pub fn subject_count(tenant: &str) -> Bytes {
+    prefix(SUBJECT_COUNT, tenant, 0).freeze()
 }
 
 /// The key of a front end's session state.

@@ -385,6 +385,12 @@ impl Store {
         super::sequencer::load_next_offset(self.db(), tenant).await
     }
 
+    /// How many subjects the tenant has (a subject counts from its first message on;
+    /// purging its messages does not remove it).
+    pub async fn subject_count(&self, tenant: &str) -> Result<u64, StoreError> {
+        super::sequencer::load_subject_count(self.db(), tenant).await
+    }
+
     /// A front end's saved session state for `client_id`, if any.
     pub async fn session(
         &self,

@@ -87,6 +87,12 @@ pub fn decode_retained(mut value: Bytes) -> Option<(u64, Record)> {
     Some((version, decode_record(value)?))
 }
 
+/// Whether a record's headers say its payload is JSON.
+pub fn says_json(headers: &[u8]) -> bool {
+    !headers.is_empty()
+        && canopy_protocols::native::HeaderMap::parse(headers).is_ok_and(|map| map.says_json())
+}
+
 pub fn decode_record(mut value: Bytes) -> Option<Record> {
     if value.len() < RECORD_FIXED {
         return None;

@@ -16,6 +16,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use slatedb::config::{PutOptions, ScanOptions, Ttl, WriteOptions};
 use slatedb::{Db, IterationOrder, WriteBatch, WriteHandle};
 use tokio::sync::{mpsc, watch};
@@ -47,6 +48,8 @@ struct Head {
 struct TenantState {
     /// The next offset to give; `None` until read from the store.
     next_offset: Option<u64>,
+    /// How many subjects the tenant has; read with `next_offset`.
+    subjects: u64,
     heads: HashMap<Box<str>, Head>,
     msg_ids: MsgIds,
 }
@@ -350,6 +353,12 @@ impl Sequencer {
                     keys::subject_marker(&request.tenant, &request.subject),
                     record::encode_marker(0, 0),
                 );
+                // The count rides in the same batch as the marker, so they never disagree.
+                state.subjects += 1;
+                batch.put(
+                    keys::subject_count(&request.tenant),
+                    Bytes::copy_from_slice(&state.subjects.to_be_bytes()),
+                );
             }
             match state.heads.get_mut(&*request.subject) {
                 Some(h) => *h = new_head,
@@ -439,10 +448,10 @@ impl Sequencer {
                 .is_some_and(|s| s.next_offset.is_some());
             if !known_offset {
                 let next = load_next_offset(&self.db, &tenant).await?;
-                self.tenants
-                    .entry(Arc::clone(&tenant))
-                    .or_default()
-                    .next_offset = Some(next);
+                let subjects = load_subject_count(&self.db, &tenant).await?;
+                let state = self.tenants.entry(Arc::clone(&tenant)).or_default();
+                state.next_offset = Some(next);
+                state.subjects = subjects;
             }
             let state = self.tenants.entry(tenant).or_default();
             if !state.heads.contains_key(&*request.subject) {
@@ -504,6 +513,22 @@ pub(super) async fn load_next_offset(db: &Db, tenant: &str) -> Result<u64, Store
         .and_then(|v| <[u8; 8]>::try_from(&v[..]).ok())
         .map_or(0, u64::from_be_bytes);
     Ok(from_batches.max(floor).max(1))
+}
+
+/// How many subjects the tenant has: its count key, or (in a store written before the
+/// count existed) its markers counted once.
+pub(super) async fn load_subject_count(db: &Db, tenant: &str) -> Result<u64, StoreError> {
+    if let Some(value) = db.get(keys::subject_count(tenant)).await? {
+        return Ok(<[u8; 8]>::try_from(&value[..]).map_or(0, u64::from_be_bytes));
+    }
+    let mut markers = db
+        .scan(keys::subject_marker_range(tenant, "", None))
+        .await?;
+    let mut count = 0;
+    while markers.next().await?.is_some() {
+        count += 1;
+    }
+    Ok(count)
 }
 
 fn is_fenced(error: &slatedb::Error) -> bool {

@@ -26,6 +26,9 @@ pub struct Snapshot {
     pub subject: String,
     pub version: u64,
     pub time_ms: u64,
+    /// Whether the payload is JSON (`Content-Type: application/json`), so front ends
+    /// can show it inline.
+    pub json: bool,
     pub payload: Bytes,
 }
 
@@ -52,9 +55,13 @@ const DURABLE_WAIT: Duration = Duration::from_secs(30);
 /// Deletes per engine write when dropping covered history.
 const DELETE_CHUNK: usize = 1000;
 
-fn encode(time_ms: u64, payload: &[u8]) -> Bytes {
+/// The top bit of the stored time marks a JSON payload. Times never reach it, and
+/// snapshots written before the flag existed read as not JSON.
+const JSON_FLAG: u64 = 1 << 63;
+
+fn encode(time_ms: u64, json: bool, payload: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(8 + payload.len());
-    out.put_u64(time_ms);
+    out.put_u64(if json { time_ms | JSON_FLAG } else { time_ms });
     out.put_slice(payload);
     out.freeze()
 }
@@ -63,11 +70,12 @@ fn decode(subject: &str, version: u64, mut value: Bytes) -> Option<Snapshot> {
     if value.len() < 8 {
         return None;
     }
-    let time_ms = value.get_u64();
+    let stamp = value.get_u64();
     Some(Snapshot {
         subject: subject.to_owned(),
         version,
-        time_ms,
+        time_ms: stamp & !JSON_FLAG,
+        json: stamp & JSON_FLAG != 0,
         payload: value,
     })
 }
@@ -99,13 +107,15 @@ async fn latest(
 }
 
 impl Store {
-    /// Stores a client's snapshot of `subject` at `version`, which must exist.
+    /// Stores a client's snapshot of `subject` at `version`, which must exist;
+    /// `json` says the payload is JSON.
     pub async fn put_snapshot(
         &self,
         tenant: &str,
         subject: &str,
         version: u64,
         payload: &[u8],
+        json: bool,
     ) -> Result<(), StoreError> {
         let head = self
             .get(tenant, subject, None)
@@ -119,7 +129,7 @@ impl Store {
         put_durably(
             self.db(),
             keys::snapshot(tenant, subject, version),
-            encode(now_ms(), payload),
+            encode(now_ms(), json, payload),
         )
         .await?;
         Ok(())
@@ -183,6 +193,11 @@ async fn compact(
         return Ok(());
     }
     let reducer = job.compaction.reducer.reducer();
+    // A merged state is JSON; a "last" state is JSON when the message it came from said so.
+    let mut json = match job.compaction.reducer {
+        ReducerKind::JsonMerge => true,
+        ReducerKind::Last => base.as_ref().is_some_and(|s| s.json),
+    };
     let mut state: Option<Vec<u8>> = base.map(|s| s.payload.to_vec());
     let options = ScanOptions::default().with_durability_filter(DurabilityLevel::Remote);
     let mut events = db
@@ -197,7 +212,12 @@ async fn compact(
             continue;
         };
         match reducer.fold(state.as_deref(), &event.payload) {
-            Ok(next) => state = Some(next),
+            Ok(next) => {
+                state = Some(next);
+                if job.compaction.reducer == ReducerKind::Last {
+                    json = record::says_json(&event.headers);
+                }
+            }
             Err(reason) => {
                 tracing::warn!(subject, version, reason, "event left out of the snapshot");
             }
@@ -209,7 +229,7 @@ async fn compact(
     put_durably(
         db,
         keys::snapshot(tenant, subject, target),
-        encode(now_ms(), &state),
+        encode(now_ms(), json, &state),
     )
     .await?;
     if !job.compaction.keep_history {

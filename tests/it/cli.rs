@@ -308,4 +308,26 @@ async fn key_streams_from_the_command_line() {
     );
     let out = run_with(vec!["sub", "orders.1", "--from", "2", "-n", "1"]).await;
     assert_eq!(String::from_utf8_lossy(&out.stdout), "orders.1 #2 second\n");
+
+    // A JSON snapshot is marked as JSON, so readers can show it inline.
+    let out = run_with(vec!["snapshot", "put", "orders.1", "2", r#"{"state":2}"#]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let client = async_nats::connect(&url).await.expect("connect");
+    let answer = client
+        .request("$CANOPY.snapshot.get", r#"{"subject":"orders.1"}"#.into())
+        .await
+        .expect("snapshot.get");
+    assert_eq!(&answer.payload[..], br#"{"state":2}"#);
+    assert_eq!(
+        answer
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Content-Type"))
+            .map(|v| v.as_str()),
+        Some("application/json")
+    );
 }

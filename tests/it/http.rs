@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use serde_json::json;
+
 use crate::common::{publish_acked, start_default};
 
 /// GETs `path` and returns the status code and the body.
@@ -484,5 +486,115 @@ async fn websocket_connections_are_capped() {
     })
     .await;
     assert!(again.is_ok(), "a closed connection frees its place");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn json_snapshots_are_stored_read_and_subscribed_from() {
+    let server = start_default().await;
+    let http = server.http_addr.expect("http on");
+    let nats = async_nats::connect(server.native_url())
+        .await
+        .expect("nats");
+    for i in 1..=4 {
+        publish_acked(&nats, "carts.9", format!(r#"{{"n":{i}}}"#)).await;
+    }
+    let mut ws = JsonSocket::connect(http).await;
+    ws.send(r#"{"op":"snapshot.get","id":"g0","subject":"carts.9"}"#)
+        .await;
+    let none = ws.json().await;
+    assert_eq!(
+        (&none["op"], &none["code"]),
+        (&json!("error"), &json!("not_found")),
+        "{none}"
+    );
+
+    // A snapshot past the head is refused and names the head.
+    ws.send(r#"{"op":"snapshot.put","id":"p0","subject":"carts.9","version":9,"data":{}}"#)
+        .await;
+    let refused = ws.json().await;
+    assert_eq!(refused["code"], "conflict", "{refused}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("version 4")),
+        "{refused}"
+    );
+
+    // Inline JSON comes back as the very same bytes; bytes stay bytes.
+    let state = r#"{ "items" : [1,2],"total":1e2 }"#;
+    ws.send(&format!(
+        r#"{{"op":"snapshot.put","id":"p1","subject":"carts.9","version":2,"data":{state}}}"#
+    ))
+    .await;
+    let put = ws.json().await;
+    assert_eq!(
+        (&put["op"], &put["version"]),
+        (&json!("ok"), &json!(2)),
+        "{put}"
+    );
+    ws.send(r#"{"op":"snapshot.put","id":"p2","subject":"carts.9","version":1,"data_b64":"AAE="}"#)
+        .await;
+    assert_eq!(ws.json().await["op"], "ok");
+    ws.send(r#"{"op":"snapshot.get","id":"g1","subject":"carts.9"}"#)
+        .await;
+    let text = ws.text().await;
+    assert!(text.contains(&format!(r#""data":{state}"#)), "{text}");
+    ws.send(r#"{"op":"snapshot.get","id":"g2","subject":"carts.9","version":1}"#)
+        .await;
+    let older = ws.json().await;
+    assert_eq!(
+        (&older["version"], &older["data_b64"]),
+        (&json!(1), &json!("AAE=")),
+        "{older}"
+    );
+
+    // The native API reads the JSON mark as a Content-Type.
+    let answer = nats
+        .request("$CANOPY.snapshot.get", r#"{"subject":"carts.9"}"#.into())
+        .await
+        .expect("native snapshot");
+    let headers = answer.headers.expect("headers");
+    assert_eq!(
+        headers.get("Content-Type").map(|v| v.as_str()),
+        Some("application/json")
+    );
+    assert_eq!(&answer.payload[..], state.as_bytes());
+
+    // From the snapshot: the snapshot, then versions 3 and 4, then live.
+    ws.send(r#"{"op":"sub","id":"s","pattern":"carts.9","from_snapshot":true}"#)
+        .await;
+    assert_eq!(ws.json().await["op"], "ok");
+    let first = ws.json().await;
+    assert_eq!(
+        (&first["op"], &first["version"], &first["sid"]),
+        (&json!("snapshot"), &json!(2), &json!(1)),
+        "{first}"
+    );
+    let versions = [ws.json().await, ws.json().await];
+    assert_eq!(
+        versions
+            .iter()
+            .map(|m| m["version"].clone())
+            .collect::<Vec<_>>(),
+        [json!(3), json!(4)]
+    );
+    publish_acked(&nats, "carts.9", r#"{"n":5}"#).await;
+    let live = ws.json().await;
+    assert_eq!(
+        (&live["op"], &live["version"]),
+        (&json!("msg"), &json!(5)),
+        "{live}"
+    );
+
+    // Snapshots are per subject.
+    ws.send(r#"{"op":"sub","id":"w","pattern":"carts.*","from_snapshot":true}"#)
+        .await;
+    let wild = ws.json().await;
+    assert_eq!(
+        (&wild["id"], &wild["code"]),
+        (&json!("w"), &json!("bad_request")),
+        "{wild}"
+    );
     server.stop().await;
 }

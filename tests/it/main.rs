@@ -4,6 +4,7 @@
 
 mod bench;
 mod bench_mqtt;
+mod browser;
 mod cli;
 mod common;
 mod crash;

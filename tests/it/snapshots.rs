@@ -174,6 +174,11 @@ async fn the_server_folds_json_merge_snapshots_and_can_drop_covered_history() {
     }
     let snapshot = snapshot.expect("the server wrote a snapshot");
     assert_eq!(header(&snapshot, "Canopy-Version").as_deref(), Some("3"));
+    // A merged state is JSON and says so.
+    assert_eq!(
+        header(&snapshot, "Content-Type").as_deref(),
+        Some("application/json")
+    );
     let state: Value = serde_json::from_slice(&snapshot.payload).expect("JSON state");
     assert_eq!(state, json!({"b": 2, "c": 3}));
     // History below the snapshot is gone (the message at its version stays).

@@ -40,6 +40,15 @@ await canopy.subscribe("devices.1.temp", (msg) => history.push(msg.version), { f
 await canopy.publish("devices.1.temp", { t: 22 }, { expectVersion: 1 });
 while (history.length < 2) await new Promise((r) => setTimeout(r, 10));
 check(history.join() === "1,2", `history then live: ${history}`);
+// Snapshots: store one, read it, and subscribe from it.
+await canopy.putSnapshot("devices.1.temp", 1, { folded: 20 });
+const snap = await canopy.snapshot("devices.1.temp");
+check(snap.version === 1 && snap.data.folded === 20, `snapshot ${JSON.stringify(snap)}`);
+const fromSnapshot = [];
+await canopy.subscribe("devices.1.temp", (msg) => fromSnapshot.push(msg), { from: "snapshot" });
+while (fromSnapshot.length < 2) await new Promise((r) => setTimeout(r, 10));
+check(fromSnapshot[0].snapshot === true && fromSnapshot[0].data.folded === 20, "the snapshot first");
+check(fromSnapshot[1].version === 2 && !fromSnapshot[1].snapshot, "then the versions after it");
 await sub.unsubscribe();
 canopy.close();
 console.log("all checks passed");

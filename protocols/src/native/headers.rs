@@ -157,6 +157,12 @@ impl HeaderMap {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Whether `Content-Type` says the payload is JSON.
+    pub fn says_json(&self) -> bool {
+        self.get("Content-Type")
+            .is_some_and(|t| t.trim().starts_with("application/json"))
+    }
+
     /// Every value of `name` (case-sensitive), in order.
     pub fn get_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
         self.entries
