@@ -67,14 +67,20 @@ class Client {
     const waiting = this.#pending.get(answer.id);
     if (!waiting) return;
     this.#pending.delete(answer.id);
-    if (answer.op === "error") waiting.reject(new CanopyError(answer));
-    else waiting.resolve(answer);
+    if (answer.op === "error") {
+      waiting.reject(new CanopyError(answer));
+      return;
+    }
+    // A subscription's handler is in place before the next message is read: the
+    // server may send its first messages in the same read as this answer.
+    if (waiting.handler && answer.sid !== undefined) this.#handlers.set(answer.sid, waiting.handler);
+    waiting.resolve(answer);
   }
 
-  #request(op, fields) {
+  #request(op, fields, handler) {
     const id = String(this.#nextId++);
     return new Promise((resolve, reject) => {
-      this.#pending.set(id, { resolve, reject });
+      this.#pending.set(id, { resolve, reject, handler });
       this.#socket.send(JSON.stringify({ op, id, ...fields }));
     });
   }
@@ -90,10 +96,7 @@ class Client {
     if (from?.offset !== undefined) fields.from_offset = from.offset;
     if (from?.version !== undefined) fields.from_version = from.version;
     if (from?.timeMs !== undefined) fields.from_time_ms = from.timeMs;
-    // The answer resolves in a microtask, before the next socket message is handled,
-    // so the handler is in place for the first message of the subscription.
-    const answer = await this.#request("sub", fields);
-    this.#handlers.set(answer.sid, handler);
+    const answer = await this.#request("sub", fields, handler);
     return { sid: answer.sid, unsubscribe: () => this.#unsubscribe(answer.sid) };
   }
 

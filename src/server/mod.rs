@@ -10,6 +10,7 @@ pub mod http;
 mod listener;
 pub mod mqtt;
 pub mod native;
+mod rendered;
 pub mod websocket;
 
 use std::net::SocketAddr;
@@ -215,6 +216,7 @@ impl Server {
                 max_pending_bytes: self.config.native.max_pending_bytes,
                 // A request carries one payload plus its JSON (base64 adds a third).
                 max_message_bytes: self.config.native.max_payload * 2 + 64 * 1024,
+                rendered: rendered::RenderedDeliveries::default(),
             });
             let state = http::HttpState {
                 broker: Arc::clone(&self.broker),

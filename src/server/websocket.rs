@@ -29,21 +29,24 @@ use crate::broker::{Broker, Message as Routed, Outbox, RouteScratch, Subscriptio
 use crate::store::{AckTo, AppendOutcome, NewMessage, ReplayFrom, RouteTag, Snapshot};
 use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
 
-/// Sends every queued text in order; false once the socket failed.
+/// Sends every queued text in order, flushing once; false once the socket failed.
 async fn send_all(
     sink: &mut futures::stream::SplitSink<WebSocket, Message>,
     out: &mut Vec<String>,
 ) -> bool {
+    if out.is_empty() {
+        return true;
+    }
     for text in out.drain(..) {
         if sink
-            .send(Message::Text(Utf8Bytes::from(text)))
+            .feed(Message::Text(Utf8Bytes::from(text)))
             .await
             .is_err()
         {
             return false;
         }
     }
-    true
+    sink.flush().await.is_ok()
 }
 
 /// Messages per page of a subscription's history.
@@ -77,6 +80,8 @@ pub struct WsContext {
     pub limits: Limits,
     pub max_pending_bytes: usize,
     pub max_message_bytes: usize,
+    /// Delivery texts shared by every connection, each rendered once.
+    pub rendered: super::rendered::RenderedDeliveries,
 }
 
 /// One request from the client. A flat struct rather than a tagged enum: serde
@@ -153,6 +158,7 @@ pub async fn serve(socket: WebSocket, context: Arc<WsContext>, shutdown: Cancell
         held_bytes: 0,
         scratch: RouteScratch::default(),
         wakes: Wakes::default(),
+        spare: BytesMut::new(),
     };
     let (mut sink, mut stream) = socket.split();
     connection
@@ -244,6 +250,8 @@ struct Connection {
     held_bytes: usize,
     scratch: RouteScratch,
     wakes: Wakes,
+    /// The buffer the outbox's bytes are swapped into, kept between batches.
+    spare: BytesMut,
 }
 
 impl Connection {
@@ -860,9 +868,12 @@ impl Connection {
 
     /// Turns queued envelopes into `msg` texts.
     fn deliveries(&mut self) {
-        let mut taken = BytesMut::new();
+        // The outbox gets the spare buffer's capacity, so routing does not grow a
+        // fresh buffer for every batch.
+        let mut taken = std::mem::take(&mut self.spare);
         self.outbox.take(&mut taken);
-        let mut taken = taken.freeze();
+        let whole = taken.freeze();
+        let mut taken = whole.clone();
         while let Some(delivery) = envelope::decode(&mut taken) {
             if self
                 .catchups
@@ -878,15 +889,22 @@ impl Connection {
             }
             self.emit(&delivery);
         }
+        drop(taken);
+        // Back as the spare unless held deliveries still point into it.
+        if let Ok(spare) = whole.try_into_mut() {
+            self.spare = spare;
+        }
     }
 
-    /// Queues one delivery as a `msg` text.
+    /// Queues one delivery as a `msg` text: `{"op":"msg","sid":N` and the tail every
+    /// subscriber of the message shares, rendered once.
     fn emit(&mut self, delivery: &envelope::Envelope) {
-        {
+        const HEAD: &str = r#"{"op":"msg","sid":"#;
+        let tail = self.context.rendered.tail(delivery, || {
             let stored = delivery.offset != 0;
             let out = Delivery {
                 op: "msg",
-                sid: delivery.subscription_id,
+                sid: 0,
                 subject: std::str::from_utf8(&delivery.subject).unwrap_or_default(),
                 version: stored.then_some(delivery.version),
                 offset: stored.then_some(delivery.offset),
@@ -895,9 +913,19 @@ impl Connection {
                     .filter(|r| !r.is_empty()),
                 payload: Payload::of(&delivery.headers, &delivery.payload),
             };
-            if let Ok(text) = serde_json::to_string(&out) {
-                self.out.push(text);
-            }
+            let text = serde_json::to_string(&out).ok()?;
+            text.strip_prefix(HEAD)?
+                .strip_prefix('0')
+                .map(str::to_owned)
+        });
+        if let Some(tail) = tail {
+            let mut sid = itoa::Buffer::new();
+            let sid = sid.format(delivery.subscription_id);
+            let mut text = String::with_capacity(HEAD.len() + sid.len() + tail.len());
+            text.push_str(HEAD);
+            text.push_str(sid);
+            text.push_str(&tail);
+            self.out.push(text);
         }
         self.broker
             .metrics()

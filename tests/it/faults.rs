@@ -23,7 +23,11 @@ async fn a_failing_store_delays_acks_but_loses_nothing_and_live_traffic_flows() 
         .await
         .expect("binds")
         .spawn();
-    let client = async_nats::connect(server.native_url())
+    // Acks may wait for the store's retries: the client waits as long as the test does
+    // below, not async-nats' default 10 s (a loaded CI machine needed more).
+    let client = async_nats::ConnectOptions::new()
+        .request_timeout(Some(Duration::from_secs(30)))
+        .connect(server.native_url())
         .await
         .expect("connect");
     let watcher = async_nats::connect(server.native_url())

@@ -9,6 +9,10 @@ const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.hos
 
 /** Rows the subscribe panel keeps; older ones are removed as new ones arrive. */
 const MAX_ROWS = 500;
+/** Rows one render adds at most: faster traffic is counted, not all drawn. */
+const MAX_BATCH = 100;
+/** The subscribe panel draws at most this often (ms): people read a few rows a second. */
+const RENDER_EVERY = 100;
 /** Subjects the tree loads; more are counted but not listed. */
 const MAX_TREE_SUBJECTS = 20000;
 /** Children shown under one tree node. */
@@ -352,7 +356,7 @@ const subscribePanel = {
     }
     if (!this.paused && !this.scheduled) {
       this.scheduled = true;
-      requestAnimationFrame(() => this.render());
+      setTimeout(() => requestAnimationFrame(() => this.render()), RENDER_EVERY);
     }
   },
 
@@ -362,20 +366,31 @@ const subscribePanel = {
     if (this.paused || this.pending.length === 0) return;
     const body = $("sub-list");
     const fragment = document.createDocumentFragment();
-    for (let i = this.pending.length - 1; i >= 0; i--) {
+    const first = Math.max(0, this.pending.length - MAX_BATCH);
+    this.skipped += first;
+    // Only a small batch is highlighted: animating hundreds of rows at once is what
+    // makes a page stutter.
+    const highlight = this.pending.length - first <= 20;
+    for (let i = this.pending.length - 1; i >= first; i--) {
       const { msg, at } = this.pending[i];
       const row = document.createElement("tr");
-      row.className = "new";
+      if (highlight) row.className = "new";
       row.dataset.subject = msg.subject;
-      cell(row, clock(at));
-      cell(row, msg.subject);
-      cell(row, msg.version ?? "–");
+      row.insertCell().textContent = clock(at);
+      row.insertCell().textContent = msg.subject;
+      row.insertCell().textContent = msg.version ?? "–";
       cell(row, preview(msg.data), "payload");
       fragment.append(row);
     }
     this.pending = [];
     body.prepend(fragment);
-    while (body.rows.length > MAX_ROWS) body.deleteRow(-1);
+    const extra = body.rows.length - MAX_ROWS;
+    if (extra > 0) {
+      const range = document.createRange();
+      range.setStartBefore(body.rows[MAX_ROWS]);
+      range.setEndAfter(body.rows[body.rows.length - 1]);
+      range.deleteContents();
+    }
     this.counters();
   },
 
