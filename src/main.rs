@@ -51,6 +51,9 @@ enum Command {
     Snapshot(SnapshotCommand),
     /// Delete the stored history of a subject or pattern (asks first).
     Purge(PurgeArgs),
+    /// Create, list, describe, update or delete tenants.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
     /// Measure live pub/sub throughput and latency of any NATS-protocol server.
     #[command(long_about = BENCH_ABOUT)]
     Bench(BenchArgs),
@@ -267,6 +270,55 @@ enum SnapshotCommand {
     },
 }
 
+#[derive(Subcommand)]
+enum TenantCommand {
+    /// Create tenant NAME (one store write; its data needs no setup).
+    Create {
+        name: String,
+        #[command(flatten)]
+        limits: cli::tenants::LimitArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connect: ConnectArgs,
+    },
+    /// List the tenants and their limits.
+    List {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connect: ConnectArgs,
+    },
+    /// Show a tenant's limits and usage.
+    Describe {
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connect: ConnectArgs,
+    },
+    /// Replace a tenant's limits (limits not given are removed).
+    Update {
+        name: String,
+        #[command(flatten)]
+        limits: cli::tenants::LimitArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connect: ConnectArgs,
+    },
+    /// Delete a tenant: it is gone at once and its data is purged in the background.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        connect: ConnectArgs,
+    },
+}
+
 #[derive(Args)]
 struct PurgeArgs {
     /// A subject, or a pattern such as 'devices.42.>'.
@@ -397,6 +449,7 @@ async fn run(command: Command) -> Result<()> {
             )
             .await
         }
+        Command::Tenant(command) => run_tenant(command).await,
         Command::Purge(args) => {
             let (mut client, timeout) = connect(&args.connect, "canopy purge").await?;
             cli::streams::purge(&mut client, &args.target, args.yes, timeout).await
@@ -596,6 +649,49 @@ async fn subscribe(args: SubArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+async fn run_tenant(command: TenantCommand) -> anyhow::Result<()> {
+    use cli::tenants;
+    let creating = matches!(command, TenantCommand::Create { .. });
+    match command {
+        TenantCommand::Create {
+            name,
+            limits,
+            json,
+            connect: how,
+        }
+        | TenantCommand::Update {
+            name,
+            limits,
+            json,
+            connect: how,
+        } => {
+            let change = if creating {
+                tenants::Change::Create
+            } else {
+                tenants::Change::Update
+            };
+            let (mut client, timeout) = connect(&how, "canopy tenant").await?;
+            tenants::change(&mut client, change, &name, &limits, json, timeout).await
+        }
+        TenantCommand::List { json, connect: how } => {
+            let (mut client, timeout) = connect(&how, "canopy tenant").await?;
+            tenants::list(&mut client, json, timeout).await
+        }
+        TenantCommand::Describe {
+            name,
+            json,
+            connect: how,
+        } => {
+            let (mut client, timeout) = connect(&how, "canopy tenant").await?;
+            tenants::describe(&mut client, &name, json, timeout).await
+        }
+        TenantCommand::Delete { name, connect: how } => {
+            let (mut client, timeout) = connect(&how, "canopy tenant").await?;
+            tenants::delete(&mut client, &name, timeout).await
+        }
+    }
 }
 
 async fn run_bench(args: BenchArgs) -> Result<()> {

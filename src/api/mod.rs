@@ -9,6 +9,8 @@
 //! page in memory per request, and never block a connection task: each request runs
 //! in its own task, and at most [`MAX_CONCURRENT`] run at once.
 
+pub mod tenants;
+
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -193,11 +195,12 @@ async fn dispatch(
         "snapshot.put" => put_snapshot(broker, store, tenant, call, answer).await,
         "snapshot.get" => get_snapshot(broker, store, tenant, call, answer).await,
         "purge" => purge(broker, store, tenant, call, answer).await,
+        op if op.starts_with("tenant.") => tenants::dispatch(broker, store, call, answer).await,
         other => Err(ApiError::new(
             404,
             format!(
                 "no API `{PREFIX}{other}`: use get, replay, subjects, append, snapshot.put, \
-                 snapshot.get or purge"
+                 snapshot.get, purge or tenant.*"
             ),
         )),
     }

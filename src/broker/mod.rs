@@ -149,6 +149,8 @@ pub struct Broker {
     store: OnceLock<Arc<Store>>,
     /// Where store acks for MQTT connections go.
     mqtt_acks: envelope::AckInboxes,
+    /// The tenants' records.
+    tenant_records: crate::tenancy::Tenants,
 }
 
 impl Broker {
@@ -161,7 +163,13 @@ impl Broker {
             policies,
             store: OnceLock::new(),
             mqtt_acks: envelope::AckInboxes::default(),
+            tenant_records: crate::tenancy::Tenants::default(),
         }
+    }
+
+    /// The tenants' records (who exists, with which limits).
+    pub fn tenant_records(&self) -> &crate::tenancy::Tenants {
+        &self.tenant_records
     }
 
     /// Attaches the opened store; later calls are ignored.

@@ -3,3 +3,4 @@
 //! `$CANOPY.` API, so this code never reaches into the store.
 
 pub mod streams;
+pub mod tenants;

@@ -312,7 +312,7 @@ pub async fn subjects(
 }
 
 /// Asks the API for one JSON answer and fails with its error, if any.
-async fn call_json(
+pub(crate) async fn call_json(
     client: &mut Client,
     subject: &str,
     body: &Value,

@@ -159,6 +159,10 @@ impl Server {
             Arc::new(retention),
             Duration::from_secs(config.store.retention.interval_secs.max(1)),
         );
+        let deleting = broker.tenant_records().load(&store).await?;
+        for tenant in deleting {
+            crate::api::tenants::spawn_purge(Arc::clone(&store), tenant);
+        }
         broker.attach_store(store);
         Ok(Server {
             config: Arc::new(config),

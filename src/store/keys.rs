@@ -11,6 +11,7 @@
 //!  retained  'r' tenant 0x00 subject 0x00                   -> version, record of the subject's retained message
 //!  session   'q' tenant 0x00 client_id                      -> a front end's session state (opaque)
 //!  subjects  'c' tenant 0x00                                -> how many subjects the tenant has (u64be)
+//!  tenant    't' tenant 0x00                                -> the tenant's record (JSON, tenants.rs)
 //!  format    'x' "format"                                   -> format version
 //! ```
 //!
@@ -29,6 +30,19 @@ pub const MSG_ID: u8 = b'd';
 pub const RETAINED: u8 = b'r';
 pub const SESSION: u8 = b'q';
 pub const SUBJECT_COUNT: u8 = b'c';
+pub const TENANT: u8 = b't';
+/// Every kind of key that belongs to one tenant's data (not its record).
+pub const TENANT_KINDS: [u8; 9] = [
+    MESSAGE,
+    SUBJECT,
+    BATCH,
+    SNAPSHOT,
+    OFFSET_FLOOR,
+    MSG_ID,
+    RETAINED,
+    SESSION,
+    SUBJECT_COUNT,
+];
 pub const FORMAT_KEY: &[u8] = b"xformat";
 
 fn prefix(kind: u8, tenant: &str, extra: usize) -> BytesMut {
@@ -110,6 +124,26 @@ pub fn retained(tenant: &str, subject: &str) -> Bytes {
     key.put_slice(subject.as_bytes());
     key.put_u8(0);
     key.freeze()
+}
+
+/// The key of a tenant's record.
+pub fn tenant(name: &str) -> Bytes {
+    prefix(TENANT, name, 0).freeze()
+}
+
+/// Every tenant record.
+pub fn tenant_range() -> std::ops::Range<Bytes> {
+    Bytes::from_static(&[TENANT])..Bytes::from_static(&[TENANT + 1])
+}
+
+/// Every key of one kind belonging to `tenant`.
+pub fn tenant_kind_range(kind: u8, tenant: &str) -> std::ops::Range<Bytes> {
+    let start = prefix(kind, tenant, 0);
+    let mut end = start.clone();
+    // Past `kind tenant 0x00 ...`: the terminator becomes 0x01.
+    let last = end.len() - 1;
+    end[last] = 1;
+    start.freeze()..end.freeze()
 }
 
 /// The key of a tenant's subject count, written with every new subject's marker.

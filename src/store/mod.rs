@@ -23,6 +23,7 @@ mod retention;
 mod sequencer;
 mod snapshot;
 pub mod stats;
+mod tenants;
 #[cfg(test)]
 mod tests;
 
@@ -39,6 +40,7 @@ pub use read::{ReplayFrom, ReplayPage, RetainedPage, StoredMessage, SubjectHead,
 pub use record::Record;
 pub use retention::{RetentionPass, RetentionRules};
 pub use snapshot::{Compaction, Snapshot};
+pub use tenants::{TenantLimits, TenantRecord, check_tenant_name, new_tenant};
 
 /// The on-store format this binary writes. Older formats are opened (and migrated
 /// when one exists); newer ones are refused.
@@ -159,6 +161,9 @@ pub(crate) enum Input {
     Barrier(tokio::sync::oneshot::Sender<()>),
     /// Signalled once everything queued before it is durable (and was routed).
     DurableBarrier(tokio::sync::oneshot::Sender<()>),
+    /// Drops what the sequencer remembers of a tenant (heads, offsets, counts), so a
+    /// purged tenant is read afresh from the store.
+    Forget(Arc<str>),
 }
 
 /// What became of an append.
@@ -291,6 +296,15 @@ impl Store {
             .send(Input::Append(request))
             .await
             .map_err(|_| StoreError::Closed)
+    }
+
+    /// Makes the sequencer forget a tenant before its data is purged.
+    pub async fn forget_tenant(&self, tenant: &str) -> Result<(), StoreError> {
+        self.appends
+            .send(Input::Forget(Arc::from(tenant)))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        self.barrier().await
     }
 
     /// Resolves once every append queued before it has been sequenced and handed to

@@ -191,6 +191,9 @@ impl Sequencer {
                     Input::Append(request) => requests.push(request),
                     Input::Barrier(passed) => barriers.push(passed),
                     Input::DurableBarrier(passed) => durable_barriers.push(passed),
+                    Input::Forget(tenant) => {
+                        self.tenants.remove(&tenant);
+                    }
                 }
                 if requests.len() < self.max_batch {
                     next = queue.try_recv().ok();

@@ -498,3 +498,52 @@ async fn the_retained_walk_finds_exactly_the_matches_in_order_and_skips_subtrees
     );
     store.close().await.expect("closes");
 }
+
+#[tokio::test]
+async fn purging_a_tenant_deletes_all_its_keys_and_nothing_of_another() {
+    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let recorder = Arc::new(Recorder::default());
+    let store = Store::open(settings(Arc::clone(&inner)), recorder.clone())
+        .await
+        .expect("opens");
+    // Tenant "t" and tenant "tt" (whose name starts with the other's).
+    for i in 0..5 {
+        store
+            .append(request(&format!("s.{i}"), "x", i))
+            .await
+            .expect("queued");
+        let mut other = request(&format!("s.{i}"), "y", 100 + i);
+        other.tenant = Arc::from("tt");
+        store.append(other).await.expect("queued");
+    }
+    acks(&recorder, 10).await;
+    store
+        .put_snapshot("t", "s.1", 1, b"state", false)
+        .await
+        .expect("snapshot");
+    store
+        .put_tenant(&super::new_tenant("t", super::TenantLimits::default()))
+        .await
+        .expect("record");
+    store.forget_tenant("t").await.expect("forgotten");
+    let deleted = store.purge_tenant("t").await.expect("purged");
+    assert!(deleted > 5 * 2, "messages, markers, batches...: {deleted}");
+    assert_eq!(store.tenant("t").await.expect("read"), None);
+    assert_eq!(versions(&store, "s.1").await, Vec::<u64>::new());
+    assert_eq!(store.subject_count("t").await.expect("count"), 0);
+    assert_eq!(store.subject_count("tt").await.expect("count"), 5);
+    assert_eq!(store.snapshot("t", "s.1", None).await.expect("read"), None);
+    // The other tenant is whole, and the purged one starts afresh.
+    let page = store
+        .replay_subject("tt", "s.3", ReplayFrom::Start, 10, 1 << 20)
+        .await
+        .expect("replay");
+    assert_eq!(page.messages.len(), 1);
+    store.append(request("s.1", "z", 50)).await.expect("queued");
+    let got = acks(&recorder, 1).await;
+    assert!(
+        matches!(got[0].1, AppendOutcome::Stored { version: 1, .. }),
+        "{got:?}"
+    );
+    store.close().await.expect("closes");
+}

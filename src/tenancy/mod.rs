@@ -5,11 +5,14 @@
 //! otherwise; tenants, users and ACLs will fill in the same function later, so no
 //! front end may ever decide access on its own or skip this call.
 
+mod registry;
+
 use std::sync::Arc;
 
 use canopy_subjects::{Pattern, PatternToken, SubjectError};
 
 use crate::config::AuthzConfig;
+pub use registry::Tenants;
 
 /// The tenant every connection belongs to until tenancy arrives.
 pub const DEFAULT_TENANT: &str = "default";

@@ -331,3 +331,49 @@ async fn key_streams_from_the_command_line() {
         Some("application/json")
     );
 }
+
+#[tokio::test]
+async fn tenants_from_the_command_line() {
+    let server = ServeProcess::start(&[]).await;
+    let url = server.url.clone();
+    let tenant = |args: &[&str]| {
+        let mut all = vec!["tenant"];
+        all.extend_from_slice(args);
+        all.extend(["--server", url.as_str()]);
+        let all: Vec<String> = all.into_iter().map(str::to_owned).collect();
+        async move {
+            let args: Vec<&str> = all.iter().map(String::as_str).collect();
+            run(&args).await
+        }
+    };
+    let out = tenant(&["create", "acme", "--max-connections", "10"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "acme  max_connections=10\n"
+    );
+    let out = tenant(&["create", "acme"]).await;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("exists already"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = tenant(&["list"]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "acme  max_connections=10\ndefault  no limits\n"
+    );
+    let out = tenant(&["describe", "acme", "--json"]).await;
+    let described: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(described["usage"]["subjects"], 0);
+    let out = tenant(&["delete", "acme"]).await;
+    assert!(out.status.success());
+    let out = tenant(&["describe", "acme"]).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no tenant acme"));
+}

@@ -20,4 +20,5 @@ mod nats_client;
 mod python;
 mod s3;
 mod snapshots;
+mod tenants;
 mod wire;
