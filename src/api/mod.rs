@@ -76,10 +76,11 @@ pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
     });
 }
 
+/// A refused call: an HTTP-style status and a sentence.
 #[derive(Debug)]
-struct ApiError {
-    code: u16,
-    description: String,
+pub struct ApiError {
+    pub code: u16,
+    pub description: String,
 }
 
 impl ApiError {

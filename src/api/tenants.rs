@@ -22,12 +22,13 @@ struct Named {
     name: String,
 }
 
+/// A tenant's name and limits: what create and update take.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WithLimits {
-    name: String,
+pub struct WithLimits {
+    pub name: String,
     #[serde(default)]
-    limits: TenantLimits,
+    pub limits: TenantLimits,
 }
 
 pub(super) async fn dispatch(
@@ -42,42 +43,47 @@ pub(super) async fn dispatch(
         Action::Publish,
         &format!("{PREFIX}{}", call.operation),
     )?;
-    match call.operation.as_str() {
-        "tenant.create" => create(broker, store, call, answer).await,
-        "tenant.list" => {
-            let tenants: Vec<Value> = broker
-                .tenant_records()
-                .list()
-                .iter()
-                .map(|r| record_json(r))
-                .collect();
-            answer.json(&json!({ "tenants": tenants }));
-            Ok(())
+    let body = match call.operation.as_str() {
+        "tenant.create" => create(broker, store, parse(&call.body)?).await?,
+        "tenant.list" => list(broker),
+        "tenant.describe" => describe(broker, store, &parse::<Named>(&call.body)?.name).await?,
+        "tenant.update" => update(broker, store, parse(&call.body)?).await?,
+        "tenant.delete" => delete(broker, store, &parse::<Named>(&call.body)?.name).await?,
+        other => {
+            return Err(ApiError::new(
+                404,
+                format!(
+                    "no API `{PREFIX}{other}`: use tenant.create, tenant.list, \
+                     tenant.describe, tenant.update or tenant.delete"
+                ),
+            ));
         }
-        "tenant.describe" => describe(broker, store, call, answer).await,
-        "tenant.update" => update(broker, store, call, answer).await,
-        "tenant.delete" => delete(broker, store, call, answer).await,
-        other => Err(ApiError::new(
-            404,
-            format!(
-                "no API `{PREFIX}{other}`: use tenant.create, tenant.list, tenant.describe, \
-                 tenant.update or tenant.delete"
-            ),
-        )),
-    }
+    };
+    answer.json(&body);
+    Ok(())
 }
 
 fn record_json(record: &TenantRecord) -> Value {
     json!({"name": record.name, "created_ms": record.created_ms, "limits": record.limits})
 }
 
-async fn create(
+/// Every usable tenant.
+pub fn list(broker: &Broker) -> Value {
+    let tenants: Vec<Value> = broker
+        .tenant_records()
+        .list()
+        .iter()
+        .map(|r| record_json(r))
+        .collect();
+    json!({ "tenants": tenants })
+}
+
+/// Creates a tenant: one durable write.
+pub async fn create(
     broker: &Broker,
     store: &Store,
-    call: &ApiCall,
-    answer: &mut Answer,
-) -> Result<(), ApiError> {
-    let request: WithLimits = parse(&call.body)?;
+    request: WithLimits,
+) -> Result<Value, ApiError> {
     check_tenant_name(&request.name).map_err(|reason| ApiError::new(400, reason))?;
     // The store's record, not the registry: a tenant still being purged is there.
     if let Some(existing) = store.tenant(&request.name).await? {
@@ -88,84 +94,60 @@ async fn create(
         };
         return Err(ApiError::new(409, format!("tenant {} {why}", request.name)));
     }
-    save(
-        broker,
-        store,
-        new_tenant(&request.name, request.limits),
-        answer,
-    )
-    .await
+    save(broker, store, new_tenant(&request.name, request.limits)).await
 }
 
-/// Writes a record to the store, then the registry, and answers with it.
-async fn save(
-    broker: &Broker,
-    store: &Store,
-    record: TenantRecord,
-    answer: &mut Answer,
-) -> Result<(), ApiError> {
+/// Writes a record to the store, then the registry; answers with it.
+async fn save(broker: &Broker, store: &Store, record: TenantRecord) -> Result<Value, ApiError> {
     store.put_tenant(&record).await?;
-    answer.json(&record_json(&record));
+    let body = record_json(&record);
     broker.tenant_records().set(record);
-    Ok(())
+    Ok(body)
 }
 
-async fn describe(
-    broker: &Broker,
-    store: &Store,
-    call: &ApiCall,
-    answer: &mut Answer,
-) -> Result<(), ApiError> {
-    let request: Named = parse(&call.body)?;
-    let record = usable(broker, &request.name)?;
+/// A tenant's record and usage.
+pub async fn describe(broker: &Broker, store: &Store, name: &str) -> Result<Value, ApiError> {
+    let record = usable(broker, name)?;
     let subjects = store.subject_count(&record.name).await?;
     let mut body = record_json(&record);
     body["usage"] = json!({ "subjects": subjects });
-    answer.json(&body);
-    Ok(())
+    Ok(body)
 }
 
-async fn update(
+/// Replaces a tenant's limits.
+pub async fn update(
     broker: &Broker,
     store: &Store,
-    call: &ApiCall,
-    answer: &mut Answer,
-) -> Result<(), ApiError> {
-    let request: WithLimits = parse(&call.body)?;
+    request: WithLimits,
+) -> Result<Value, ApiError> {
     let current = usable(broker, &request.name)?;
     let record = TenantRecord {
         limits: request.limits,
         ..(*current).clone()
     };
-    save(broker, store, record, answer).await
+    save(broker, store, record).await
 }
 
-async fn delete(
-    broker: &Broker,
-    store: &Store,
-    call: &ApiCall,
-    answer: &mut Answer,
-) -> Result<(), ApiError> {
-    let request: Named = parse(&call.body)?;
-    if request.name == DEFAULT_TENANT {
+/// Deletes a tenant: hidden at once, its data purged in the background.
+pub async fn delete(broker: &Broker, store: &Store, name: &str) -> Result<Value, ApiError> {
+    if name == DEFAULT_TENANT {
         return Err(ApiError::new(
             400,
             "the default tenant cannot be deleted (purge its subjects instead)",
         ));
     }
-    let current = usable(broker, &request.name)?;
+    let current = usable(broker, name)?;
     let record = TenantRecord {
         deleting: true,
         ..(*current).clone()
     };
     store.put_tenant(&record).await?;
     broker.tenant_records().remove(&record.name);
-    answer.json(&json!({"name": record.name, "deleted": true}));
     match broker.store() {
-        Some(store) => spawn_purge(Arc::clone(store), record.name),
+        Some(store) => spawn_purge(Arc::clone(store), record.name.clone()),
         None => tracing::warn!(tenant = record.name, "no store to purge from"),
     }
-    Ok(())
+    Ok(json!({"name": record.name, "deleted": true}))
 }
 
 fn usable(broker: &Broker, name: &str) -> Result<Arc<TenantRecord>, ApiError> {

@@ -10,8 +10,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{ConnectInfo, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -20,10 +21,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::mqtt::MqttContext;
+use crate::api::{ApiError, tenants};
 use crate::broker::Broker;
 use crate::broker::metrics::Protocol;
 use crate::store::stats::{BUCKETS, Latency};
-use crate::tenancy::DEFAULT_TENANT;
+use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
 
 /// What the handlers read.
 #[derive(Clone)]
@@ -77,6 +79,13 @@ pub fn router(state: HttpState) -> Router {
         .route("/mqtt", get(mqtt_over_websocket))
         .route("/ws", get(json_websocket))
         .route("/canopy.js", get(client_module))
+        .route("/api/tenants", get(list_tenants).post(create_tenant))
+        .route(
+            "/api/tenants/{name}",
+            get(describe_tenant)
+                .put(update_tenant)
+                .delete(delete_tenant),
+        )
         .route("/", get(|| console_file(CONSOLE_PAGE)))
         .route("/console/console.js", get(|| console_file(CONSOLE_SCRIPT)))
         .route("/console/console.css", get(|| console_file(CONSOLE_STYLE)))
@@ -159,6 +168,97 @@ const CONSOLE_STYLE: ConsoleFile = (
 
 async fn console_file((content_type, body): ConsoleFile) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, content_type)], body)
+}
+
+/// An admin call's answer: JSON, or `{"error": {code, description}}` with its status.
+fn api_answer(result: Result<serde_json::Value, ApiError>) -> Response {
+    let (status, body) = match result {
+        Ok(body) => (StatusCode::OK, body),
+        Err(error) => (
+            StatusCode::from_u16(error.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            serde_json::json!({"error": {"code": error.code, "description": error.description}}),
+        ),
+    };
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// The store and the caller's right to `$CANOPY.tenant.<op>`, as on the native API.
+fn tenant_admin(state: &HttpState, op: &str) -> Result<Arc<crate::store::Store>, ApiError> {
+    let principal = Principal::anonymous("http");
+    state
+        .broker
+        .authorizer()
+        .authorize(&principal, Action::Publish, &format!("$CANOPY.tenant.{op}"))
+        .map_err(|denied| ApiError {
+            code: 403,
+            description: denied.to_string(),
+        })?;
+    state.broker.store().cloned().ok_or(ApiError {
+        code: 503,
+        description: "the store is not open".into(),
+    })
+}
+
+fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError {
+        code: 400,
+        description: format!("the request is not the JSON expected: {e}"),
+    })
+}
+
+async fn list_tenants(State(state): State<HttpState>) -> Response {
+    api_answer(tenant_admin(&state, "list").map(|_| tenants::list(&state.broker)))
+}
+
+async fn create_tenant(State(state): State<HttpState>, body: Bytes) -> Response {
+    let result = async {
+        let store = tenant_admin(&state, "create")?;
+        tenants::create(&state.broker, &store, json_body(&body)?).await
+    };
+    api_answer(result.await)
+}
+
+async fn describe_tenant(State(state): State<HttpState>, Path(name): Path<String>) -> Response {
+    let result = async {
+        let store = tenant_admin(&state, "describe")?;
+        tenants::describe(&state.broker, &store, &name).await
+    };
+    api_answer(result.await)
+}
+
+/// The body of a PUT: the tenant's new limits (the name is in the path).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewLimits {
+    #[serde(default)]
+    limits: crate::store::TenantLimits,
+}
+
+async fn update_tenant(
+    State(state): State<HttpState>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    let result = async {
+        let store = tenant_admin(&state, "update")?;
+        let NewLimits { limits } = json_body(&body)?;
+        let request = tenants::WithLimits { name, limits };
+        tenants::update(&state.broker, &store, request).await
+    };
+    api_answer(result.await)
+}
+
+async fn delete_tenant(State(state): State<HttpState>, Path(name): Path<String>) -> Response {
+    let result = async {
+        let store = tenant_admin(&state, "delete")?;
+        tenants::delete(&state.broker, &store, &name).await
+    };
+    api_answer(result.await)
 }
 
 /// The browser client, an ES module embedded in the binary.

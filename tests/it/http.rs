@@ -11,8 +11,17 @@ use crate::common::{publish_acked, start_default};
 
 /// GETs `path` and returns the status code and the body.
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    call(addr, "GET", path, "").await
+}
+
+/// Sends one HTTP/1.1 request with a (JSON) body; returns the status code and the body.
+async fn call(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
     stream.write_all(request.as_bytes()).await.expect("send");
     let mut response = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
@@ -596,5 +605,54 @@ async fn json_snapshots_are_stored_read_and_subscribed_from() {
         (&json!("w"), &json!("bad_request")),
         "{wild}"
     );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn tenants_over_http() {
+    let server = start_default().await;
+    let http = server.http_addr.expect("http on");
+    let (status, body) = call(
+        http,
+        "POST",
+        "/api/tenants",
+        r#"{"name":"acme","limits":{"max_connections":5}}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call(http, "POST", "/api/tenants", r#"{"name":"acme"}"#).await;
+    assert_eq!(status, 409, "{body}");
+    let refused: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(refused["error"]["code"], 409);
+    let (status, body) = call(http, "POST", "/api/tenants", "not json").await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = call(
+        http,
+        "PUT",
+        "/api/tenants/acme",
+        r#"{"limits":{"max_subjects":9}}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = get(http, "/api/tenants/acme").await;
+    assert_eq!(status, 200, "{body}");
+    let described: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(described["limits"], json!({"max_subjects": 9}));
+    assert_eq!(described["usage"]["subjects"], 0);
+    let (_, body) = get(http, "/api/tenants").await;
+    let listed: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let names: Vec<&str> = listed["tenants"]
+        .as_array()
+        .expect("tenants")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["acme", "default"]);
+    let (status, _) = call(http, "DELETE", "/api/tenants/acme", "").await;
+    assert_eq!(status, 200);
+    let (status, _) = get(http, "/api/tenants/acme").await;
+    assert_eq!(status, 404);
+    let (status, _) = call(http, "DELETE", "/api/tenants/default", "").await;
+    assert_eq!(status, 400);
     server.stop().await;
 }
