@@ -10,6 +10,7 @@
 //! in its own task, and at most [`MAX_CONCURRENT`] run at once.
 
 pub mod tenants;
+mod users;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -197,11 +198,12 @@ async fn dispatch(
         "snapshot.get" => get_snapshot(broker, store, tenant, call, answer).await,
         "purge" => purge(broker, store, tenant, call, answer).await,
         op if op.starts_with("tenant.") => tenants::dispatch(broker, store, call, answer).await,
+        op if op.starts_with("user.") => users::dispatch(broker, store, call, answer).await,
         other => Err(ApiError::new(
             404,
             format!(
                 "no API `{PREFIX}{other}`: use get, replay, subjects, append, snapshot.put, \
-                 snapshot.get, purge or tenant.*"
+                 snapshot.get, purge, tenant.* or user.*"
             ),
         )),
     }
@@ -216,6 +218,16 @@ fn check_subject(subject: &str) -> Result<(), ApiError> {
     let limits = canopy_subjects::Limits::default();
     validate_native_subject(subject, &limits)
         .map_err(|e| ApiError::new(400, format!("invalid subject: {e}")))
+}
+
+/// Authorises an admin call as a publish to its own `$CANOPY.<op>` subject.
+fn authorize_call(broker: &Broker, call: &ApiCall) -> Result<(), ApiError> {
+    authorize(
+        broker,
+        &call.principal,
+        Action::Publish,
+        &format!("{PREFIX}{}", call.operation),
+    )
 }
 
 fn authorize(

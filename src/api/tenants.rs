@@ -11,10 +11,10 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Answer, ApiCall, ApiError, PREFIX, authorize, parse};
+use super::{Answer, ApiCall, ApiError, PREFIX, authorize_call, parse};
 use crate::broker::Broker;
 use crate::store::{Store, TenantLimits, TenantRecord, check_tenant_name, new_tenant};
-use crate::tenancy::{Action, DEFAULT_TENANT};
+use crate::tenancy::DEFAULT_TENANT;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,12 +37,7 @@ pub(super) async fn dispatch(
     call: &ApiCall,
     answer: &mut Answer,
 ) -> Result<(), ApiError> {
-    authorize(
-        broker,
-        &call.principal,
-        Action::Publish,
-        &format!("{PREFIX}{}", call.operation),
-    )?;
+    authorize_call(broker, call)?;
     let body = match call.operation.as_str() {
         "tenant.create" => create(broker, store, parse(&call.body)?).await?,
         "tenant.list" => list(broker),

@@ -160,6 +160,8 @@ impl Server {
             Duration::from_secs(config.store.retention.interval_secs.max(1)),
         );
         let deleting = broker.tenant_records().load(&store).await?;
+        // The dummy password hash, computed before any login could wait for it.
+        tokio::task::spawn_blocking(crate::tenancy::credentials::prepare);
         for tenant in deleting {
             crate::api::tenants::spawn_purge(Arc::clone(&store), tenant);
         }

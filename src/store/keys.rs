@@ -12,6 +12,7 @@
 //!  session   'q' tenant 0x00 client_id                      -> a front end's session state (opaque)
 //!  subjects  'c' tenant 0x00                                -> how many subjects the tenant has (u64be)
 //!  tenant    't' tenant 0x00                                -> the tenant's record (JSON, tenants.rs)
+//!  user      'u' tenant 0x00 name                           -> a user's record (JSON, users.rs)
 //!  format    'x' "format"                                   -> format version
 //! ```
 //!
@@ -31,8 +32,10 @@ pub const RETAINED: u8 = b'r';
 pub const SESSION: u8 = b'q';
 pub const SUBJECT_COUNT: u8 = b'c';
 pub const TENANT: u8 = b't';
+pub const USER: u8 = b'u';
 /// Every kind of key that belongs to one tenant's data (not its record).
-pub const TENANT_KINDS: [u8; 9] = [
+pub const TENANT_KINDS: [u8; 10] = [
+    USER,
     MESSAGE,
     SUBJECT,
     BATCH,
@@ -129,6 +132,13 @@ pub fn retained(tenant: &str, subject: &str) -> Bytes {
 /// The key of a tenant's record.
 pub fn tenant(name: &str) -> Bytes {
     prefix(TENANT, name, 0).freeze()
+}
+
+/// The key of a user of a tenant.
+pub fn user(tenant: &str, name: &str) -> Bytes {
+    let mut key = prefix(USER, tenant, name.len());
+    key.put_slice(name.as_bytes());
+    key.freeze()
 }
 
 /// Every tenant record.

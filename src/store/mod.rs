@@ -26,6 +26,7 @@ pub mod stats;
 mod tenants;
 #[cfg(test)]
 mod tests;
+mod users;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,7 @@ pub use record::Record;
 pub use retention::{RetentionPass, RetentionRules};
 pub use snapshot::{Compaction, Snapshot};
 pub use tenants::{TenantLimits, TenantRecord, check_tenant_name, new_tenant};
+pub use users::{Permissions, Rules, TokenRecord, UserRecord, check_user_name};
 
 /// The on-store format this binary writes. Older formats are opened (and migrated
 /// when one exists); newer ones are refused.

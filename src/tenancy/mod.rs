@@ -5,6 +5,7 @@
 //! otherwise; tenants, users and ACLs will fill in the same function later, so no
 //! front end may ever decide access on its own or skip this call.
 
+pub mod credentials;
 mod registry;
 
 use std::sync::Arc;

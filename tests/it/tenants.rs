@@ -11,11 +11,12 @@ use canopy::store::observed::ObservedStore;
 
 use crate::common::{WAIT, start, test_config};
 
-/// Calls a tenant API; returns the status (200 when the answer has none) and the body.
-async fn call(client: &async_nats::Client, api: &str, body: Value) -> (u16, Value) {
+/// Calls `$CANOPY.<api>`; returns the status (200 when the answer has none) and the
+/// body, which must never hold a password hash.
+async fn api(client: &async_nats::Client, api: &str, body: Value) -> (u16, Value) {
     let answer = tokio::time::timeout(
         WAIT,
-        client.request(format!("$CANOPY.tenant.{api}"), body.to_string().into()),
+        client.request(format!("$CANOPY.{api}"), body.to_string().into()),
     )
     .await
     .expect("answered in time")
@@ -26,10 +27,20 @@ async fn call(client: &async_nats::Client, api: &str, body: Value) -> (u16, Valu
         .and_then(|h| h.get("Canopy-Status"))
         .and_then(|v| v.as_str().parse().ok())
         .unwrap_or(200);
-    (
-        status,
-        serde_json::from_slice(&answer.payload).expect("JSON answer"),
-    )
+    let text = String::from_utf8_lossy(&answer.payload).into_owned();
+    assert!(
+        !text.contains("$argon2"),
+        "a password hash was answered: {text}"
+    );
+    (status, serde_json::from_str(&text).expect("JSON answer"))
+}
+
+async fn call(client: &async_nats::Client, op: &str, body: Value) -> (u16, Value) {
+    api(client, &format!("tenant.{op}"), body).await
+}
+
+async fn user_call(client: &async_nats::Client, op: &str, body: Value) -> (u16, Value) {
+    api(client, &format!("user.{op}"), body).await
 }
 
 fn names(list: &Value) -> Vec<&str> {
@@ -164,5 +175,98 @@ async fn creating_a_tenant_is_one_store_write_however_many_exist() {
     assert_eq!(first, 1, "one durable write: the tenant's record");
     let (_, list) = call(&client, "list", json!({})).await;
     assert_eq!(names(&list).len(), 303);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn users_and_tokens_are_managed_per_tenant_and_go_with_it() {
+    let server = start(test_config()).await;
+    let client = async_nats::connect(server.native_url())
+        .await
+        .expect("connect");
+    call(&client, "create", json!({"name": "acme"})).await;
+    let (status, created) = user_call(
+        &client,
+        "create",
+        json!({"tenant": "acme", "name": "dev-1", "password": "s3cret",
+               "permissions": {"publish": {"allow": ["devices.{user}.>"]}}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{created}");
+    assert_eq!(created["password"], true);
+    assert_eq!(
+        created["permissions"]["publish"]["allow"],
+        json!(["devices.{user}.>"])
+    );
+    let (status, _) = user_call(
+        &client,
+        "create",
+        json!({"tenant": "acme", "name": "dev-1"}),
+    )
+    .await;
+    assert_eq!(status, 409);
+    let (status, _) = user_call(&client, "create", json!({"tenant": "nope", "name": "x"})).await;
+    assert_eq!(status, 404);
+    let (status, _) = user_call(&client, "create", json!({"tenant": "acme", "name": "a.b"})).await;
+    assert_eq!(status, 400);
+    // The same name in another tenant is another user.
+    let (status, _) = user_call(
+        &client,
+        "create",
+        json!({"tenant": "default", "name": "dev-1"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    let (status, issued) = user_call(
+        &client,
+        "token.create",
+        json!({"tenant": "acme", "name": "dev-1"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{issued}");
+    let token = issued["token"].as_str().expect("a token");
+    let id = issued["id"].as_str().expect("an id");
+    assert!(token.starts_with("cnp.acme.dev-1."), "{token}");
+    let (_, listed) = user_call(&client, "list", json!({"tenant": "acme"})).await;
+    assert_eq!(listed["users"][0]["tokens"], json!([id]));
+    assert!(
+        !listed.to_string().contains(token),
+        "the token is shown once"
+    );
+    let (status, _) = user_call(
+        &client,
+        "token.revoke",
+        json!({"tenant": "acme", "name": "dev-1", "id": id}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = user_call(
+        &client,
+        "token.revoke",
+        json!({"tenant": "acme", "name": "dev-1", "id": id}),
+    )
+    .await;
+    assert_eq!(status, 404);
+
+    // Users go with their tenant.
+    call(&client, "delete", json!({"name": "acme"})).await;
+    for _ in 0..200 {
+        if call(&client, "create", json!({"name": "acme"})).await.0 == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (_, listed) = user_call(&client, "list", json!({"tenant": "acme"})).await;
+    assert_eq!(listed["users"], json!([]));
+    let (_, listed) = user_call(&client, "list", json!({"tenant": "default"})).await;
+    assert_eq!(listed["users"][0]["name"], "dev-1");
+    let (status, _) = user_call(
+        &client,
+        "delete",
+        json!({"tenant": "default", "name": "dev-1"}),
+    )
+    .await;
+    assert_eq!(status, 200);
     server.stop().await;
 }
