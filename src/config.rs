@@ -296,6 +296,9 @@ pub struct LimitsConfig {
 pub struct AuthzConfig {
     pub deny_publish: Vec<String>,
     pub deny_subscribe: Vec<String>,
+    /// Every client logs in (a tenant's user and password, or a token); listeners may
+    /// then bind beyond loopback.
+    pub require_login: bool,
 }
 
 impl Default for ServerConfig {

@@ -40,6 +40,7 @@ pub struct Metrics {
     stale_connections: AtomicU64,
     /// Deliveries not sent: larger than the client's maximum packet size.
     dropped: AtomicU64,
+    password_checks: AtomicU64,
 }
 
 /// One reading of every counter.
@@ -54,6 +55,8 @@ pub struct MetricsSnapshot {
     pub slow_consumers: u64,
     pub stale_connections: u64,
     pub dropped: u64,
+    /// Password hash verifications of logins (an unknown user costs one too).
+    pub password_checks: u64,
 }
 
 impl Metrics {
@@ -87,6 +90,10 @@ impl Metrics {
         self.slow_consumers.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub fn count_password_check(&self) {
+        self.password_checks.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn count_dropped(&self, n: u64) {
         self.dropped.fetch_add(n, Ordering::Relaxed);
     }
@@ -107,6 +114,7 @@ impl Metrics {
             slow_consumers: get(&self.slow_consumers),
             stale_connections: get(&self.stale_connections),
             dropped: get(&self.dropped),
+            password_checks: get(&self.password_checks),
         }
     }
 }

@@ -327,7 +327,7 @@ pub fn render(state: &HttpState, subjects: Option<u64>) -> String {
             })
             .collect::<Vec<_>>(),
     );
-    let counters: [(&str, &str, u64); 8] = [
+    let counters: [(&str, &str, u64); 9] = [
         (
             "canopy_connections_total",
             "Client connections accepted since start.",
@@ -362,6 +362,11 @@ pub fn render(state: &HttpState, subjects: Option<u64>) -> String {
             "canopy_stale_connections_total",
             "Clients dropped for not answering pings.",
             snap.stale_connections,
+        ),
+        (
+            "canopy_password_checks_total",
+            "Password verifications of logins, an unknown user's included.",
+            snap.password_checks,
         ),
         (
             "canopy_dropped_total",

@@ -109,8 +109,7 @@ impl Server {
     ) -> Result<Server, ServerError> {
         let authz = Arc::new(Authorizer::from_config(&config.authz)?);
         let addr = config.native.listen;
-        // Authentication arrives with tenancy; until then every client is anonymous.
-        let authentication_configured = false;
+        let authentication_configured = config.authz.require_login;
         if !authentication_configured && !addr.ip().is_loopback() && !config.server.allow_anonymous
         {
             return Err(ServerError::AnonymousOutsideLoopback { addr });

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use canopy_protocols::native::{
@@ -18,6 +19,7 @@ use canopy_protocols::native::{
     encode_ok, encode_ping, encode_pong, no_responders_block,
 };
 use canopy_subjects::{Limits as SubjectLimits, Pattern, validate_native_subject};
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::net::TcpStream;
@@ -41,6 +43,10 @@ pub const NATS_PROTOCOL_VERSION: &str = "2.10.0";
 
 /// Read buffer growth step.
 const READ_CHUNK: usize = 64 * 1024;
+/// How long a client has to send CONNECT when it must log in.
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a failed login waits for its answer: guessing stays slow.
+const FAILED_LOGIN_DELAY: Duration = Duration::from_secs(1);
 /// A write buffer larger than this is released after a flush instead of kept.
 const KEEP_WRITE_CAPACITY: usize = 1024 * 1024;
 
@@ -87,7 +93,7 @@ impl NativeContext {
             max_payload: self.config.native.max_payload,
             client_id,
             client_ip: Some(peer.ip().to_string()),
-            auth_required: false,
+            auth_required: self.config.authz.require_login,
             tls_required: false,
             nonce: None,
         }
@@ -293,12 +299,31 @@ impl Connection {
         tracing::debug!(conn = self.id, peer = %self.peer, "connected");
         let (mut reader, mut writer) = stream.into_split();
         let info = self.context.info(self.id, self.peer);
-        self.outbox.push_control(|out| encode_info(out, &info));
+        let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
+        if info.auth_required {
+            let login = tokio::select! {
+                _ = shutdown.cancelled() => Err("Authorization Timeout"),
+                login = self.log_in(&info, &mut reader, &mut writer, &mut rbuf) => login,
+            };
+            if let Err(reason) = login {
+                let mut refusal = BytesMut::new();
+                encode_err(&mut refusal, reason);
+                let _ = writer.write_all(&refusal).await;
+                let _ = writer.shutdown().await;
+                tracing::info!(conn = self.id, peer = %self.peer, reason, "login refused");
+                self.outbox.close();
+                self.broker
+                    .metrics()
+                    .connection_closed(crate::broker::metrics::Protocol::Native);
+                return;
+            }
+        } else {
+            self.outbox.push_control(|out| encode_info(out, &info));
+        }
 
         let interval = self.context.config.native.ping_interval();
         let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
         let mut out = Unwritten::default();
         let deadline = self.context.config.native.write_deadline();
 
@@ -382,6 +407,70 @@ impl Connection {
         self.broker
             .metrics()
             .connection_closed(crate::broker::metrics::Protocol::Native);
+    }
+
+    /// Sends INFO, waits for CONNECT and logs the client in: on success the
+    /// connection acts as that user in that user's tenant, and what followed CONNECT
+    /// in `rbuf` is handled; on failure the reason to send before closing.
+    async fn log_in(
+        &mut self,
+        info: &ServerInfo,
+        reader: &mut tokio::net::tcp::OwnedReadHalf,
+        writer: &mut OwnedWriteHalf,
+        rbuf: &mut BytesMut,
+    ) -> Result<(), &'static str> {
+        let mut first = BytesMut::new();
+        encode_info(&mut first, info);
+        writer.write_all(&first).await.map_err(|_| "gone")?;
+        let deadline = tokio::time::Instant::now() + LOGIN_TIMEOUT;
+        let op = loop {
+            match self.decoder.decode(rbuf) {
+                Ok(Some(op)) => break op,
+                Ok(None) => {}
+                Err(error) => return Err(error.nats_text()),
+            }
+            match tokio::time::timeout_at(deadline, reader.read_buf(rbuf)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(_) => return Err("gone"),
+                Err(_) => return Err("Authorization Timeout"),
+            }
+        };
+        let ClientOp::Connect(options) = op else {
+            return Err("Authorization Violation");
+        };
+        let presented = crate::tenancy::login::Presented {
+            user: options.user.clone(),
+            password: options.pass.clone(),
+            token: options.auth_token.clone(),
+            client: options
+                .name
+                .clone()
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| format!("native-{}", self.id)),
+        };
+        let Some(store) = self.broker.store().cloned() else {
+            return Err("Authorization Violation");
+        };
+        let login = crate::tenancy::login::login(
+            &store,
+            self.broker.tenant_records(),
+            self.broker.metrics(),
+            &presented,
+        );
+        match login.await {
+            Ok(principal) => {
+                self.routes = self.broker.tenant(&principal.tenant);
+                self.principal = principal;
+                self.connect(&options)
+                    .map_err(|_| "Authorization Violation")?;
+                self.process(rbuf).map_err(|_| "Parser Error")?;
+                Ok(())
+            }
+            Err(crate::tenancy::login::LoginRefused) => {
+                tokio::time::sleep(FAILED_LOGIN_DELAY).await;
+                Err("Authorization Violation")
+            }
+        }
     }
 
     fn ping(&mut self) -> Result<(), Close> {

@@ -6,6 +6,7 @@
 //! front end may ever decide access on its own or skip this call.
 
 pub mod credentials;
+pub mod login;
 mod registry;
 
 use std::sync::Arc;
@@ -142,6 +143,7 @@ mod tests {
         Authorizer::from_config(&AuthzConfig {
             deny_publish: deny_pub.iter().map(|s| s.to_string()).collect(),
             deny_subscribe: deny_sub.iter().map(|s| s.to_string()).collect(),
+            require_login: false,
         })
         .expect("valid patterns")
     }

@@ -456,3 +456,31 @@ pub async fn list_subjects(client: &async_nats::Client, pattern: &str) -> Vec<se
     }
     panic!("subject listing never ended");
 }
+
+/// Calls `$CANOPY.<api>`; returns the status (200 when the answer has none) and the
+/// body, which must never hold a password hash.
+pub async fn api(
+    client: &async_nats::Client,
+    api: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let answer = tokio::time::timeout(
+        WAIT,
+        client.request(format!("$CANOPY.{api}"), body.to_string().into()),
+    )
+    .await
+    .expect("answered in time")
+    .expect("answered");
+    let status = answer
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Canopy-Status"))
+        .and_then(|v| v.as_str().parse().ok())
+        .unwrap_or(200);
+    let text = String::from_utf8_lossy(&answer.payload).into_owned();
+    assert!(
+        !text.contains("$argon2"),
+        "a password hash was answered: {text}"
+    );
+    (status, serde_json::from_str(&text).expect("JSON answer"))
+}

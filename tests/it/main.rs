@@ -2,6 +2,7 @@
 //! clients (async-nats, nats-py, the `canopy` binary, raw TCP). One test binary, so
 //! CI links once.
 
+mod auth;
 mod bench;
 mod bench_mqtt;
 mod browser;

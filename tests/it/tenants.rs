@@ -9,31 +9,7 @@ use serde_json::{Value, json};
 
 use canopy::store::observed::ObservedStore;
 
-use crate::common::{WAIT, start, test_config};
-
-/// Calls `$CANOPY.<api>`; returns the status (200 when the answer has none) and the
-/// body, which must never hold a password hash.
-async fn api(client: &async_nats::Client, api: &str, body: Value) -> (u16, Value) {
-    let answer = tokio::time::timeout(
-        WAIT,
-        client.request(format!("$CANOPY.{api}"), body.to_string().into()),
-    )
-    .await
-    .expect("answered in time")
-    .expect("answered");
-    let status = answer
-        .headers
-        .as_ref()
-        .and_then(|h| h.get("Canopy-Status"))
-        .and_then(|v| v.as_str().parse().ok())
-        .unwrap_or(200);
-    let text = String::from_utf8_lossy(&answer.payload).into_owned();
-    assert!(
-        !text.contains("$argon2"),
-        "a password hash was answered: {text}"
-    );
-    (status, serde_json::from_str(&text).expect("JSON answer"))
-}
+use crate::common::{api, start, test_config};
 
 async fn call(client: &async_nats::Client, op: &str, body: Value) -> (u16, Value) {
     api(client, &format!("tenant.{op}"), body).await

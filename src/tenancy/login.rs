@@ -1,0 +1,102 @@
+//! Logging in: from what a client presented (a user and password, or a token) to the
+//! [`Principal`] its connection acts as.
+//!
+//! Every failure looks the same to the client ("Authorization Violation") and costs
+//! the same: an unknown tenant or user is still verified against the dummy hash, and
+//! the caller delays its answer. At most [`HASHING_AT_ONCE`] password checks run at
+//! once, on blocking threads, so a flood of logins cannot starve the server's cores.
+//! This module must never log a password or a token.
+
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+
+use super::{DEFAULT_TENANT, Principal, Tenants, credentials};
+use crate::broker::metrics::Metrics;
+use crate::store::Store;
+
+/// Password checks running at once.
+pub const HASHING_AT_ONCE: usize = 2;
+
+static HASHING: Semaphore = Semaphore::const_new(HASHING_AT_ONCE);
+
+/// What a client presented.
+#[derive(Debug, Default, Clone)]
+pub struct Presented {
+    /// `name@tenant`, or `name` for the default tenant.
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub token: Option<String>,
+    /// The client's own name or id, for the principal.
+    pub client: String,
+}
+
+/// The one answer a failed login gets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Authorization Violation")]
+pub struct LoginRefused;
+
+/// Checks what a client presented; the principal of the user it proves to be.
+pub async fn login(
+    store: &Store,
+    tenants: &Tenants,
+    metrics: &Metrics,
+    presented: &Presented,
+) -> Result<Principal, LoginRefused> {
+    if let Some(token) = &presented.token {
+        return login_with_token(store, tenants, token, &presented.client).await;
+    }
+    let (Some(user), Some(password)) = (&presented.user, &presented.password) else {
+        return Err(LoginRefused);
+    };
+    let (name, tenant) = user.split_once('@').unwrap_or((user, DEFAULT_TENANT));
+    let record = match tenants.get(tenant) {
+        Some(_) => store.user(tenant, name).await.map_err(|_| LoginRefused)?,
+        None => None,
+    };
+    let stored = record.as_ref().and_then(|r| r.password.clone());
+    let password = password.clone();
+    let _permit = HASHING.acquire().await.map_err(|_| LoginRefused)?;
+    metrics.count_password_check();
+    let verified = tokio::task::spawn_blocking(move || {
+        credentials::verify_password(stored.as_deref(), &password)
+    })
+    .await
+    .unwrap_or(false);
+    if !verified {
+        return Err(LoginRefused);
+    }
+    Ok(Principal {
+        tenant: Arc::from(tenant),
+        user: Some(Arc::from(name)),
+        client: Arc::from(presented.client.as_str()),
+    })
+}
+
+async fn login_with_token(
+    store: &Store,
+    tenants: &Tenants,
+    token: &str,
+    client: &str,
+) -> Result<Principal, LoginRefused> {
+    let parts = credentials::parse_token(token).ok_or(LoginRefused)?;
+    tenants.get(parts.tenant).ok_or(LoginRefused)?;
+    let user = store
+        .user(parts.tenant, parts.user)
+        .await
+        .map_err(|_| LoginRefused)?
+        .ok_or(LoginRefused)?;
+    let known = user
+        .tokens
+        .iter()
+        .find(|t| t.id == parts.id)
+        .ok_or(LoginRefused)?;
+    if !credentials::token_matches(&known.hash, parts.secret) {
+        return Err(LoginRefused);
+    }
+    Ok(Principal {
+        tenant: Arc::from(parts.tenant),
+        user: Some(Arc::from(parts.user)),
+        client: Arc::from(client),
+    })
+}

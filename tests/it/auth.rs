@@ -1,0 +1,185 @@
+//! Logging in on the native listener (`authz.require_login`) with async-nats: users
+//! and passwords, tokens, failures answered the NATS way, an unknown user costing the
+//! same single password check, and a user's tenant deciding what it sees.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::common::{WAIT, publish_acked, replay_subject, start, test_config};
+
+/// A `$CANOPY.` call's answer body.
+async fn api(client: &async_nats::Client, name: &str, body: Value) -> Value {
+    crate::common::api(client, name, body).await.1
+}
+
+async fn log_in(
+    url: &str,
+    options: async_nats::ConnectOptions,
+) -> Result<async_nats::Client, String> {
+    options
+        .retry_on_initial_connect()
+        .max_reconnects(Some(0))
+        .connection_timeout(Duration::from_secs(10))
+        .connect(url)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn refused(url: &str, options: async_nats::ConnectOptions) -> String {
+    // async-nats reports a refused login as an error event or a failed connect.
+    let (events, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let options = options.event_callback(move |event| {
+        let events = events.clone();
+        async move {
+            let _ = events.send(event.to_string());
+        }
+    });
+    match tokio::time::timeout(WAIT, options.connect(url)).await {
+        Ok(Err(error)) => error.to_string(),
+        Ok(Ok(_client)) => {
+            let event = tokio::time::timeout(WAIT, seen.recv()).await;
+            format!("{event:?}")
+        }
+        Err(_) => "no answer".into(),
+    }
+}
+
+#[tokio::test]
+async fn logins_decide_the_user_and_the_tenant() {
+    let mut config = test_config();
+    let dir = tempfile::tempdir().expect("tempdir");
+    config.store.url = format!("file://{}", dir.path().display());
+    // Users are made by an administrator first (an admin login arrives with ACLs).
+    let server = start(config.clone()).await;
+    let admin = async_nats::connect(server.native_url())
+        .await
+        .expect("connect");
+    api(&admin, "tenant.create", json!({"name": "acme"})).await;
+    api(
+        &admin,
+        "user.create",
+        json!({"tenant": "acme", "name": "dev-1", "password": "pw-acme"}),
+    )
+    .await;
+    api(
+        &admin,
+        "user.create",
+        json!({"tenant": "default", "name": "ops", "password": "pw-ops"}),
+    )
+    .await;
+    let issued = api(
+        &admin,
+        "user.token.create",
+        json!({"tenant": "acme", "name": "dev-1"}),
+    )
+    .await;
+    let token = issued["token"].as_str().expect("token").to_owned();
+    server.stop().await;
+
+    config.authz.require_login = true;
+    let server = start(config).await;
+    let url = server.native_url();
+
+    let acme = log_in(
+        &url,
+        async_nats::ConnectOptions::with_user_and_password("dev-1@acme".into(), "pw-acme".into()),
+    )
+    .await
+    .expect("dev-1 logs in");
+    let ops = log_in(
+        &url,
+        async_nats::ConnectOptions::with_user_and_password("ops".into(), "pw-ops".into()),
+    )
+    .await
+    .expect("ops logs in to the default tenant");
+    let by_token = log_in(&url, async_nats::ConnectOptions::with_token(token.clone()))
+        .await
+        .expect("the token logs in");
+
+    // Tenants are apart: the same subject is two streams, and `>` sees only its own.
+    let mut ops_all = ops.subscribe(">").await.expect("sub");
+    let mut acme_orders = by_token.subscribe("orders.>").await.expect("sub");
+    ops.flush().await.expect("flush");
+    by_token.flush().await.expect("flush");
+    publish_acked(&acme, "orders.1", "acme's").await;
+    publish_acked(&ops, "orders.1", "default's").await;
+    let got = tokio::time::timeout(WAIT, acme_orders.next())
+        .await
+        .expect("in time")
+        .expect("a message");
+    assert_eq!(&got.payload[..], b"acme's");
+    let got = tokio::time::timeout(WAIT, ops_all.next())
+        .await
+        .expect("in time")
+        .expect("a message");
+    assert_eq!(&got.payload[..], b"default's", "default sees only its own");
+    let acme_history: Vec<String> = replay_subject(&acme, "orders.1")
+        .await
+        .into_iter()
+        .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
+        .collect();
+    assert_eq!(acme_history, ["acme's"]);
+
+    // Refusals: the NATS error, the same for a wrong password, an unknown user, an
+    // unknown tenant, a bad token and no credentials; each costs one password check
+    // at most (none for tokens), known user or not.
+    let checks = || server.metrics.snapshot().password_checks;
+    let before = checks();
+    let wrong = refused(
+        &url,
+        async_nats::ConnectOptions::with_user_and_password("dev-1@acme".into(), "nope".into()),
+    )
+    .await;
+    assert!(
+        wrong.to_lowercase().contains("authorization violation"),
+        "{wrong}"
+    );
+    assert_eq!(checks() - before, 1, "a known user: one check");
+    let before = checks();
+    let unknown = refused(
+        &url,
+        async_nats::ConnectOptions::with_user_and_password("ghost@acme".into(), "nope".into()),
+    )
+    .await;
+    assert!(
+        unknown.to_lowercase().contains("authorization violation"),
+        "{unknown}"
+    );
+    assert_eq!(
+        checks() - before,
+        1,
+        "an unknown user costs the same one check"
+    );
+    let before = checks();
+    let no_tenant = refused(
+        &url,
+        async_nats::ConnectOptions::with_user_and_password(
+            "dev-1@nowhere".into(),
+            "pw-acme".into(),
+        ),
+    )
+    .await;
+    assert!(
+        no_tenant.to_lowercase().contains("authorization violation"),
+        "{no_tenant}"
+    );
+    assert_eq!(
+        checks() - before,
+        1,
+        "an unknown tenant costs the same one check"
+    );
+    let forged = format!("{}x", token);
+    let bad_token = refused(&url, async_nats::ConnectOptions::with_token(forged)).await;
+    assert!(
+        bad_token.to_lowercase().contains("authorization violation"),
+        "{bad_token}"
+    );
+    let anonymous = refused(&url, async_nats::ConnectOptions::new()).await;
+    assert!(
+        anonymous.to_lowercase().contains("authorization violation"),
+        "{anonymous}"
+    );
+    server.stop().await;
+}
