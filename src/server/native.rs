@@ -45,8 +45,7 @@ pub const NATS_PROTOCOL_VERSION: &str = "2.10.0";
 const READ_CHUNK: usize = 64 * 1024;
 /// How long a client has to send CONNECT when it must log in.
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a failed login waits for its answer: guessing stays slow.
-const FAILED_LOGIN_DELAY: Duration = Duration::from_secs(1);
+
 /// A write buffer larger than this is released after a flush instead of kept.
 const KEEP_WRITE_CAPACITY: usize = 1024 * 1024;
 
@@ -467,7 +466,7 @@ impl Connection {
                 Ok(())
             }
             Err(crate::tenancy::login::LoginRefused) => {
-                tokio::time::sleep(FAILED_LOGIN_DELAY).await;
+                tokio::time::sleep(crate::tenancy::login::FAILED_LOGIN_DELAY).await;
                 Err("Authorization Violation")
             }
         }

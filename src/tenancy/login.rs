@@ -18,6 +18,9 @@ use crate::store::Store;
 /// Password checks running at once.
 pub const HASHING_AT_ONCE: usize = 2;
 
+/// How long a failed login waits for its answer: guessing stays slow.
+pub const FAILED_LOGIN_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
+
 static HASHING: Semaphore = Semaphore::const_new(HASHING_AT_ONCE);
 
 /// What a client presented.

@@ -46,6 +46,50 @@ async fn refused(url: &str, options: async_nats::ConnectOptions) -> String {
     }
 }
 
+/// The next message of a `>` subscription that is not a reply to its own requests.
+async fn next_outside_inboxes(sub: &mut async_nats::Subscriber) -> async_nats::Message {
+    loop {
+        let message = tokio::time::timeout(WAIT, sub.next())
+            .await
+            .expect("in time")
+            .expect("a message");
+        if !message.subject.as_str().starts_with("_INBOX.") {
+            return message;
+        }
+    }
+}
+
+/// Connects an MQTT 3.1.1 client with a user name and password; the client once the
+/// server accepted it, or the refusal.
+async fn mqtt_log_in(
+    addr: std::net::SocketAddr,
+    user: &str,
+    password: &str,
+) -> Result<rumqttc::AsyncClient, String> {
+    let mut options = rumqttc::MqttOptions::new(
+        format!("login-{}", fastrand::u32(..)),
+        addr.ip().to_string(),
+        addr.port(),
+    );
+    options.set_credentials(user, password);
+    let (client, mut events) = rumqttc::AsyncClient::new(options, 16);
+    let accepted = tokio::time::timeout(WAIT, async {
+        loop {
+            match events.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) => return Ok(()),
+                Ok(_) => {}
+                Err(error) => return Err(format!("{error:?}")),
+            }
+        }
+    })
+    .await
+    .map_err(|_| "no CONNACK".to_owned())?;
+    accepted?;
+    // The event loop keeps the connection going while the test uses the client.
+    tokio::spawn(async move { while events.poll().await.is_ok() {} });
+    Ok(client)
+}
+
 #[tokio::test]
 async fn logins_decide_the_user_and_the_tenant() {
     let mut config = test_config();
@@ -110,10 +154,7 @@ async fn logins_decide_the_user_and_the_tenant() {
         .expect("in time")
         .expect("a message");
     assert_eq!(&got.payload[..], b"acme's");
-    let got = tokio::time::timeout(WAIT, ops_all.next())
-        .await
-        .expect("in time")
-        .expect("a message");
+    let got = next_outside_inboxes(&mut ops_all).await;
     assert_eq!(&got.payload[..], b"default's", "default sees only its own");
     let acme_history: Vec<String> = replay_subject(&acme, "orders.1")
         .await
@@ -121,6 +162,45 @@ async fn logins_decide_the_user_and_the_tenant() {
         .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
         .collect();
     assert_eq!(acme_history, ["acme's"]);
+
+    // MQTT logs in with the same credentials, into the same tenant.
+    let mqtt = server.mqtt_addr.expect("mqtt on");
+    let mut acme_devices = acme.subscribe("devices.>").await.expect("sub");
+    acme.flush().await.expect("flush");
+    let device = mqtt_log_in(mqtt, "dev-1@acme", "pw-acme")
+        .await
+        .expect("MQTT login");
+    device
+        .publish("devices/9/temp", rumqttc::QoS::AtLeastOnce, false, "21.5")
+        .await
+        .expect("publish");
+    let got = tokio::time::timeout(WAIT, acme_devices.next())
+        .await
+        .expect("in time")
+        .expect("a message");
+    assert_eq!(
+        (got.subject.as_str(), &got.payload[..]),
+        ("devices.9.temp", &b"21.5"[..])
+    );
+    // The default tenant saw none of it: its next message is its own probe.
+    publish_acked(&ops, "probe", "mine").await;
+    let got = next_outside_inboxes(&mut ops_all).await;
+    assert_eq!(got.subject.as_str(), "probe");
+    let via_token = mqtt_log_in(mqtt, "anyone", &token).await;
+    assert!(
+        via_token.is_ok(),
+        "a token as the password: {:?}",
+        via_token.err()
+    );
+    let refused_mqtt = mqtt_log_in(mqtt, "dev-1@acme", "nope").await;
+    assert!(
+        refused_mqtt
+            .as_ref()
+            .err()
+            .is_some_and(|e| e.contains("BadUserNamePassword")),
+        "{:?}",
+        refused_mqtt.err()
+    );
 
     // Refusals: the NATS error, the same for a wrong password, an unknown user, an
     // unknown tenant, a bad token and no credentials; each costs one password check

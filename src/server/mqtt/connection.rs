@@ -339,6 +339,28 @@ struct Connection {
     next_request: u64,
 }
 
+/// Logs an MQTT client in with its CONNECT's user name (`name@tenant`, or `name`) and
+/// password; a password that is a token (`cnp.…`) logs in with the token, whatever the
+/// user name. `None` when refused.
+async fn log_in(broker: &Broker, connect: &Connect, client_id: &str) -> Option<Principal> {
+    let password = connect
+        .password
+        .as_ref()
+        .and_then(|p| std::str::from_utf8(p).ok())
+        .map(str::to_owned);
+    let token = password.clone().filter(|p| p.starts_with("cnp."));
+    let presented = crate::tenancy::login::Presented {
+        user: connect.username.clone(),
+        password: if token.is_some() { None } else { password },
+        token,
+        client: client_id.to_owned(),
+    };
+    let store = broker.store()?;
+    crate::tenancy::login::login(store, broker.tenant_records(), broker.metrics(), &presented)
+        .await
+        .ok()
+}
+
 impl Connection {
     /// Checks the CONNECT, takes the client id over, restores or clears the session
     /// and answers CONNACK. `None` when the connection was refused (and told).
@@ -397,7 +419,23 @@ impl Connection {
         } else {
             (connect.client_id.clone(), false)
         };
-        let principal = Principal::anonymous(client_id.as_str());
+        let principal = if context.config.authz.require_login {
+            match log_in(&broker, &connect, &client_id).await {
+                Some(principal) => principal,
+                None => {
+                    tokio::time::sleep(crate::tenancy::login::FAILED_LOGIN_DELAY).await;
+                    let out = refuse(
+                        reason::BAD_USER_NAME_OR_PASSWORD,
+                        reason::V3_BAD_USER_NAME_OR_PASSWORD,
+                        "bad user name or password",
+                    );
+                    let _ = writer.write_all(&out).await;
+                    return None;
+                }
+            }
+        } else {
+            Principal::anonymous(client_id.as_str())
+        };
         if broker
             .authorizer()
             .authorize(&principal, Action::Connect, "")
@@ -449,7 +487,7 @@ impl Connection {
             _ => config.v3_session_expiry_secs,
         };
 
-        let key: SessionKey = (Arc::from(DEFAULT_TENANT), client_id.clone());
+        let key: SessionKey = (Arc::clone(&principal.tenant), client_id.clone());
         let claim = context.sessions.claim(&key, id);
         if let Some(previous) = claim.previous.clone() {
             // The previous holder saves its session before letting go.
@@ -508,7 +546,7 @@ impl Connection {
                 .unwrap_or(config.max_inflight)
                 .min(config.max_inflight.max(1)),
         );
-        let routes = broker.tenant(DEFAULT_TENANT);
+        let routes = broker.tenant(&principal.tenant);
         let mut connection = Connection {
             id,
             peer,
