@@ -23,10 +23,14 @@ function message(raw) {
   return { ...rest, data: data_b64 === undefined ? data : base64ToBytes(data_b64) };
 }
 
-/** Connects; resolves once the socket is open. */
-export function connect(url, { WebSocket: Socket = globalThis.WebSocket } = {}) {
+/**
+ * Connects; resolves once the socket is open. `token`: a bearer token, needed when the
+ * server requires logins (sent as a `bearer.<token>` subprotocol beside `canopy`, since
+ * browsers cannot set headers on a WebSocket).
+ */
+export function connect(url, { WebSocket: Socket = globalThis.WebSocket, token } = {}) {
   return new Promise((resolve, reject) => {
-    const socket = new Socket(url);
+    const socket = token === undefined ? new Socket(url) : new Socket(url, ["canopy", `bearer.${token}`]);
     socket.onopen = () => resolve(new Client(socket));
     socket.onerror = () => reject(new Error(`cannot connect to ${url}`));
   });

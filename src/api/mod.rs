@@ -220,8 +220,20 @@ fn check_subject(subject: &str) -> Result<(), ApiError> {
         .map_err(|e| ApiError::new(400, format!("invalid subject: {e}")))
 }
 
-/// Authorises an admin call as a publish to its own `$CANOPY.<op>` subject.
+/// Authorises an admin call: only the default tenant's users (the operator's) may
+/// manage tenants and users, until ACLs can grant it; then as a publish to its own
+/// `$CANOPY.<op>` subject.
 fn authorize_call(broker: &Broker, call: &ApiCall) -> Result<(), ApiError> {
+    if &*call.principal.tenant != crate::tenancy::DEFAULT_TENANT {
+        return Err(ApiError::new(
+            403,
+            format!(
+                "Permissions Violation for Publish to \"{PREFIX}{}\": tenants and users are \
+                 managed from the default tenant",
+                call.operation
+            ),
+        ));
+    }
     authorize(
         broker,
         &call.principal,

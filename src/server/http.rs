@@ -13,7 +13,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{ConnectInfo, Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::serve::ListenerExt;
@@ -37,6 +37,8 @@ pub struct HttpState {
     /// WebSocket connections open now, and how many may be.
     pub websockets: Arc<std::sync::atomic::AtomicUsize>,
     pub max_websockets: usize,
+    /// Every caller logs in with a bearer token (`authz.require_login`).
+    pub require_login: bool,
 }
 
 /// A WebSocket connection counted against the cap while it lives.
@@ -133,18 +135,85 @@ async fn mqtt_over_websocket(
         })
 }
 
+/// Who is calling: anonymous unless logins are required; then the user of the bearer
+/// token in `Authorization: Bearer …` or, for browsers' WebSockets, which cannot set
+/// headers, in a `bearer.<token>` subprotocol. A refusal (401) comes after the failed
+/// login delay.
+async fn caller(state: &HttpState, headers: &HeaderMap) -> Result<Principal, Response> {
+    if !state.require_login {
+        return Ok(Principal::anonymous("http"));
+    }
+    let from_header = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let from_protocol = headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .find_map(|p| p.strip_prefix("bearer."));
+    let presented = crate::tenancy::login::Presented {
+        token: from_header.or(from_protocol).map(str::to_owned),
+        client: "http".into(),
+        ..Default::default()
+    };
+    let refused = || {
+        (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "a bearer token is required\n",
+        )
+            .into_response()
+    };
+    let Some(store) = state.broker.store() else {
+        return Err(refused());
+    };
+    let tenants = state.broker.tenant_records();
+    match crate::tenancy::login::login(store, tenants, state.broker.metrics(), &presented).await {
+        Ok(principal) => Ok(principal),
+        Err(_) => {
+            tokio::time::sleep(crate::tenancy::login::FAILED_LOGIN_DELAY).await;
+            Err(refused())
+        }
+    }
+}
+
+/// The caller of a request, logged in as [`caller`] says.
+struct Caller(Principal);
+
+impl axum::extract::FromRequestParts<HttpState> for Caller {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &HttpState,
+    ) -> Result<Self, Response> {
+        caller(state, &parts.headers).await.map(Caller)
+    }
+}
+
 /// The JSON WebSocket API (docs/websocket.md).
-async fn json_websocket(upgrade: WebSocketUpgrade, State(state): State<HttpState>) -> Response {
+async fn json_websocket(
+    upgrade: WebSocketUpgrade,
+    State(state): State<HttpState>,
+    Caller(principal): Caller,
+) -> Response {
     let Some(admitted) = state.admit() else {
         return too_many();
     };
     let context = Arc::clone(&state.websocket);
     let shutdown = state.shutdown.clone();
+    // A client that sent its token as a subprotocol offers `canopy` too, which is
+    // echoed (a browser drops a connection whose offered protocols none were).
     upgrade
+        .protocols(["canopy"])
         .max_message_size(context.max_message_bytes)
         .read_buffer_size(WS_READ_BUFFER)
         .on_upgrade(move |socket| async move {
-            super::websocket::serve(socket, context, shutdown).await;
+            super::websocket::serve(socket, context, principal, shutdown).await;
             drop(admitted);
         })
 }
@@ -187,13 +256,23 @@ fn api_answer(result: Result<serde_json::Value, ApiError>) -> Response {
         .into_response()
 }
 
-/// The store and the caller's right to `$CANOPY.tenant.<op>`, as on the native API.
-fn tenant_admin(state: &HttpState, op: &str) -> Result<Arc<crate::store::Store>, ApiError> {
-    let principal = Principal::anonymous("http");
+/// The store and the caller's right to `$CANOPY.tenant.<op>`, as on the native API:
+/// the default tenant's users only.
+fn tenant_admin(
+    state: &HttpState,
+    principal: &Principal,
+    op: &str,
+) -> Result<Arc<crate::store::Store>, ApiError> {
+    if &*principal.tenant != DEFAULT_TENANT {
+        return Err(ApiError {
+            code: 403,
+            description: "tenants are managed from the default tenant".into(),
+        });
+    }
     state
         .broker
         .authorizer()
-        .authorize(&principal, Action::Publish, &format!("$CANOPY.tenant.{op}"))
+        .authorize(principal, Action::Publish, &format!("$CANOPY.tenant.{op}"))
         .map_err(|denied| ApiError {
             code: 403,
             description: denied.to_string(),
@@ -211,21 +290,29 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
     })
 }
 
-async fn list_tenants(State(state): State<HttpState>) -> Response {
-    api_answer(tenant_admin(&state, "list").map(|_| tenants::list(&state.broker)))
+async fn list_tenants(State(state): State<HttpState>, Caller(principal): Caller) -> Response {
+    api_answer(tenant_admin(&state, &principal, "list").map(|_| tenants::list(&state.broker)))
 }
 
-async fn create_tenant(State(state): State<HttpState>, body: Bytes) -> Response {
+async fn create_tenant(
+    State(state): State<HttpState>,
+    Caller(principal): Caller,
+    body: Bytes,
+) -> Response {
     let result = async {
-        let store = tenant_admin(&state, "create")?;
+        let store = tenant_admin(&state, &principal, "create")?;
         tenants::create(&state.broker, &store, json_body(&body)?).await
     };
     api_answer(result.await)
 }
 
-async fn describe_tenant(State(state): State<HttpState>, Path(name): Path<String>) -> Response {
+async fn describe_tenant(
+    State(state): State<HttpState>,
+    Caller(principal): Caller,
+    Path(name): Path<String>,
+) -> Response {
     let result = async {
-        let store = tenant_admin(&state, "describe")?;
+        let store = tenant_admin(&state, &principal, "describe")?;
         tenants::describe(&state.broker, &store, &name).await
     };
     api_answer(result.await)
@@ -241,11 +328,12 @@ struct NewLimits {
 
 async fn update_tenant(
     State(state): State<HttpState>,
+    Caller(principal): Caller,
     Path(name): Path<String>,
     body: Bytes,
 ) -> Response {
     let result = async {
-        let store = tenant_admin(&state, "update")?;
+        let store = tenant_admin(&state, &principal, "update")?;
         let NewLimits { limits } = json_body(&body)?;
         let request = tenants::WithLimits { name, limits };
         tenants::update(&state.broker, &store, request).await
@@ -253,9 +341,13 @@ async fn update_tenant(
     api_answer(result.await)
 }
 
-async fn delete_tenant(State(state): State<HttpState>, Path(name): Path<String>) -> Response {
+async fn delete_tenant(
+    State(state): State<HttpState>,
+    Caller(principal): Caller,
+    Path(name): Path<String>,
+) -> Response {
     let result = async {
-        let store = tenant_admin(&state, "delete")?;
+        let store = tenant_admin(&state, &principal, "delete")?;
         tenants::delete(&state.broker, &store, &name).await
     };
     api_answer(result.await)

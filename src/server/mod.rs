@@ -230,6 +230,7 @@ impl Server {
                 shutdown: shutdown.clone(),
                 websockets: Arc::default(),
                 max_websockets: self.config.http.max_websockets,
+                require_login: self.config.authz.require_login,
             };
             tokio::spawn(http::serve(listener, state))
         });

@@ -27,7 +27,7 @@ use crate::broker::envelope::{self, AckInbox, MqttOptions, StoreAck};
 use crate::broker::metrics::Protocol;
 use crate::broker::{Broker, Message as Routed, Outbox, RouteScratch, Subscription, Wakes};
 use crate::store::{AckTo, AppendOutcome, NewMessage, ReplayFrom, RouteTag, Snapshot};
-use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
+use crate::tenancy::{Action, Principal};
 
 /// Sends every queued text in order, flushing once; false once the socket failed.
 async fn send_all(
@@ -130,7 +130,12 @@ fn refusal(code: &'static str, message: impl Into<String>) -> Refusal {
 }
 
 /// Serves one `/ws` connection until it ends.
-pub async fn serve(socket: WebSocket, context: Arc<WsContext>, shutdown: CancellationToken) {
+pub async fn serve(
+    socket: WebSocket,
+    context: Arc<WsContext>,
+    principal: Principal,
+    shutdown: CancellationToken,
+) {
     let broker = Arc::clone(&context.broker);
     let id = broker.next_id();
     let outbox = Arc::new(Outbox::new(
@@ -143,8 +148,8 @@ pub async fn serve(socket: WebSocket, context: Arc<WsContext>, shutdown: Cancell
     let mut connection = Connection {
         id,
         context,
-        routes: broker.tenant(DEFAULT_TENANT),
-        principal: Principal::anonymous(format!("ws-{id}")),
+        routes: broker.tenant(&principal.tenant),
+        principal,
         broker,
         outbox,
         acks,

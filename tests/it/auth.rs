@@ -120,6 +120,13 @@ async fn logins_decide_the_user_and_the_tenant() {
     )
     .await;
     let token = issued["token"].as_str().expect("token").to_owned();
+    let issued = api(
+        &admin,
+        "user.token.create",
+        json!({"tenant": "default", "name": "ops"}),
+    )
+    .await;
+    let ops_token = issued["token"].as_str().expect("token").to_owned();
     server.stop().await;
 
     config.authz.require_login = true;
@@ -162,6 +169,74 @@ async fn logins_decide_the_user_and_the_tenant() {
         .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
         .collect();
     assert_eq!(acme_history, ["acme's"]);
+
+    // A tenant's user cannot manage tenants or users.
+    let (status, denied) =
+        crate::common::api(&acme, "tenant.create", json!({"name": "evil"})).await;
+    assert_eq!(status, 403, "{denied}");
+    let (status, _) = crate::common::api(
+        &acme,
+        "user.create",
+        json!({"tenant": "acme", "name": "x", "password": "y"}),
+    )
+    .await;
+    assert_eq!(status, 403);
+
+    // HTTP: a bearer token, of the default tenant for administration.
+    let http = server.http_addr.expect("http on");
+    let request = |headers: Vec<(&'static str, String)>| async move {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        crate::common::http_request(http, "GET", "/api/tenants", &headers, "").await
+    };
+    assert_eq!(request(vec![]).await.0, 401);
+    let bearer = |token: &str| vec![("Authorization", format!("Bearer {token}"))];
+    assert_eq!(request(bearer(&token)).await.0, 403, "acme's user");
+    let (status, listed) = request(bearer(&ops_token)).await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(request(bearer(&format!("{ops_token}x"))).await.0, 401);
+
+    // The JSON WebSocket API: the token as a subprotocol, and the tenant's subjects.
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut upgrade = format!("ws://{http}/ws")
+        .into_client_request()
+        .expect("request");
+    upgrade.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        format!("canopy, bearer.{token}").parse().expect("header"),
+    );
+    let (mut socket, answer) = tokio_tungstenite::connect_async(upgrade)
+        .await
+        .expect("a token opens /ws");
+    assert_eq!(
+        answer
+            .headers()
+            .get("Sec-WebSocket-Protocol")
+            .and_then(|v| v.to_str().ok()),
+        Some("canopy")
+    );
+    {
+        use futures::SinkExt;
+        socket
+            .send(tokio_tungstenite::tungstenite::Message::text(
+                r#"{"op":"get","id":"g","subject":"orders.1"}"#,
+            ))
+            .await
+            .expect("send");
+    }
+    let text = loop {
+        let message = tokio::time::timeout(WAIT, socket.next())
+            .await
+            .expect("in time")
+            .expect("open")
+            .expect("a message");
+        if let tokio_tungstenite::tungstenite::Message::Text(text) = message {
+            break text.to_string();
+        }
+    };
+    let got: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(got["data_b64"], "YWNtZSdz", "acme's orders.1: {got}");
+    let anonymous_ws = tokio_tungstenite::connect_async(format!("ws://{http}/ws")).await;
+    assert!(anonymous_ws.is_err(), "no token, no /ws");
 
     // MQTT logs in with the same credentials, into the same tenant.
     let mqtt = server.mqtt_addr.expect("mqtt on");
