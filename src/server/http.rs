@@ -81,6 +81,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/mqtt", get(mqtt_over_websocket))
         .route("/ws", get(json_websocket))
         .route("/canopy.js", get(client_module))
+        .route("/api/login", get(login_rules))
         .route("/api/tenants", get(list_tenants).post(create_tenant))
         .route(
             "/api/tenants/{name}",
@@ -179,6 +180,16 @@ async fn caller(state: &HttpState, headers: &HeaderMap) -> Result<Principal, Res
             Err(refused())
         }
     }
+}
+
+/// Whether callers must log in: how the console knows to ask for a token before it
+/// tries (a refused WebSocket cannot say why).
+async fn login_rules(State(state): State<HttpState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::json!({ "required": state.require_login }).to_string(),
+    )
+        .into_response()
 }
 
 /// The caller of a request, logged in as [`caller`] says.

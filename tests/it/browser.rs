@@ -282,3 +282,55 @@ async fn the_console_shows_cli_and_mqtt_traffic_streams_and_conflicts() {
     script.finish("all checks passed").await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn the_console_asks_for_a_token_when_logins_are_required() {
+    assert!(chromium().exists(), "no Chromium at {:?}", chromium());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = crate::common::test_config();
+    config.store.url = format!("file://{}", dir.path().display());
+    // The user and its token are made before logins are required.
+    let server = crate::common::start(config.clone()).await;
+    let admin = async_nats::connect(server.native_url())
+        .await
+        .expect("connect");
+    let call = |api: &'static str, body: serde_json::Value| crate::common::api(&admin, api, body);
+    call("tenant.create", serde_json::json!({"name": "acme"})).await;
+    call(
+        "user.create",
+        serde_json::json!({"tenant": "acme", "name": "web", "password": "pw"}),
+    )
+    .await;
+    let (_, issued) = call(
+        "user.token.create",
+        serde_json::json!({"tenant": "acme", "name": "web"}),
+    )
+    .await;
+    let token = issued["token"].as_str().expect("token").to_owned();
+    server.stop().await;
+
+    config.authz.require_login = true;
+    let server = crate::common::start(config).await;
+    let http = server.http_addr.expect("http on");
+    let mut script = Script::spawn(
+        "console_login_check.mjs",
+        &[format!("http://{http}"), token],
+    );
+    let path = script.expect("screenshot console-login ").await;
+    assert_png(Path::new(&path));
+    script.expect("subscribed").await;
+    // Published in acme by a logged-in native client: the console, logged in as
+    // acme's user, sees it.
+    let acme = async_nats::ConnectOptions::with_user_and_password("web@acme".into(), "pw".into())
+        .connect(server.native_url())
+        .await
+        .expect("log in");
+    acme.publish("orders.7", "for acme".into())
+        .await
+        .expect("publish");
+    acme.flush().await.expect("flush");
+    let seen = script.expect("seen").await;
+    assert_eq!(seen, "for acme");
+    script.finish("all checks passed").await;
+    server.stop().await;
+}

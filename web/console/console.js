@@ -65,10 +65,38 @@ function cell(row, value, className) {
 let canopy = null;
 const status = $("status");
 
-async function start() {
+/** The bearer token this tab logged in with (kept for the tab's life only). */
+const token = () => sessionStorage.getItem("canopy-token") ?? undefined;
+
+/** Whether the server wants a token this tab does not have yet: then the form shows. */
+async function needsLogin() {
   try {
-    canopy = await connect(wsUrl);
+    const rules = await (await fetch("/api/login", { cache: "no-store" })).json();
+    return rules.required && !token();
   } catch {
+    return false;
+  }
+}
+
+$("login").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sessionStorage.setItem("canopy-token", $("login-token").value.trim());
+  $("login").hidden = true;
+  start();
+  tree.follow();
+});
+
+async function start() {
+  if (await needsLogin()) {
+    $("login").hidden = false;
+    status.textContent = "log in with a token";
+    return;
+  }
+  try {
+    canopy = await connect(wsUrl, { token: token() });
+  } catch {
+    // A refused token looks like any failed connection: ask again.
+    sessionStorage.removeItem("canopy-token");
     status.textContent = "cannot connect; retrying…";
     status.classList.add("down");
     setTimeout(start, 2000);
@@ -182,7 +210,8 @@ const tree = {
   async follow() {
     let client;
     try {
-      client = await connect(wsUrl);
+      if (await needsLogin()) return; // the login form starts the tree again
+      client = await connect(wsUrl, { token: token() });
       await this.load(client);
       await client.subscribe(">", (msg) => this.seen(msg));
     } catch {
