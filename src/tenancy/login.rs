@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 
+use super::acl::Acl;
 use super::{DEFAULT_TENANT, Principal, Tenants, credentials};
 use crate::broker::metrics::Metrics;
 use crate::store::Store;
@@ -69,10 +70,16 @@ pub async fn login(
     if !verified {
         return Err(LoginRefused);
     }
+    let permissions = record.map(|r| r.permissions).unwrap_or_default();
     Ok(Principal {
         tenant: Arc::from(tenant),
         user: Some(Arc::from(name)),
         client: Arc::from(presented.client.as_str()),
+        acl: Some(Arc::new(Acl::compile(
+            &permissions,
+            name,
+            &presented.client,
+        ))),
     })
 }
 
@@ -101,5 +108,10 @@ async fn login_with_token(
         tenant: Arc::from(parts.tenant),
         user: Some(Arc::from(parts.user)),
         client: Arc::from(client),
+        acl: Some(Arc::new(Acl::compile(
+            &user.permissions,
+            parts.user,
+            client,
+        ))),
     })
 }

@@ -5,6 +5,7 @@
 //! otherwise; tenants, users and ACLs will fill in the same function later, so no
 //! front end may ever decide access on its own or skip this call.
 
+pub mod acl;
 pub mod credentials;
 pub mod login;
 mod registry;
@@ -27,6 +28,8 @@ pub struct Principal {
     pub user: Option<Arc<str>>,
     /// Client name or id as the client announced it, for logs and ACL substitution.
     pub client: Arc<str>,
+    /// The logged-in user's rules; `None` for anonymous clients.
+    pub acl: Option<Arc<acl::Acl>>,
 }
 
 impl Principal {
@@ -35,6 +38,7 @@ impl Principal {
             tenant: Arc::from(DEFAULT_TENANT),
             user: None,
             client: client.into(),
+            acl: None,
         }
     }
 }
@@ -79,21 +83,26 @@ impl Authorizer {
     /// pattern for a subscribe)? `subject` must already be validated.
     pub fn authorize(
         &self,
-        _principal: &Principal,
+        principal: &Principal,
         action: Action,
         subject: &str,
     ) -> Result<(), Denied> {
+        let acl = principal.acl.as_deref();
         match action {
             Action::Connect => Ok(()),
             Action::Publish => {
-                if self.deny_publish.iter().any(|d| covers(d, subject)) {
+                if self.deny_publish.iter().any(|d| covers(d, subject))
+                    || acl.is_some_and(|acl| !acl.may_publish(subject))
+                {
                     Err(Denied::Publish(subject.to_owned()))
                 } else {
                     Ok(())
                 }
             }
             Action::Subscribe => {
-                if self.deny_subscribe.iter().any(|d| covers(d, subject)) {
+                if self.deny_subscribe.iter().any(|d| covers(d, subject))
+                    || acl.is_some_and(|acl| !acl.may_subscribe(subject))
+                {
                     Err(Denied::Subscribe(subject.to_owned()))
                 } else {
                     Ok(())

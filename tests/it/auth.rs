@@ -120,6 +120,15 @@ async fn logins_decide_the_user_and_the_tenant() {
     )
     .await;
     let token = issued["token"].as_str().expect("token").to_owned();
+    api(
+        &admin,
+        "user.create",
+        json!({"tenant": "acme", "name": "dev-2", "password": "pw-2",
+               "permissions": {
+                   "publish": {"allow": ["devices.{user}.>", "$CANOPY.get"], "deny": ["devices.{user}.secret"]},
+                   "subscribe": {"allow": ["devices.{user}.>", "_INBOX.>"]}}}),
+    )
+    .await;
     let issued = api(
         &admin,
         "user.token.create",
@@ -169,6 +178,73 @@ async fn logins_decide_the_user_and_the_tenant() {
         .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
         .collect();
     assert_eq!(acme_history, ["acme's"]);
+
+    // ACLs: dev-2 may publish only under devices.dev-2 (not its secret) and subscribe
+    // only there; a refusal keeps the connection usable.
+    let mut watcher = acme.subscribe("devices.>").await.expect("sub");
+    acme.flush().await.expect("flush");
+    let (errors, mut seen_errors) = tokio::sync::mpsc::unbounded_channel();
+    let dev2 = log_in(
+        &url,
+        async_nats::ConnectOptions::with_user_and_password("dev-2@acme".into(), "pw-2".into())
+            .event_callback(move |event| {
+                let errors = errors.clone();
+                async move {
+                    let _ = errors.send(event.to_string());
+                }
+            }),
+    )
+    .await
+    .expect("dev-2 logs in");
+    dev2.publish("devices.dev-1.temp", "not mine".into())
+        .await
+        .expect("sent");
+    dev2.publish("devices.dev-2.secret", "denied".into())
+        .await
+        .expect("sent");
+    dev2.publish("devices.dev-2.temp", "mine".into())
+        .await
+        .expect("sent");
+    dev2.flush().await.expect("the connection stays usable");
+    let got = tokio::time::timeout(WAIT, watcher.next())
+        .await
+        .expect("in time")
+        .expect("a message");
+    assert_eq!(
+        (got.subject.as_str(), &got.payload[..]),
+        ("devices.dev-2.temp", &b"mine"[..]),
+        "the denied publishes went nowhere"
+    );
+    let mut violations = Vec::new();
+    while violations.len() < 2 {
+        let event = tokio::time::timeout(WAIT, seen_errors.recv())
+            .await
+            .expect("the violations are reported")
+            .expect("open");
+        if event.to_lowercase().contains("permissions violation") {
+            violations.push(event);
+        }
+    }
+    assert!(
+        violations[0].contains("devices.dev-1.temp"),
+        "{violations:?}"
+    );
+    let _wide = dev2.subscribe("devices.>").await.expect("sent");
+    dev2.flush().await.expect("flush");
+    let event = tokio::time::timeout(WAIT, seen_errors.recv())
+        .await
+        .expect("reported")
+        .expect("open");
+    assert!(
+        event
+            .to_lowercase()
+            .contains("permissions violation for subscription"),
+        "{event}"
+    );
+    // Replay is reading: dev-2 may not read dev-1's stream through the API.
+    let (status, _) =
+        crate::common::api(&dev2, "get", json!({"subject": "devices.dev-1.temp"})).await;
+    assert_eq!(status, 403, "get is denied outside the rules");
 
     // A tenant's user cannot manage tenants or users.
     let (status, denied) =
