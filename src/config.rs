@@ -299,6 +299,9 @@ pub struct AuthzConfig {
     /// Every client logs in (a tenant's user and password, or a token); listeners may
     /// then bind beyond loopback.
     pub require_login: bool,
+    /// When set and the default tenant has no user `admin`, one is created at start
+    /// with this password and no rules: the first login of a new deployment.
+    pub bootstrap_admin_password: Option<String>,
 }
 
 impl Default for ServerConfig {

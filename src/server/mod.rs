@@ -48,6 +48,29 @@ pub enum ServerError {
     Store(#[from] crate::store::StoreError),
 }
 
+/// Creates the default tenant's `admin` user with `password` unless it exists.
+async fn bootstrap_admin(store: &Store, password: String) -> Result<(), ServerError> {
+    use crate::tenancy::DEFAULT_TENANT;
+    if store.user(DEFAULT_TENANT, "admin").await?.is_some() {
+        return Ok(());
+    }
+    let hash =
+        tokio::task::spawn_blocking(move || crate::tenancy::credentials::hash_password(&password))
+            .await
+            .map_err(|e| crate::store::StoreError::Refused(format!("hashing stopped: {e}")))?
+            .map_err(|e| crate::store::StoreError::Refused(e.to_string()))?;
+    let admin = crate::store::UserRecord {
+        name: "admin".into(),
+        created_ms: crate::store::now_ms(),
+        password: Some(hash),
+        tokens: Vec::new(),
+        permissions: crate::store::Permissions::default(),
+    };
+    store.put_user(DEFAULT_TENANT, &admin).await?;
+    tracing::info!("created the default tenant's admin user from bootstrap_admin_password");
+    Ok(())
+}
+
 fn store_settings(config: &Config) -> Result<StoreSettings, ServerError> {
     let store = &config.store;
     Ok(StoreSettings {
@@ -161,6 +184,9 @@ impl Server {
         let deleting = broker.tenant_records().load(&store).await?;
         // The dummy password hash, computed before any login could wait for it.
         tokio::task::spawn_blocking(crate::tenancy::credentials::prepare);
+        if let Some(password) = config.authz.bootstrap_admin_password.clone() {
+            bootstrap_admin(&store, password).await?;
+        }
         for tenant in deleting {
             crate::api::tenants::spawn_purge(Arc::clone(&store), tenant);
         }

@@ -153,6 +153,7 @@ mod tests {
             deny_publish: deny_pub.iter().map(|s| s.to_string()).collect(),
             deny_subscribe: deny_sub.iter().map(|s| s.to_string()).collect(),
             require_login: false,
+            bootstrap_admin_password: None,
         })
         .expect("valid patterns")
     }

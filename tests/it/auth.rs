@@ -414,3 +414,42 @@ async fn logins_decide_the_user_and_the_tenant() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_bootstrap_admin_sets_up_a_server_that_requires_logins() {
+    let mut config = test_config();
+    config.authz.require_login = true;
+    config.authz.bootstrap_admin_password = Some("first-login".into());
+    let server = start(config).await;
+    let url = server.native_url();
+    let admin = log_in(
+        &url,
+        async_nats::ConnectOptions::with_user_and_password("admin".into(), "first-login".into()),
+    )
+    .await
+    .expect("the bootstrap admin logs in");
+    api(&admin, "tenant.create", json!({"name": "acme"})).await;
+    let (status, created) = crate::common::api(
+        &admin,
+        "user.create",
+        json!({"tenant": "acme", "name": "dev", "password": "pw"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{created}");
+    log_in(
+        &url,
+        async_nats::ConnectOptions::with_user_and_password("dev@acme".into(), "pw".into()),
+    )
+    .await
+    .expect("the new user logs in");
+    let wrong = refused(
+        &url,
+        async_nats::ConnectOptions::with_user_and_password("admin".into(), "guess".into()),
+    )
+    .await;
+    assert!(
+        wrong.to_lowercase().contains("authorization violation"),
+        "{wrong}"
+    );
+    server.stop().await;
+}
