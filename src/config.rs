@@ -44,6 +44,44 @@ pub struct Config {
     pub store: StoreConfig,
     pub limits: LimitsConfig,
     pub authz: AuthzConfig,
+    pub tls: TlsConfig,
+}
+
+/// TLS for the listeners, on when `cert_file` is set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The server's certificate chain, PEM.
+    pub cert_file: Option<PathBuf>,
+    /// The certificate's private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// CA certificates (PEM) for client certificates. Set, clients may present one;
+    /// a certificate whose common name is a user (`name@tenant`, or `name` in the
+    /// default tenant) logs that user in when nothing else is presented.
+    pub client_ca_file: Option<PathBuf>,
+    /// Refuse clients without a certificate from `client_ca_file`.
+    pub require_client_cert: bool,
+    /// The listeners that speak TLS: any of `native`, `mqtt`, `http`.
+    pub listeners: Vec<String>,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        Self {
+            cert_file: None,
+            key_file: None,
+            client_ca_file: None,
+            require_client_cert: false,
+            listeners: vec!["native".into(), "mqtt".into(), "http".into()],
+        }
+    }
+}
+
+impl TlsConfig {
+    /// Whether `listener` speaks TLS.
+    pub fn on(&self, listener: &str) -> bool {
+        self.cert_file.is_some() && self.listeners.iter().any(|l| l == listener)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -389,6 +427,26 @@ impl Config {
 
     /// Checks the relations between fields that serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let t = &self.tls;
+        if t.cert_file.is_some() != t.key_file.is_some() {
+            return Err(ConfigError::Invalid(
+                "tls.cert_file and tls.key_file go together".into(),
+            ));
+        }
+        if let Some(unknown) = t
+            .listeners
+            .iter()
+            .find(|l| !matches!(l.as_str(), "native" | "mqtt" | "http"))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "tls.listeners: no listener {unknown:?} (use native, mqtt and http)"
+            )));
+        }
+        if t.require_client_cert && t.client_ca_file.is_none() {
+            return Err(ConfigError::Invalid(
+                "tls.require_client_cert needs tls.client_ca_file".into(),
+            ));
+        }
         let n = &self.native;
         if n.max_payload == 0 {
             return Err(ConfigError::Invalid(

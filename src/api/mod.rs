@@ -498,6 +498,10 @@ async fn append(broker: &Broker, store: &Store, call: &ApiCall) -> Result<(), Ap
             map.encode(&mut block);
             block.freeze()
         };
+        call.routes
+            .quota
+            .admit_publish(headers.len() + payload.len())
+            .map_err(|exceeded| ApiError::new(429, format!("quota exceeded: {exceeded}")))?;
         messages.push(NewMessage {
             headers,
             payload,

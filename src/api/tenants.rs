@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use super::{Answer, ApiCall, ApiError, PREFIX, authorize_call, parse};
 use crate::broker::Broker;
-use crate::store::{Store, TenantLimits, TenantRecord, check_tenant_name, new_tenant};
+use crate::store::{Permissions, Store, TenantLimits, TenantRecord, check_tenant_name, new_tenant};
 use crate::tenancy::DEFAULT_TENANT;
 
 #[derive(Deserialize)]
@@ -22,13 +22,37 @@ struct Named {
     name: String,
 }
 
-/// A tenant's name and limits: what create and update take.
+/// A tenant's name and settings: what create and update take. Update replaces the
+/// limits, and the anonymous rules when given.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WithLimits {
     pub name: String,
     #[serde(default)]
     pub limits: TenantLimits,
+    #[serde(default)]
+    pub anonymous: Option<Anonymous>,
+}
+
+/// Anonymous access to a tenant: rules to allow it under, or `false` to end it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Anonymous {
+    Rules(Permissions),
+    Off(bool),
+}
+
+impl Anonymous {
+    fn rules(self) -> Result<Option<Permissions>, ApiError> {
+        match self {
+            Anonymous::Rules(rules) => Ok(Some(rules)),
+            Anonymous::Off(false) => Ok(None),
+            Anonymous::Off(true) => Err(ApiError::new(
+                400,
+                "anonymous takes rules ({\"publish\": {...}, \"subscribe\": {...}}) or false",
+            )),
+        }
+    }
 }
 
 pub(super) async fn dispatch(
@@ -59,7 +83,12 @@ pub(super) async fn dispatch(
 }
 
 fn record_json(record: &TenantRecord) -> Value {
-    json!({"name": record.name, "created_ms": record.created_ms, "limits": record.limits})
+    let mut body =
+        json!({"name": record.name, "created_ms": record.created_ms, "limits": record.limits});
+    if let Some(rules) = &record.anonymous {
+        body["anonymous"] = json!(rules);
+    }
+    body
 }
 
 /// Every usable tenant.
@@ -89,23 +118,40 @@ pub async fn create(
         };
         return Err(ApiError::new(409, format!("tenant {} {why}", request.name)));
     }
-    save(broker, store, new_tenant(&request.name, request.limits)).await
+    let mut record = new_tenant(&request.name, request.limits);
+    if let Some(anonymous) = request.anonymous {
+        record.anonymous = anonymous.rules()?;
+    }
+    save(broker, store, record).await
 }
 
 /// Writes a record to the store, then the registry; answers with it.
 async fn save(broker: &Broker, store: &Store, record: TenantRecord) -> Result<Value, ApiError> {
     store.put_tenant(&record).await?;
     let body = record_json(&record);
-    broker.tenant_records().set(record);
+    broker.set_tenant(record).await?;
     Ok(body)
 }
 
 /// A tenant's record and usage.
 pub async fn describe(broker: &Broker, store: &Store, name: &str) -> Result<Value, ApiError> {
     let record = usable(broker, name)?;
-    let subjects = store.subject_count(&record.name).await?;
+    let stored = store.usage(&record.name).await?;
+    let routes = broker.tenant(&record.name);
+    let live = routes.quota.usage();
     let mut body = record_json(&record);
-    body["usage"] = json!({ "subjects": subjects });
+    body["usage"] = json!({
+        "connections": live.connections,
+        "subscriptions": routes.subscription_count(),
+        "subjects": stored.subjects,
+        "stored_bytes": stored.bytes,
+        "msgs_per_sec": (live.msgs_per_sec * 10.0).round() / 10.0,
+        "bytes_per_sec": live.bytes_per_sec.round(),
+        "published_msgs": live.published_msgs,
+        "published_bytes": live.published_bytes,
+        "refused_by_quota": live.refused,
+        "throttled_by_quota": live.throttled,
+    });
     Ok(body)
 }
 
@@ -116,8 +162,13 @@ pub async fn update(
     request: WithLimits,
 ) -> Result<Value, ApiError> {
     let current = usable(broker, &request.name)?;
+    let anonymous = match request.anonymous {
+        Some(change) => change.rules()?,
+        None => current.anonymous.clone(),
+    };
     let record = TenantRecord {
         limits: request.limits,
+        anonymous,
         ..(*current).clone()
     };
     save(broker, store, record).await

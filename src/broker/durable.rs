@@ -360,6 +360,11 @@ pub fn ack_body(tenant: &str, outcome: &AppendOutcome, jetstream: bool) -> Bytes
             "error": {"code": 503, "description": reason},
             "stream": tenant,
         }),
+        // JetStream's own "resource limits exceeded for account" code.
+        AppendOutcome::QuotaExceeded { reason } => json!({
+            "error": {"code": 400, "err_code": 10047, "description": format!("quota exceeded: {reason}")},
+            "stream": tenant,
+        }),
     };
     Bytes::from(value.to_string())
 }

@@ -126,10 +126,19 @@ struct QueuePick {
     chosen: Arc<Subscription>,
 }
 
+fn stored_limits(limits: &crate::store::TenantLimits) -> crate::store::StoredLimits {
+    crate::store::StoredLimits {
+        max_subjects: limits.max_subjects,
+        max_bytes: limits.max_stored_bytes,
+    }
+}
+
 /// The routes of one tenant.
 pub struct TenantRoutes {
     pub name: Arc<str>,
     trie: SharedTrie<Arc<Subscription>>,
+    /// The tenant's live quotas, shared by its connections.
+    pub quota: Arc<crate::tenancy::quota::Quota>,
 }
 
 impl TenantRoutes {
@@ -219,14 +228,51 @@ impl Broker {
         if let Some(routes) = self.tenants.read().get(tenant) {
             return Arc::clone(routes);
         }
+        let record = self.tenant_records.get(tenant);
         let mut tenants = self.tenants.write();
         let routes = tenants.entry(Arc::from(tenant)).or_insert_with(|| {
             Arc::new(TenantRoutes {
                 name: Arc::from(tenant),
                 trie: SharedTrie::new(),
+                quota: Arc::new(crate::tenancy::quota::Quota::new(
+                    tenant,
+                    record.as_deref().map(|r| &r.limits),
+                )),
             })
         });
         Arc::clone(routes)
+    }
+
+    /// Makes a tenant's record current: the registry, the live quotas of its
+    /// connections, and the store's limits.
+    pub async fn set_tenant(
+        &self,
+        record: crate::store::TenantRecord,
+    ) -> Result<(), crate::store::StoreError> {
+        if let Some(store) = self.store() {
+            store
+                .set_limits(&record.name, stored_limits(&record.limits))
+                .await?;
+        }
+        if let Some(routes) = self.tenants.read().get(record.name.as_str()) {
+            routes.quota.set_limits(&record.limits);
+        }
+        self.tenant_records.set(record);
+        Ok(())
+    }
+
+    /// Tells the store every tenant's stored limits (at start, after loading).
+    pub async fn apply_stored_limits(&self) -> Result<(), crate::store::StoreError> {
+        let Some(store) = self.store() else {
+            return Ok(());
+        };
+        for record in self.tenant_records.list() {
+            let limits = stored_limits(&record.limits);
+            if limits != crate::store::StoredLimits::default() {
+                store.set_limits(&record.name, limits).await?;
+            }
+        }
+        Ok(())
     }
 
     pub fn subscribe(

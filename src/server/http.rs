@@ -96,17 +96,32 @@ pub fn router(state: HttpState) -> Router {
 }
 
 /// Serves until `shutdown` fires.
-pub async fn serve(listener: TcpListener, state: HttpState) {
+pub async fn serve(listener: TcpListener, state: HttpState, tls: Option<super::tls::Tls>) {
     let shutdown = state.shutdown.clone();
     let app = router(state);
     let app = app.into_make_service_with_connect_info::<SocketAddr>();
-    // Deliveries are small and latency matters, as on the native listener.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
+    let served = match tls {
+        Some(tls) => match super::tls::TlsListener::new(listener, tls, shutdown.clone()) {
+            Ok(listener) => {
+                // Tapped for axum's connect info, which it gives tapped listeners;
+                // the TCP options were set before the handshake.
+                let listener = listener.tap_io(|_| {});
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                    .await
+            }
+            Err(error) => Err(error),
+        },
+        None => {
+            // Deliveries are small and latency matters, as on the native listener.
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await
+        }
+    };
     if let Err(error) = served {
         tracing::error!(%error, "the HTTP listener failed");
     }
@@ -131,7 +146,7 @@ async fn mqtt_over_websocket(
         .read_buffer_size(WS_READ_BUFFER)
         .on_upgrade(move |socket| async move {
             let (inbound, outbound) = super::mqtt::transport::websocket(socket);
-            super::mqtt::serve_on(inbound, outbound, peer, context, shutdown).await;
+            super::mqtt::serve_on(inbound, outbound, peer, context, None, shutdown).await;
             drop(admitted);
         })
 }
@@ -329,12 +344,15 @@ async fn describe_tenant(
     api_answer(result.await)
 }
 
-/// The body of a PUT: the tenant's new limits (the name is in the path).
+/// The body of a PUT: the tenant's new limits, and anonymous rules when they change
+/// (the name is in the path).
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewLimits {
     #[serde(default)]
     limits: crate::store::TenantLimits,
+    #[serde(default)]
+    anonymous: Option<tenants::Anonymous>,
 }
 
 async fn update_tenant(
@@ -345,8 +363,12 @@ async fn update_tenant(
 ) -> Response {
     let result = async {
         let store = tenant_admin(&state, &principal, "update")?;
-        let NewLimits { limits } = json_body(&body)?;
-        let request = tenants::WithLimits { name, limits };
+        let NewLimits { limits, anonymous } = json_body(&body)?;
+        let request = tenants::WithLimits {
+            name,
+            limits,
+            anonymous,
+        };
         tenants::update(&state.broker, &store, request).await
     };
     api_answer(result.await)

@@ -11,6 +11,7 @@ mod listener;
 pub mod mqtt;
 pub mod native;
 mod rendered;
+pub mod tls;
 pub mod websocket;
 
 use std::net::SocketAddr;
@@ -46,6 +47,8 @@ pub enum ServerError {
     Pattern(#[from] canopy_subjects::SubjectError),
     #[error("cannot open the store")]
     Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
 }
 
 /// Creates the default tenant's `admin` user with `password` unless it exists.
@@ -117,6 +120,7 @@ pub struct Server {
     native_addr: SocketAddr,
     mqtt: Option<(TcpListener, SocketAddr)>,
     http: Option<(TcpListener, SocketAddr)>,
+    tls: Option<tls::Tls>,
 }
 
 impl Server {
@@ -131,6 +135,7 @@ impl Server {
         object_store: Option<Arc<dyn object_store::ObjectStore>>,
     ) -> Result<Server, ServerError> {
         let authz = Arc::new(Authorizer::from_config(&config.authz)?);
+        let tls = tls::Tls::from_config(&config.tls)?;
         let addr = config.native.listen;
         let authentication_configured = config.authz.require_login;
         if !authentication_configured && !addr.ip().is_loopback() && !config.server.allow_anonymous
@@ -191,6 +196,7 @@ impl Server {
             crate::api::tenants::spawn_purge(Arc::clone(&store), tenant);
         }
         broker.attach_store(store);
+        broker.apply_stored_limits().await?;
         Ok(Server {
             config: Arc::new(config),
             broker,
@@ -198,6 +204,7 @@ impl Server {
             native_addr,
             mqtt,
             http,
+            tls,
         })
     }
 
@@ -229,11 +236,13 @@ impl Server {
             Arc::clone(&self.config),
             Arc::clone(&self.broker),
             self.native_addr,
+            self.tls.clone().filter(|_| self.config.tls.on("native")),
         ));
         let mqtt_context = self.mqtt.as_ref().map(|_| {
             Arc::new(mqtt::MqttContext::new(
                 Arc::clone(&self.config),
                 Arc::clone(&self.broker),
+                self.tls.clone().filter(|_| self.config.tls.on("mqtt")),
             ))
         });
         let http = self.http.map(|(listener, addr)| {
@@ -258,7 +267,8 @@ impl Server {
                 max_websockets: self.config.http.max_websockets,
                 require_login: self.config.authz.require_login,
             };
-            tokio::spawn(http::serve(listener, state))
+            let tls = self.tls.clone().filter(|_| self.config.tls.on("http"));
+            tokio::spawn(http::serve(listener, state, tls))
         });
         let mqtt = self
             .mqtt

@@ -20,20 +20,21 @@ use canopy_protocols::native::{
 };
 use canopy_subjects::{Limits as SubjectLimits, Pattern, validate_native_subject};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api;
 use crate::broker::durable::{
-    ACK_JETSTREAM, FLAG_NO_ECHO, FLAG_NO_RESPONDERS, StoreRequest, append_one, bad_request_body,
+    ACK_JETSTREAM, FLAG_NO_ECHO, FLAG_NO_RESPONDERS, StoreRequest, ack_body, append_one,
+    bad_request_body,
 };
 use crate::broker::{Broker, Message, Outbox, RouteScratch, Subscription, TenantRoutes, Wakes};
 use crate::config::{Config, StorePolicy};
-use crate::store::{AckTo, AppendRequest, NewMessage, RouteTag};
+use crate::store::{AckTo, AppendOutcome, AppendRequest, NewMessage, RouteTag};
+use crate::tenancy::quota::{ConnectionSlot, Exceeded};
 use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
 
 /// The version announced in INFO. Clients gate features (headers, no responders) on
@@ -57,10 +58,16 @@ pub struct NativeContext {
     subject_limits: SubjectLimits,
     server_id: String,
     listen: SocketAddr,
+    tls: Option<super::tls::Tls>,
 }
 
 impl NativeContext {
-    pub fn new(config: Arc<Config>, broker: Arc<Broker>, listen: SocketAddr) -> Self {
+    pub fn new(
+        config: Arc<Config>,
+        broker: Arc<Broker>,
+        listen: SocketAddr,
+        tls: Option<super::tls::Tls>,
+    ) -> Self {
         let limits = Limits {
             max_control_line: config.native.max_control_line,
             max_payload: config.native.max_payload,
@@ -76,6 +83,7 @@ impl NativeContext {
             subject_limits,
             server_id: server_id(),
             listen,
+            tls,
         }
     }
 
@@ -93,7 +101,7 @@ impl NativeContext {
             client_id,
             client_ip: Some(peer.ip().to_string()),
             auth_required: self.config.authz.require_login,
-            tls_required: false,
+            tls_required: self.tls.is_some(),
             nonce: None,
         }
     }
@@ -208,7 +216,11 @@ impl Unwritten {
     }
 
     /// Writes everything pending, then everything still queued.
-    async fn drain(&mut self, outbox: &Outbox, writer: &mut OwnedWriteHalf) -> std::io::Result<()> {
+    async fn drain(
+        &mut self,
+        outbox: &Outbox,
+        writer: &mut (impl AsyncWrite + Unpin),
+    ) -> std::io::Result<()> {
         loop {
             if self.is_done() {
                 self.refill(outbox);
@@ -230,6 +242,8 @@ struct Connection {
     routes: Arc<TenantRoutes>,
     principal: Principal,
     stream: Option<TcpStream>,
+    /// The user a TLS client certificate names, for logging in.
+    certified: Option<String>,
     outbox: Arc<Outbox>,
     decoder: ClientDecoder,
     subs: HashMap<Bytes, Arc<Subscription>>,
@@ -250,6 +264,10 @@ struct Connection {
     pongs_owed: u32,
     /// A SUB or UNSUB that waits for earlier stored publishes to be routed.
     deferred: Option<ClientOp>,
+    /// The connection's place in its tenant's connection quota.
+    slot: Option<ConnectionSlot>,
+    /// Over its tenant's publish rate: nothing more is read until then.
+    paused_until: Option<tokio::time::Instant>,
 }
 
 impl Connection {
@@ -272,6 +290,7 @@ impl Connection {
             routes,
             principal,
             stream: Some(stream),
+            certified: None,
             outbox,
             subs: HashMap::new(),
             scratch: RouteScratch::default(),
@@ -285,24 +304,63 @@ impl Connection {
             unsequenced: false,
             pongs_owed: 0,
             deferred: None,
+            slot: None,
+            paused_until: None,
         }
     }
 
     async fn run(mut self, shutdown: CancellationToken) {
-        let Some(stream) = self.stream.take() else {
+        let Some(mut stream) = self.stream.take() else {
             return;
         };
+        let Some(tls) = self.context.tls.clone() else {
+            let (reader, writer) = stream.into_split();
+            return self.serve(reader, writer, false, shutdown).await;
+        };
+        // NATS clients read INFO in the clear, see `tls_required` and upgrade.
+        let mut first = BytesMut::new();
+        encode_info(&mut first, &self.context.info(self.id, self.peer));
+        if stream.write_all(&first).await.is_err() {
+            return;
+        }
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = tls.accept(stream) => accepted,
+        };
+        match accepted {
+            Ok(accepted) => {
+                self.certified = accepted.certified;
+                let (reader, writer) = tokio::io::split(accepted.stream);
+                self.serve(reader, writer, true, shutdown).await;
+            }
+            Err(error) => {
+                tracing::debug!(conn = self.id, peer = %self.peer, %error, "TLS handshake failed");
+            }
+        }
+    }
+
+    /// Serves the connection on its (clear or TLS) stream; `info_sent` when INFO
+    /// went out before the TLS handshake.
+    async fn serve<R, W>(
+        mut self,
+        mut reader: R,
+        mut writer: W,
+        info_sent: bool,
+        shutdown: CancellationToken,
+    ) where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
         self.broker
             .metrics()
             .connection_opened(crate::broker::metrics::Protocol::Native);
         tracing::debug!(conn = self.id, peer = %self.peer, "connected");
-        let (mut reader, mut writer) = stream.into_split();
         let info = self.context.info(self.id, self.peer);
         let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
         if info.auth_required {
             let login = tokio::select! {
                 _ = shutdown.cancelled() => Err("Authorization Timeout"),
-                login = self.log_in(&info, &mut reader, &mut writer, &mut rbuf) => login,
+                login = self.log_in(&info, info_sent, &mut reader, &mut writer, &mut rbuf) => login,
             };
             if let Err(reason) = login {
                 let mut refusal = BytesMut::new();
@@ -316,8 +374,26 @@ impl Connection {
                     .connection_closed(crate::broker::metrics::Protocol::Native);
                 return;
             }
-        } else {
+        } else if !info_sent {
             self.outbox.push_control(|out| encode_info(out, &info));
+        }
+        match self.routes.quota.connect() {
+            Ok(slot) => self.slot = Some(slot),
+            Err(exceeded) => {
+                let mut refusal = BytesMut::new();
+                if !info.auth_required && !info_sent {
+                    encode_info(&mut refusal, &info);
+                }
+                encode_err(&mut refusal, &exceeded.to_string());
+                let _ = writer.write_all(&refusal).await;
+                let _ = writer.shutdown().await;
+                tracing::info!(conn = self.id, peer = %self.peer, %exceeded, "connection refused");
+                self.outbox.close();
+                self.broker
+                    .metrics()
+                    .connection_closed(crate::broker::metrics::Protocol::Native);
+                return;
+            }
         }
 
         let interval = self.context.config.native.ping_interval();
@@ -354,7 +430,13 @@ impl Connection {
                     Err(Close::WriteTimeout)
                 }
                 _ = self.outbox.woken(), if !writing => Ok(()),
-                read = reader.read_buf(&mut rbuf) => match read {
+                _ = tokio::time::sleep_until(
+                    self.paused_until.unwrap_or_else(tokio::time::Instant::now)
+                ), if self.paused_until.is_some() => {
+                    self.paused_until = None;
+                    self.process(&mut rbuf)
+                }
+                read = reader.read_buf(&mut rbuf), if self.paused_until.is_none() => match read {
                     Ok(0) | Err(_) => Err(Close::Gone),
                     Ok(_) => self.process(&mut rbuf),
                 },
@@ -414,13 +496,16 @@ impl Connection {
     async fn log_in(
         &mut self,
         info: &ServerInfo,
-        reader: &mut tokio::net::tcp::OwnedReadHalf,
-        writer: &mut OwnedWriteHalf,
+        info_sent: bool,
+        reader: &mut (impl AsyncRead + Unpin),
+        writer: &mut (impl AsyncWrite + Unpin),
         rbuf: &mut BytesMut,
     ) -> Result<(), &'static str> {
-        let mut first = BytesMut::new();
-        encode_info(&mut first, info);
-        writer.write_all(&first).await.map_err(|_| "gone")?;
+        if !info_sent {
+            let mut first = BytesMut::new();
+            encode_info(&mut first, info);
+            writer.write_all(&first).await.map_err(|_| "gone")?;
+        }
         let deadline = tokio::time::Instant::now() + LOGIN_TIMEOUT;
         let op = loop {
             match self.decoder.decode(rbuf) {
@@ -441,6 +526,7 @@ impl Connection {
             user: options.user.clone(),
             password: options.pass.clone(),
             token: options.auth_token.clone(),
+            certified: self.certified.clone(),
             client: options
                 .name
                 .clone()
@@ -510,6 +596,9 @@ impl Connection {
                     }
                     if let Err(close) = self.handle(op) {
                         break Err(close);
+                    }
+                    if self.paused_until.is_some() {
+                        break Ok(());
                     }
                 }
                 Ok(None) => break Ok(()),
@@ -619,6 +708,26 @@ impl Connection {
             self.error(&denied.to_string());
             return;
         }
+        if !subject.starts_with(api::PREFIX) {
+            let size = payload.len() + headers.as_ref().map_or(0, |h| h.len());
+            let admitted =
+                self.routes
+                    .quota
+                    .admit_publish(size)
+                    .and_then(|()| match self.broker.store() {
+                        Some(store)
+                            if store.at_bytes_limit(&self.routes.name)
+                                && self.broker.store_policy(subject).is_some() =>
+                        {
+                            Err(self.routes.quota.stored_bytes_exceeded())
+                        }
+                        _ => Ok(()),
+                    });
+            if let Err(exceeded) = admitted {
+                self.refuse_publish(&exceeded, subject, reply.as_deref(), headers.as_deref());
+                return;
+            }
+        }
         // As nats-server does: the +OK, then deliveries (also to our own subscriptions).
         self.ok();
         if let Some(operation) = subject.strip_prefix(api::PREFIX) {
@@ -679,6 +788,44 @@ impl Connection {
         }
         self.delivered.0 += delivered as u64;
         self.delivered.1 += (delivered * (payload.len() + headers.map_or(0, <[u8]>::len))) as u64;
+    }
+
+    /// Tells the client its publish went over a quota (it was neither delivered nor
+    /// stored) and, for a rate, stops reading until the rate admits more.
+    /// A publish that waits for the store's ack gets an error ack instead, as the
+    /// store itself would answer.
+    fn refuse_publish(
+        &mut self,
+        exceeded: &Exceeded,
+        subject: &str,
+        reply: Option<&[u8]>,
+        headers: Option<&[u8]>,
+    ) {
+        let broker = Arc::clone(&self.broker);
+        let ack = broker.store_policy(subject).and_then(|policy| {
+            let request = match headers.map(StoreRequest::from_headers) {
+                None => StoreRequest::default(),
+                Some(Ok(request)) => request,
+                Some(Err(_)) => return None,
+            };
+            let reply = reply.and_then(|r| std::str::from_utf8(r).ok())?;
+            request
+                .wants_ack(policy)
+                .then(|| (reply.to_owned(), request.jetstream))
+        });
+        match ack {
+            Some((reply, jetstream)) => {
+                let outcome = AppendOutcome::QuotaExceeded {
+                    reason: exceeded.to_string(),
+                };
+                let body = ack_body(&self.routes.name, &outcome, jetstream);
+                self.answer(&reply, &body);
+            }
+            None => self.error(&format!("Quota Exceeded: {exceeded}")),
+        }
+        if let Some(wait) = exceeded.wait() {
+            self.paused_until = Some(tokio::time::Instant::now() + wait);
+        }
     }
 
     /// Hands a publish to a stored subject to the store's sequencer, which routes it
@@ -840,6 +987,14 @@ impl Connection {
                 self.error("maximum subscriptions exceeded");
                 return;
             }
+        }
+        if let Err(exceeded) = self
+            .routes
+            .quota
+            .admit_subscription(self.routes.subscription_count())
+        {
+            self.error(&exceeded.to_string());
+            return;
         }
         let sub = self
             .broker

@@ -164,8 +164,24 @@ pub async fn serve(
         scratch: RouteScratch::default(),
         wakes: Wakes::default(),
         spare: BytesMut::new(),
+        paused_until: None,
     };
     let (mut sink, mut stream) = socket.split();
+    let slot = connection.routes.quota.connect();
+    if let Err(exceeded) = &slot {
+        // Said as a message first: a close reason is cut at 123 bytes.
+        connection.reply_error(None, refusal("quota_exceeded", exceeded.to_string()));
+        let _ = send_all(&mut sink, &mut connection.out).await;
+        let frame = CloseFrame {
+            code: 1013,
+            reason: Utf8Bytes::from_static("quota exceeded: too many connections"),
+        };
+        let _ = sink.send(Message::Close(Some(frame))).await;
+        let _ = sink.close().await;
+        connection.broker.mqtt_acks().remove(id);
+        connection.outbox.close();
+        return;
+    }
     connection
         .broker
         .metrics()
@@ -181,7 +197,13 @@ pub async fn serve(
                     None
                 }
             }
-            message = stream.next() => match message {
+            _ = tokio::time::sleep_until(
+                connection.paused_until.unwrap_or_else(tokio::time::Instant::now)
+            ), if connection.paused_until.is_some() => {
+                connection.paused_until = None;
+                None
+            }
+            message = stream.next(), if connection.paused_until.is_none() => match message {
                 Some(Ok(Message::Text(text))) => {
                     connection.request(text.as_str()).await;
                     None
@@ -238,6 +260,8 @@ struct Connection {
     context: Arc<WsContext>,
     broker: Arc<Broker>,
     routes: Arc<crate::broker::TenantRoutes>,
+    /// Over its tenant's publish rate: nothing more is read until then.
+    paused_until: Option<tokio::time::Instant>,
     principal: Principal,
     outbox: Arc<Outbox>,
     acks: Arc<AckInbox>,
@@ -426,6 +450,14 @@ impl Connection {
             self.reply_error(id, refusal("forbidden", denied.to_string()));
             return;
         }
+        if let Err(exceeded) = self
+            .routes
+            .quota
+            .admit_subscription(self.routes.subscription_count())
+        {
+            self.reply_error(id, refusal("quota_exceeded", exceeded.to_string()));
+            return;
+        }
         if from_snapshot && !pattern.is_literal() {
             self.reply_error(
                 id,
@@ -606,6 +638,12 @@ impl Connection {
         let mut map = HeaderMap::new();
         let (payload, json_inline) = payload_of(data, data_b64.as_deref())?;
         self.broker.metrics().count_in(1, payload.len() as u64);
+        if let Err(exceeded) = self.routes.quota.admit_publish(payload.len()) {
+            self.paused_until = exceeded
+                .wait()
+                .map(|wait| tokio::time::Instant::now() + wait);
+            return Err(refusal("quota_exceeded", exceeded.to_string()));
+        }
         for (name, value) in headers {
             map.append(name, value);
         }
@@ -979,6 +1017,9 @@ impl Connection {
                 }),
                 AppendOutcome::Failed { reason } => {
                     json!({"op": "error", "code": "unavailable", "message": reason})
+                }
+                AppendOutcome::QuotaExceeded { reason } => {
+                    json!({"op": "error", "code": "quota_exceeded", "message": reason})
                 }
             };
             self.reply(id.as_deref(), body);

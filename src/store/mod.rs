@@ -166,6 +166,25 @@ pub(crate) enum Input {
     /// Drops what the sequencer remembers of a tenant (heads, offsets, counts), so a
     /// purged tenant is read afresh from the store.
     Forget(Arc<str>),
+    /// A tenant's stored limits, as its record says (sent at start and on change).
+    Limits(Arc<str>, StoredLimits),
+    /// Bytes of a tenant's messages deleted outside the sequencer (retention, purges).
+    Released(Arc<str>, u64),
+}
+
+/// What a tenant may keep in the store; `None` is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoredLimits {
+    pub max_subjects: Option<u64>,
+    pub max_bytes: Option<u64>,
+}
+
+/// What a tenant keeps in the store: its subjects, and the header and payload bytes
+/// of its messages not yet deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoredUsage {
+    pub subjects: u64,
+    pub bytes: u64,
 }
 
 /// What became of an append.
@@ -193,6 +212,9 @@ pub enum AppendOutcome {
     },
     /// The store could not take the append.
     Failed { reason: String },
+    /// The tenant is at a stored limit (bytes, or subjects for a new subject):
+    /// nothing was stored.
+    QuotaExceeded { reason: String },
 }
 
 /// A message that has just been sequenced, borrowed for routing.
@@ -251,7 +273,12 @@ pub struct Store {
     stop: tokio_util::sync::CancellationToken,
     sequencer: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     stats: Arc<stats::StoreStats>,
+    /// Tenants at their stored bytes limit, kept by the sequencer.
+    bytes_full: TenantSet,
 }
+
+/// A set of tenant names shared between the sequencer and front ends.
+pub(crate) type TenantSet = Arc<parking_lot::RwLock<std::collections::HashSet<Arc<str>>>>;
 
 impl Store {
     /// Opens (or creates) the store, checks its format and starts the sequencer.
@@ -272,6 +299,7 @@ impl Store {
             job_queue,
         ));
         let stats = Arc::new(stats::StoreStats::default());
+        let bytes_full = TenantSet::default();
         let sequencer = sequencer::Sequencer::new(
             Arc::clone(&db),
             events,
@@ -279,6 +307,7 @@ impl Store {
             durable_tx,
             jobs,
             Arc::clone(&stats),
+            Arc::clone(&bytes_full),
         );
         let task = tokio::spawn(sequencer.run(queue, stop.clone()));
         Ok(Store {
@@ -289,6 +318,7 @@ impl Store {
             stop,
             sequencer: tokio::sync::Mutex::new(Some(task)),
             stats,
+            bytes_full,
         })
     }
 
@@ -301,6 +331,32 @@ impl Store {
     }
 
     /// Makes the sequencer forget a tenant before its data is purged.
+    /// Sets a tenant's stored limits, enforced from the next append on.
+    pub async fn set_limits(&self, tenant: &str, limits: StoredLimits) -> Result<(), StoreError> {
+        self.appends
+            .send(Input::Limits(Arc::from(tenant), limits))
+            .await
+            .map_err(|_| StoreError::Closed)
+    }
+
+    /// Tells the sequencer that `bytes` of a tenant's messages were deleted.
+    pub(crate) async fn release(&self, tenant: &str, bytes: u64) {
+        if bytes > 0 {
+            // Closing: the count errs high until the next start reads it.
+            let _ = self
+                .appends
+                .send(Input::Released(Arc::from(tenant), bytes))
+                .await;
+        }
+    }
+
+    /// Whether the tenant is at its stored bytes limit: publishes to stored subjects
+    /// are refused until retention or a purge frees room.
+    pub fn at_bytes_limit(&self, tenant: &str) -> bool {
+        let full = self.bytes_full.read();
+        !full.is_empty() && full.contains(tenant)
+    }
+
     pub async fn forget_tenant(&self, tenant: &str) -> Result<(), StoreError> {
         self.appends
             .send(Input::Forget(Arc::from(tenant)))

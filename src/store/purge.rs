@@ -35,11 +35,12 @@ impl Store {
             record::encode_marker(head.version, head.offset),
         )
         .await?;
-        let messages = self
+        let (messages, bytes) = self
             .delete_range(
                 keys::message(tenant, subject, 1)..keys::message(tenant, subject, head.version + 1),
             )
             .await?;
+        self.release(tenant, bytes).await;
         self.delete_range(keys::snapshots_up_to(tenant, subject, head.version))
             .await?;
         // The retained message goes with the history it came from; one retained by a
@@ -82,8 +83,11 @@ impl Store {
         }
     }
 
-    async fn delete_range(&self, range: std::ops::Range<Bytes>) -> Result<u64, StoreError> {
+    /// Deletes the range; returns the keys deleted and the header and payload bytes
+    /// of those that were messages.
+    async fn delete_range(&self, range: std::ops::Range<Bytes>) -> Result<(u64, u64), StoreError> {
         let mut deleted = 0;
+        let mut bytes = 0;
         loop {
             // A fresh scan per chunk: an iterator is not kept across our own writes.
             let mut chunk = self.db().scan(range.clone()).await?;
@@ -94,10 +98,13 @@ impl Store {
                     break;
                 };
                 batch.delete(&kv.key);
+                if let Some(message) = record::decode_record(kv.value) {
+                    bytes += (message.headers.len() + message.payload.len()) as u64;
+                }
                 n += 1;
             }
             if n == 0 {
-                return Ok(deleted);
+                return Ok((deleted, bytes));
             }
             write_durably(self.db(), batch).await?;
             deleted += n as u64;

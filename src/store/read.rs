@@ -388,7 +388,12 @@ impl Store {
     /// How many subjects the tenant has (a subject counts from its first message on;
     /// purging its messages does not remove it).
     pub async fn subject_count(&self, tenant: &str) -> Result<u64, StoreError> {
-        super::sequencer::load_subject_count(self.db(), tenant).await
+        Ok(self.usage(tenant).await?.subjects)
+    }
+
+    /// What the tenant keeps in the store, as of the last sequenced round.
+    pub async fn usage(&self, tenant: &str) -> Result<super::StoredUsage, StoreError> {
+        super::sequencer::load_usage(self.db(), tenant).await
     }
 
     /// A front end's saved session state for `client_id`, if any.

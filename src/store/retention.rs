@@ -82,6 +82,7 @@ impl Store {
                 break;
             }
             let pass = enforce_tenant(self.db(), &tenant, rules, stop).await?;
+            self.release(&tenant, pass.bytes).await;
             total.messages += pass.messages;
             total.bytes += pass.bytes;
         }
@@ -154,9 +155,8 @@ async fn enforce_tenant(
             let expired = max_age > 0 && batch.time_ms.saturating_add(max_age) < now;
             if expired || (cap > 0 && stored > cap) {
                 work.messages
-                    .push((subject.clone(), *version, first + i as u64));
+                    .push((subject.clone(), *version, first + i as u64, *size));
                 stored = stored.saturating_sub(u64::from(*size));
-                pass.bytes += u64::from(*size);
                 *size = DELETED;
                 changed = true;
             }
@@ -172,17 +172,21 @@ async fn enforce_tenant(
             ));
         }
         if work.messages.len() >= DELETE_CHUNK {
-            pass.messages += delete(db, tenant, &mut work).await?;
+            let (messages, bytes) = delete(db, tenant, &mut work).await?;
+            pass.messages += messages;
+            pass.bytes += bytes;
             if stop.is_cancelled() {
                 return Ok(pass);
             }
         }
     }
-    pass.messages += delete(db, tenant, &mut work).await?;
+    let (messages, bytes) = delete(db, tenant, &mut work).await?;
+    pass.messages += messages;
+    pass.bytes += bytes;
     Ok(pass)
 }
 
-fn live_bytes(batch: &record::BatchEntry) -> u64 {
+pub(super) fn live_bytes(batch: &record::BatchEntry) -> u64 {
     batch
         .messages
         .iter()
@@ -194,8 +198,8 @@ fn live_bytes(batch: &record::BatchEntry) -> u64 {
 /// Deletions gathered by a pass, written in chunks.
 #[derive(Default)]
 struct Work {
-    /// (subject, version, offset) of each message to delete.
-    messages: Vec<(String, u64, u64)>,
+    /// (subject, version, offset, bytes) of each message to delete.
+    messages: Vec<(String, u64, u64, u32)>,
     /// Batch index keys to delete (`None`) or rewrite with entries marked deleted.
     batches: Vec<(Bytes, Option<Bytes>)>,
     /// The offset after the newest batch key deleted: the tenant's next offset can
@@ -204,12 +208,14 @@ struct Work {
 }
 
 /// Raises the subjects' markers, then deletes the messages and emptied batch keys.
-async fn delete(db: &Db, tenant: &str, work: &mut Work) -> Result<u64, StoreError> {
+/// Returns the messages deleted and the bytes of those that were still there (a
+/// purge or a subject's version limit may have deleted one already).
+async fn delete(db: &Db, tenant: &str, work: &mut Work) -> Result<(u64, u64), StoreError> {
     if work.messages.is_empty() && work.batches.is_empty() {
-        return Ok(0);
+        return Ok((0, 0));
     }
     let mut highest: HashMap<&str, (u64, u64)> = HashMap::new();
-    for (subject, version, offset) in &work.messages {
+    for (subject, version, offset, _) in &work.messages {
         let entry = highest.entry(subject).or_insert((0, 0));
         if *version > entry.0 {
             *entry = (*version, *offset);
@@ -234,9 +240,14 @@ async fn delete(db: &Db, tenant: &str, work: &mut Work) -> Result<u64, StoreErro
         put_durably(db, keys::offset_floor(tenant), work.floor.to_be_bytes()).await?;
     }
     let count = work.messages.len() as u64;
+    let mut bytes = 0;
     let mut batch = WriteBatch::new();
-    for (subject, version, _) in work.messages.drain(..) {
-        batch.delete(keys::message(tenant, &subject, version));
+    for (subject, version, _, size) in work.messages.drain(..) {
+        let key = keys::message(tenant, &subject, version);
+        if db.get(&key).await?.is_some() {
+            bytes += u64::from(size);
+        }
+        batch.delete(key);
     }
     for (key, rewrite) in work.batches.drain(..) {
         match rewrite {
@@ -246,5 +257,5 @@ async fn delete(db: &Db, tenant: &str, work: &mut Work) -> Result<u64, StoreErro
     }
     write_durably(db, batch).await?;
     tokio::task::yield_now().await;
-    Ok(count)
+    Ok((count, bytes))
 }

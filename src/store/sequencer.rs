@@ -26,7 +26,7 @@ use super::record::{self, MsgIdEntry};
 use super::snapshot::CompactionJob;
 use super::{
     AckTo, AppendOutcome, AppendRequest, Durability, Expectation, Input, Sequenced, StoreError,
-    StoreEvents, StoreSettings, keys, now_ms,
+    StoreEvents, StoreSettings, StoredLimits, StoredUsage, TenantSet, keys, now_ms,
 };
 
 /// Most msg ids remembered in memory per tenant; older ones are found in the store.
@@ -48,8 +48,10 @@ struct Head {
 struct TenantState {
     /// The next offset to give; `None` until read from the store.
     next_offset: Option<u64>,
-    /// How many subjects the tenant has; read with `next_offset`.
-    subjects: u64,
+    /// How many subjects and message bytes the tenant has; read with `next_offset`.
+    usage: StoredUsage,
+    /// The usage changed this round: its key is written with the round.
+    usage_changed: bool,
     heads: HashMap<Box<str>, Head>,
     msg_ids: MsgIds,
 }
@@ -118,7 +120,26 @@ pub(super) struct Sequencer {
     failures: Arc<AtomicU64>,
     epoch_seen: u64,
     stats: Arc<super::stats::StoreStats>,
+    /// Stored limits of the tenants that have any.
+    limits: HashMap<Arc<str>, StoredLimits>,
+    /// Bytes deleted outside the sequencer, not yet taken off the tenants' usage.
+    released: HashMap<Arc<str>, u64>,
+    /// Tenants at their bytes limit, for front ends to refuse early.
+    bytes_full: TenantSet,
+    /// Sizes of the messages a subject's version limit drops this round, read by
+    /// `load`: (tenant, subject, version) to header and payload bytes.
+    dropped_sizes: HashMap<MessageKey, u64>,
+    /// Sizes of the messages of version-limited subjects appended in the last
+    /// rounds, which may not be in the engine yet when `load` looks for them.
+    recent_sizes: VecDeque<HashMap<MessageKey, u64>>,
 }
+
+/// A message by tenant, subject and version.
+type MessageKey = (Arc<str>, Arc<str>, u64);
+
+/// Rounds whose write may still be on its way to the engine when a later round
+/// loads: the ones queued for the writer and the one it is writing.
+const UNWRITTEN_ROUNDS: usize = WRITES_AHEAD + 2;
 
 /// A tenant's part of one round: its first offset and (subject, version, bytes) list.
 type RoundIndex = (u64, Vec<(Arc<str>, u64, u32)>);
@@ -139,6 +160,7 @@ impl Sequencer {
         durable_tx: watch::Sender<u64>,
         compactions: mpsc::Sender<CompactionJob>,
         stats: Arc<super::stats::StoreStats>,
+        bytes_full: TenantSet,
     ) -> Self {
         Self {
             db,
@@ -151,6 +173,11 @@ impl Sequencer {
             failures: Arc::new(AtomicU64::new(0)),
             epoch_seen: 0,
             stats,
+            limits: HashMap::new(),
+            released: HashMap::new(),
+            bytes_full,
+            dropped_sizes: HashMap::new(),
+            recent_sizes: VecDeque::new(),
         }
     }
 
@@ -193,6 +220,23 @@ impl Sequencer {
                     Input::DurableBarrier(passed) => durable_barriers.push(passed),
                     Input::Forget(tenant) => {
                         self.tenants.remove(&tenant);
+                        self.released.remove(&tenant);
+                        self.bytes_full.write().remove(&tenant);
+                    }
+                    Input::Limits(tenant, limits) => {
+                        if limits == StoredLimits::default() {
+                            self.limits.remove(&tenant);
+                        } else {
+                            self.limits.insert(Arc::clone(&tenant), limits);
+                        }
+                        if let Some(state) = self.tenants.get(&tenant) {
+                            self.mark_full(&tenant, state.usage);
+                        } else if limits.max_bytes.is_none() {
+                            self.bytes_full.write().remove(&tenant);
+                        }
+                    }
+                    Input::Released(tenant, bytes) => {
+                        *self.released.entry(tenant).or_default() += bytes;
                     }
                 }
                 if requests.len() < self.max_batch {
@@ -238,6 +282,18 @@ impl Sequencer {
             ttl: Ttl::ExpireAfterMillis(self.window_ms.max(1)),
         };
 
+        let mut this_round_sizes = HashMap::new();
+        // Tenants whose usage this round changes, each once.
+        let mut changed: Vec<Arc<str>> = Vec::new();
+        for (tenant, bytes) in self.released.drain() {
+            if let Some(state) = self.tenants.get_mut(&tenant) {
+                state.usage.bytes = state.usage.bytes.saturating_sub(bytes);
+                if !std::mem::replace(&mut state.usage_changed, true) {
+                    changed.push(tenant);
+                }
+            }
+        }
+
         for (position, request) in requests.iter().enumerate() {
             let state = self.tenants.entry(Arc::clone(&request.tenant)).or_default();
             if let Some(id) = &request.msg_id {
@@ -280,6 +336,53 @@ impl Sequencer {
             if request.messages.is_empty() {
                 continue;
             }
+            let limits = self
+                .limits
+                .get(&request.tenant)
+                .copied()
+                .unwrap_or_default();
+            let bytes: u64 = request
+                .messages
+                .iter()
+                .map(|m| (m.headers.len() + m.payload.len()) as u64)
+                .sum();
+            let over = if head.version == 0
+                && limits
+                    .max_subjects
+                    .is_some_and(|max| state.usage.subjects >= max)
+            {
+                Some(format!(
+                    "tenant {} is at its limit of {} subjects",
+                    request.tenant,
+                    limits.max_subjects.unwrap_or_default()
+                ))
+            } else if limits
+                .max_bytes
+                .is_some_and(|max| state.usage.bytes.saturating_add(bytes) > max)
+            {
+                Some(format!(
+                    "tenant {} is at its limit of {} stored bytes",
+                    request.tenant,
+                    limits.max_bytes.unwrap_or_default()
+                ))
+            } else {
+                None
+            };
+            if let Some(reason) = over {
+                match &request.ack {
+                    Some(ack) => immediate.push((
+                        Arc::clone(&request.tenant),
+                        ack.clone(),
+                        AppendOutcome::QuotaExceeded { reason },
+                    )),
+                    None => tracing::debug!(%reason, "an append without an ack was refused"),
+                }
+                continue;
+            }
+            state.usage.bytes += bytes;
+            if !std::mem::replace(&mut state.usage_changed, true) {
+                changed.push(Arc::clone(&request.tenant));
+            }
             let next_offset = state.next_offset.get_or_insert(1);
             let entry = index
                 .entry(Arc::clone(&request.tenant))
@@ -320,13 +423,32 @@ impl Sequencer {
                     }
                 }
                 if request.max_versions > 0 && new_head.version > request.max_versions {
-                    batch.delete(keys::message(
-                        &request.tenant,
-                        &request.subject,
-                        new_head.version - request.max_versions,
-                    ));
+                    let dropped = new_head.version - request.max_versions;
+                    batch.delete(keys::message(&request.tenant, &request.subject, dropped));
+                    let key = (
+                        Arc::clone(&request.tenant),
+                        Arc::clone(&request.subject),
+                        dropped,
+                    );
+                    let size = self
+                        .dropped_sizes
+                        .remove(&key)
+                        .or_else(|| this_round_sizes.get(&key).copied());
+                    if let Some(size) = size {
+                        state.usage.bytes = state.usage.bytes.saturating_sub(size);
+                    }
                 }
                 let size = message.headers.len() + message.payload.len();
+                if request.max_versions > 0 {
+                    this_round_sizes.insert(
+                        (
+                            Arc::clone(&request.tenant),
+                            Arc::clone(&request.subject),
+                            new_head.version,
+                        ),
+                        size as u64,
+                    );
+                }
                 entry.1.push((
                     Arc::clone(&request.subject),
                     new_head.version,
@@ -357,11 +479,7 @@ impl Sequencer {
                     record::encode_marker(0, 0),
                 );
                 // The count rides in the same batch as the marker, so they never disagree.
-                state.subjects += 1;
-                batch.put(
-                    keys::subject_count(&request.tenant),
-                    Bytes::copy_from_slice(&state.subjects.to_be_bytes()),
-                );
+                state.usage.subjects += 1;
             }
             match state.heads.get_mut(&*request.subject) {
                 Some(h) => *h = new_head,
@@ -401,6 +519,25 @@ impl Sequencer {
             }
         }
 
+        self.dropped_sizes.clear();
+        if self.recent_sizes.len() >= UNWRITTEN_ROUNDS {
+            self.recent_sizes.pop_front();
+        }
+        self.recent_sizes.push_back(this_round_sizes);
+        let mut usage_written = false;
+        for tenant in &changed {
+            if let Some(state) = self.tenants.get_mut(tenant) {
+                state.usage_changed = false;
+                batch.put(keys::subject_count(tenant), encode_usage(state.usage));
+                usage_written = true;
+            }
+        }
+        for tenant in &changed {
+            if let Some(state) = self.tenants.get(tenant) {
+                self.mark_full(tenant, state.usage);
+            }
+        }
+
         for (tenant, (first, messages)) in &index {
             batch.put(
                 keys::batch(tenant, *first),
@@ -433,7 +570,7 @@ impl Sequencer {
 
         requests.clear();
         RoundWrite {
-            batch: (!index.is_empty()).then_some(batch),
+            batch: (!index.is_empty() || usage_written).then_some(batch),
             durable_acks: acks,
             immediate,
             epoch: self.epoch_seen,
@@ -443,6 +580,17 @@ impl Sequencer {
 
     /// Reads what the round needs and memory does not hold.
     async fn load(&mut self, requests: &[AppendRequest]) -> Result<(), StoreError> {
+        let mut queued: HashMap<(Arc<str>, Arc<str>), u64> = HashMap::new();
+        let released: Vec<Arc<str>> = self.released.keys().cloned().collect();
+        for tenant in released {
+            if self
+                .tenants
+                .get(&tenant)
+                .is_none_or(|s| s.next_offset.is_none())
+            {
+                self.load_tenant(&tenant).await?;
+            }
+        }
         for request in requests {
             let tenant = Arc::clone(&request.tenant);
             let known_offset = self
@@ -450,16 +598,50 @@ impl Sequencer {
                 .get(&tenant)
                 .is_some_and(|s| s.next_offset.is_some());
             if !known_offset {
-                let next = load_next_offset(&self.db, &tenant).await?;
-                let subjects = load_subject_count(&self.db, &tenant).await?;
-                let state = self.tenants.entry(Arc::clone(&tenant)).or_default();
-                state.next_offset = Some(next);
-                state.subjects = subjects;
+                self.load_tenant(&tenant).await?;
             }
             let state = self.tenants.entry(tenant).or_default();
             if !state.heads.contains_key(&*request.subject) {
                 let head = load_head(&self.db, &request.tenant, &request.subject).await?;
                 state.heads.insert(Box::from(&*request.subject), head);
+            }
+            if request.max_versions > 0 {
+                // The versions this append pushes out, counting the round's earlier
+                // appends to the subject (a refused one only makes a read in vain).
+                let head = state.heads.get(&*request.subject).map_or(0, |h| h.version);
+                let earlier = queued
+                    .entry((Arc::clone(&request.tenant), Arc::clone(&request.subject)))
+                    .or_default();
+                let first = head + *earlier + 1;
+                *earlier += request.messages.len() as u64;
+                for version in first..first + request.messages.len() as u64 {
+                    let Some(dropped) = version.checked_sub(request.max_versions) else {
+                        continue;
+                    };
+                    if dropped == 0 {
+                        continue;
+                    }
+                    let key = (
+                        Arc::clone(&request.tenant),
+                        Arc::clone(&request.subject),
+                        dropped,
+                    );
+                    let recent = self.recent_sizes.iter().find_map(|m| m.get(&key).copied());
+                    let size = match recent {
+                        Some(size) => Some(size),
+                        None => self
+                            .db
+                            .get(keys::message(&request.tenant, &request.subject, dropped))
+                            .await?
+                            .and_then(record::decode_record)
+                            .map(|r| (r.headers.len() + r.payload.len()) as u64),
+                    };
+                    // Not found: appended earlier in this very round, whose sizes
+                    // the round itself keeps.
+                    if let Some(size) = size {
+                        self.dropped_sizes.insert(key, size);
+                    }
+                }
             }
             if let Some(id) = &request.msg_id
                 && !state.msg_ids.entries.contains_key(id)
@@ -471,6 +653,34 @@ impl Sequencer {
             }
         }
         Ok(())
+    }
+
+    /// Reads a tenant's next offset and usage into memory.
+    async fn load_tenant(&mut self, tenant: &Arc<str>) -> Result<(), StoreError> {
+        let next = load_next_offset(&self.db, tenant).await?;
+        let usage = load_usage(&self.db, tenant).await?;
+        let state = self.tenants.entry(Arc::clone(tenant)).or_default();
+        state.next_offset = Some(next);
+        state.usage = usage;
+        self.mark_full(tenant, usage);
+        Ok(())
+    }
+
+    /// Keeps the tenant in or out of the set of those at their bytes limit.
+    fn mark_full(&self, tenant: &Arc<str>, usage: StoredUsage) {
+        let full = self
+            .limits
+            .get(tenant)
+            .and_then(|l| l.max_bytes)
+            .is_some_and(|max| usage.bytes >= max);
+        if full != self.bytes_full.read().contains(tenant) {
+            let mut set = self.bytes_full.write();
+            if full {
+                set.insert(Arc::clone(tenant));
+            } else {
+                set.remove(tenant);
+            }
+        }
     }
 
     fn fail_all(&mut self, requests: &mut Vec<AppendRequest>, error: &StoreError) {
@@ -518,20 +728,53 @@ pub(super) async fn load_next_offset(db: &Db, tenant: &str) -> Result<u64, Store
     Ok(from_batches.max(floor).max(1))
 }
 
-/// How many subjects the tenant has: its count key, or (in a store written before the
-/// count existed) its markers counted once.
-pub(super) async fn load_subject_count(db: &Db, tenant: &str) -> Result<u64, StoreError> {
-    if let Some(value) = db.get(keys::subject_count(tenant)).await? {
-        return Ok(<[u8; 8]>::try_from(&value[..]).map_or(0, u64::from_be_bytes));
-    }
-    let mut markers = db
-        .scan(keys::subject_marker_range(tenant, "", None))
-        .await?;
-    let mut count = 0;
-    while markers.next().await?.is_some() {
-        count += 1;
-    }
-    Ok(count)
+/// The usage key's value: subjects, then bytes, big-endian.
+fn encode_usage(usage: StoredUsage) -> Bytes {
+    let mut value = [0u8; 16];
+    value[..8].copy_from_slice(&usage.subjects.to_be_bytes());
+    value[8..].copy_from_slice(&usage.bytes.to_be_bytes());
+    Bytes::copy_from_slice(&value)
+}
+
+/// What the tenant keeps: its usage key, or what is missing from it in a store
+/// written before it (the subjects by counting markers, the bytes by summing the
+/// batch index), found once.
+pub(super) async fn load_usage(db: &Db, tenant: &str) -> Result<StoredUsage, StoreError> {
+    let value = db.get(keys::subject_count(tenant)).await?;
+    let word = |at: usize| {
+        value
+            .as_ref()
+            .and_then(|v| v.get(at..at + 8))
+            .and_then(|w| <[u8; 8]>::try_from(w).ok())
+            .map(u64::from_be_bytes)
+    };
+    let subjects = match word(0) {
+        Some(subjects) => subjects,
+        None => {
+            let mut markers = db
+                .scan(keys::subject_marker_range(tenant, "", None))
+                .await?;
+            let mut count = 0;
+            while markers.next().await?.is_some() {
+                count += 1;
+            }
+            count
+        }
+    };
+    let bytes = match word(8) {
+        Some(bytes) => bytes,
+        None => {
+            let mut batches = db.scan(keys::batch_range(tenant, 0)).await?;
+            let mut bytes = 0;
+            while let Some(kv) = batches.next().await? {
+                if let Some(batch) = record::decode_batch(kv.value) {
+                    bytes += super::retention::live_bytes(&batch);
+                }
+            }
+            bytes
+        }
+    };
+    Ok(StoredUsage { subjects, bytes })
 }
 
 fn is_fenced(error: &slatedb::Error) -> bool {

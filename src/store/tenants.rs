@@ -37,6 +37,10 @@ pub struct TenantRecord {
     pub created_ms: u64,
     #[serde(default)]
     pub limits: TenantLimits,
+    /// What clients that present no credentials may do in this tenant, when logins
+    /// are required; `None`: they are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anonymous: Option<super::Permissions>,
     /// Deleted for clients; its data is being purged.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleting: bool,
@@ -135,6 +139,7 @@ pub fn new_tenant(name: &str, limits: TenantLimits) -> TenantRecord {
         name: name.to_owned(),
         created_ms: super::now_ms(),
         limits,
+        anonymous: None,
         deleting: false,
     }
 }

@@ -547,3 +547,88 @@ async fn purging_a_tenant_deletes_all_its_keys_and_nothing_of_another() {
     );
     store.close().await.expect("closes");
 }
+
+#[tokio::test]
+async fn stored_limits_refuse_appends_and_usage_follows_every_deletion() {
+    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let recorder = Arc::new(Recorder::default());
+    let store = Store::open(settings(Arc::clone(&inner)), recorder.clone())
+        .await
+        .expect("opens");
+    let limits = super::StoredLimits {
+        max_subjects: Some(3),
+        max_bytes: Some(100),
+    };
+    store.set_limits("t", limits).await.expect("limits");
+    // Three subjects of 10 bytes each, then a fourth subject is refused.
+    for i in 0..3 {
+        store
+            .append(request(&format!("s.{i}"), "0123456789", i))
+            .await
+            .expect("queued");
+    }
+    store
+        .append(request("s.3", "0123456789", 3))
+        .await
+        .expect("queued");
+    let got = acks(&recorder, 4).await;
+    assert!(
+        matches!(outcome_of(&got, 3), AppendOutcome::QuotaExceeded { reason } if reason.contains("3 subjects")),
+        "{got:?}"
+    );
+    let usage = store.usage("t").await.expect("usage");
+    assert_eq!((usage.subjects, usage.bytes), (3, 30));
+    // Old subjects still take messages, up to 100 bytes in all.
+    for i in 0..7 {
+        store
+            .append(request("s.0", "0123456789", 10 + i))
+            .await
+            .expect("queued");
+    }
+    let got = acks(&recorder, 11).await;
+    assert!(
+        (10..17).all(|n| matches!(outcome_of(&got, n), AppendOutcome::Stored { .. })),
+        "{got:?}"
+    );
+    assert!(!store.at_bytes_limit("other"));
+    assert!(store.at_bytes_limit("t"), "100 of 100 bytes");
+    store.append(request("s.1", "x", 20)).await.expect("queued");
+    let got = acks(&recorder, 12).await;
+    assert!(
+        matches!(outcome_of(&got, 20), AppendOutcome::QuotaExceeded { reason } if reason.contains("100 stored bytes")),
+        "{got:?}"
+    );
+    // A purge frees its bytes; a subject's version limit frees what it drops.
+    store.purge_subject("t", "s.0").await.expect("purged");
+    store.barrier().await.expect("released");
+    for i in 0..4 {
+        let mut r = request("s.2", "0123456789", 30 + i);
+        r.max_versions = 1;
+        store.append(r).await.expect("queued");
+    }
+    acks(&recorder, 16).await;
+    let usage = store.usage("t").await.expect("usage");
+    assert_eq!(
+        (usage.subjects, usage.bytes),
+        (3, 20),
+        "s.1 and the last s.2"
+    );
+    assert!(!store.at_bytes_limit("t"));
+    // The usage survives a restart; the limits come back from the tenant records.
+    store.close().await.expect("closes");
+    let recorder = Arc::new(Recorder::default());
+    let store = Store::open(settings(inner), recorder.clone())
+        .await
+        .expect("reopens");
+    let usage = store.usage("t").await.expect("usage");
+    assert_eq!((usage.subjects, usage.bytes), (3, 20));
+    store.close().await.expect("closes");
+}
+
+/// The outcome of the append whose ack flags were `n`.
+fn outcome_of(got: &[(AckTo, AppendOutcome)], n: u32) -> &AppendOutcome {
+    match got.iter().find(|(ack, _)| ack.flags == n) {
+        Some((_, outcome)) => outcome,
+        None => panic!("no ack {n} in {got:?}"),
+    }
+}

@@ -31,6 +31,9 @@ pub struct Presented {
     pub user: Option<String>,
     pub password: Option<String>,
     pub token: Option<String>,
+    /// The user a verified TLS client certificate names (`name@tenant` or `name`):
+    /// used when neither a password nor a token was presented.
+    pub certified: Option<String>,
     /// The client's own name or id, for the principal.
     pub client: String,
 }
@@ -49,6 +52,14 @@ pub async fn login(
 ) -> Result<Principal, LoginRefused> {
     if let Some(token) = &presented.token {
         return login_with_token(store, tenants, token, &presented.client).await;
+    }
+    if presented.password.is_none()
+        && let Some(certified) = &presented.certified
+    {
+        return login_with_certificate(store, tenants, certified, &presented.client).await;
+    }
+    if presented.password.is_none() {
+        return login_anonymously(tenants, presented);
     }
     let (Some(user), Some(password)) = (&presented.user, &presented.password) else {
         return Err(LoginRefused);
@@ -80,6 +91,49 @@ pub async fn login(
             name,
             &presented.client,
         ))),
+    })
+}
+
+/// No credentials: the tenant's anonymous rules, if it has any. The tenant is the
+/// default, or the one a user name of `@tenant` names; another user name without a
+/// password is a failed login.
+fn login_anonymously(tenants: &Tenants, presented: &Presented) -> Result<Principal, LoginRefused> {
+    let tenant = match presented.user.as_deref() {
+        None | Some("") => DEFAULT_TENANT,
+        Some(user) => user.strip_prefix('@').ok_or(LoginRefused)?,
+    };
+    let record = tenants.get(tenant).ok_or(LoginRefused)?;
+    let rules = record.anonymous.as_ref().ok_or(LoginRefused)?;
+    Ok(Principal {
+        tenant: Arc::from(tenant),
+        user: None,
+        client: Arc::from(presented.client.as_str()),
+        // No user: rules with `{user}` fall away (allows) or deny all (denies).
+        acl: Some(Arc::new(Acl::compile(rules, "", &presented.client))),
+    })
+}
+
+/// The TLS handshake proved the certificate; the user must exist in a usable tenant.
+async fn login_with_certificate(
+    store: &Store,
+    tenants: &Tenants,
+    certified: &str,
+    client: &str,
+) -> Result<Principal, LoginRefused> {
+    let (name, tenant) = certified
+        .split_once('@')
+        .unwrap_or((certified, DEFAULT_TENANT));
+    tenants.get(tenant).ok_or(LoginRefused)?;
+    let user = store
+        .user(tenant, name)
+        .await
+        .map_err(|_| LoginRefused)?
+        .ok_or(LoginRefused)?;
+    Ok(Principal {
+        tenant: Arc::from(tenant),
+        user: Some(Arc::from(name)),
+        client: Arc::from(client),
+        acl: Some(Arc::new(Acl::compile(&user.permissions, name, client))),
     })
 }
 

@@ -8,6 +8,7 @@
 pub mod acl;
 pub mod credentials;
 pub mod login;
+pub mod quota;
 mod registry;
 
 use std::sync::Arc;

@@ -453,3 +453,128 @@ async fn a_bootstrap_admin_sets_up_a_server_that_requires_logins() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn anonymous_clients_get_only_what_a_tenant_allows_them() {
+    let mut config = test_config();
+    config.authz.require_login = true;
+    config.authz.bootstrap_admin_password = Some("admin-pw".into());
+    let server = start(config).await;
+    let url = server.native_url();
+    let admin = log_in(
+        &url,
+        async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin-pw".into()),
+    )
+    .await
+    .expect("admin");
+    // Off by default.
+    let anonymous = refused(&url, async_nats::ConnectOptions::new()).await;
+    assert!(
+        anonymous.to_lowercase().contains("authorization violation"),
+        "{anonymous}"
+    );
+
+    // The default tenant lets anonymous clients read telemetry, and nothing else.
+    let rules = json!({"publish": {"deny": [">"]}, "subscribe": {"allow": ["telemetry.>"]}});
+    let (status, body) = crate::common::api(
+        &admin,
+        "tenant.update",
+        json!({"name": "default", "anonymous": rules}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["anonymous"], rules, "{body}");
+    let (errors, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let reader = log_in(
+        &url,
+        async_nats::ConnectOptions::new().event_callback(move |event| {
+            let errors = errors.clone();
+            async move {
+                let _ = errors.send(event.to_string());
+            }
+        }),
+    )
+    .await
+    .expect("an anonymous client is let in");
+    let mut telemetry = reader.subscribe("telemetry.>").await.expect("sub");
+    reader.flush().await.expect("flush");
+    admin
+        .publish("telemetry.pump", "7 bar".into())
+        .await
+        .expect("pub");
+    admin.flush().await.expect("flush");
+    let got = tokio::time::timeout(WAIT, telemetry.next())
+        .await
+        .expect("in time")
+        .expect("message");
+    assert_eq!(&got.payload[..], b"7 bar");
+    reader
+        .publish("telemetry.pump", "forged".into())
+        .await
+        .expect("sent");
+    let _denied = reader.subscribe("orders.>").await.expect("sent");
+    reader.flush().await.expect("still usable");
+    let mut refusals = Vec::new();
+    while refusals.len() < 2 {
+        let event = tokio::time::timeout(WAIT, seen.recv())
+            .await
+            .expect("refusals in time")
+            .expect("event");
+        if event.contains("Permissions Violation") {
+            refusals.push(event);
+        }
+    }
+
+    // Another tenant's anonymous rules, reached over MQTT with the user name `@tenant`.
+    let (status, body) = crate::common::api(
+        &admin,
+        "tenant.create",
+        json!({"name": "public", "anonymous": {"publish": {"allow": ["board.>"]},
+                                               "subscribe": {"allow": ["board.>"]}}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let mqtt = crate::mqtt::mqtt_addr(&server);
+    let wrong = mqtt_log_in(mqtt, "@public", "a password").await;
+    assert!(
+        wrong.is_err(),
+        "a password is checked, and @public has none"
+    );
+    let no_password = {
+        // A user name and no password at all: MQTT 3.1.1 allows it.
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(mqtt).await.expect("tcp");
+        // CONNECT, 3.1.1, flags: user name only, clean session; client id "b1",
+        // user name "@public".
+        let mut packet = vec![0x10, 0];
+        packet.extend_from_slice(&[0, 4, b'M', b'Q', b'T', b'T', 4, 0x82, 0, 30]);
+        packet.extend_from_slice(&[0, 2, b'b', b'1']);
+        packet.extend_from_slice(&[0, 7]);
+        packet.extend_from_slice(b"@public");
+        packet[1] = (packet.len() - 2) as u8;
+        tcp.write_all(&packet).await.expect("send");
+        let mut connack = [0u8; 4];
+        tokio::time::timeout(WAIT, tcp.read_exact(&mut connack))
+            .await
+            .expect("in time")
+            .expect("CONNACK");
+        connack
+    };
+    assert_eq!(no_password, [0x20, 2, 0, 0], "accepted into public");
+
+    // Ending anonymous access refuses the next anonymous client.
+    let (status, body) = crate::common::api(
+        &admin,
+        "tenant.update",
+        json!({"name": "default", "anonymous": false}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.get("anonymous").is_none(), "{body}");
+    let anonymous = refused(&url, async_nats::ConnectOptions::new()).await;
+    assert!(
+        anonymous.to_lowercase().contains("authorization violation"),
+        "{anonymous}"
+    );
+    server.stop().await;
+}

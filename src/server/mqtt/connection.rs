@@ -40,6 +40,7 @@ use crate::store::{
     AckTo, AppendOutcome, AppendRequest, Expectation, NewMessage, ReplayFrom, RouteTag, Store,
     now_ms,
 };
+use crate::tenancy::quota::ConnectionSlot;
 use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
 
 /// Bytes read from the socket at a time.
@@ -62,16 +63,44 @@ pub(super) async fn serve(
     context: Arc<MqttContext>,
     shutdown: CancellationToken,
 ) {
-    let (reader, writer) = stream.into_split();
-    serve_on(reader, writer, peer, context, shutdown).await;
+    let Some(tls) = context.tls.clone() else {
+        let (reader, writer) = stream.into_split();
+        return serve_on(reader, writer, peer, context, None, shutdown).await;
+    };
+    // Boxed: a TLS stream is large, and plain connections should not pay for it.
+    Box::pin(serve_tls(stream, tls, peer, context, shutdown)).await;
+}
+
+/// Serves one MQTT connection after its TLS handshake.
+async fn serve_tls(
+    stream: TcpStream,
+    tls: crate::server::tls::Tls,
+    peer: SocketAddr,
+    context: Arc<MqttContext>,
+    shutdown: CancellationToken,
+) {
+    let accepted = tokio::select! {
+        _ = shutdown.cancelled() => return,
+        accepted = tls.accept(stream) => accepted,
+    };
+    match accepted {
+        Ok(accepted) => {
+            let (reader, writer) = tokio::io::split(accepted.stream);
+            let reader = super::transport::StreamInbound::new(reader);
+            serve_on(reader, writer, peer, context, accepted.certified, shutdown).await;
+        }
+        Err(error) => tracing::debug!(%peer, %error, "mqtt TLS handshake failed"),
+    }
 }
 
 /// Serves one MQTT connection on any transport until it ends.
+/// `certified` is the user a TLS client certificate names.
 pub async fn serve_on<R: Inbound, W: AsyncWrite + Unpin + Send>(
     mut reader: R,
     mut writer: W,
     peer: SocketAddr,
     context: Arc<MqttContext>,
+    certified: Option<String>,
     shutdown: CancellationToken,
 ) {
     let mut rbuf = BytesMut::with_capacity(1024);
@@ -98,7 +127,7 @@ pub async fn serve_on<R: Inbound, W: AsyncWrite + Unpin + Send>(
     let Some(mut connection) =
         // Boxed, like every rare step with store reads in it: a task's memory is the
         // size of its largest state, and an idle connection should not pay for them.
-        Box::pin(Connection::accept(connect, peer, &context, decoder, &mut writer)).await
+        Box::pin(Connection::accept(connect, peer, &context, certified, decoder, &mut writer)).await
     else {
         return;
     };
@@ -337,12 +366,21 @@ struct Connection {
     /// Open requests: inbox number, response subject, correlation data.
     requests: VecDeque<(u64, Bytes, Bytes)>,
     next_request: u64,
+    /// The connection's place in its tenant's connection quota.
+    _slot: ConnectionSlot,
+    /// Over its tenant's publish rate: nothing more is read until then.
+    paused_until: Option<Instant>,
 }
 
 /// Logs an MQTT client in with its CONNECT's user name (`name@tenant`, or `name`) and
 /// password; a password that is a token (`cnp.…`) logs in with the token, whatever the
 /// user name. `None` when refused.
-async fn log_in(broker: &Broker, connect: &Connect, client_id: &str) -> Option<Principal> {
+async fn log_in(
+    broker: &Broker,
+    connect: &Connect,
+    client_id: &str,
+    certified: Option<String>,
+) -> Option<Principal> {
     let password = connect
         .password
         .as_ref()
@@ -353,6 +391,7 @@ async fn log_in(broker: &Broker, connect: &Connect, client_id: &str) -> Option<P
         user: connect.username.clone(),
         password: if token.is_some() { None } else { password },
         token,
+        certified,
         client: client_id.to_owned(),
     };
     let store = broker.store()?;
@@ -368,6 +407,7 @@ impl Connection {
         connect: Box<Connect>,
         peer: SocketAddr,
         context: &Arc<MqttContext>,
+        certified: Option<String>,
         mut decoder: Decoder,
         writer: &mut (impl AsyncWrite + Unpin),
     ) -> Option<Connection> {
@@ -420,7 +460,7 @@ impl Connection {
             (connect.client_id.clone(), false)
         };
         let principal = if context.config.authz.require_login {
-            match log_in(&broker, &connect, &client_id).await {
+            match log_in(&broker, &connect, &client_id, certified).await {
                 Some(principal) => principal,
                 None => {
                     tokio::time::sleep(crate::tenancy::login::FAILED_LOGIN_DELAY).await;
@@ -449,6 +489,19 @@ impl Connection {
             let _ = writer.write_all(&out).await;
             return None;
         }
+        let slot = match broker.tenant(&principal.tenant).quota.connect() {
+            Ok(slot) => slot,
+            Err(exceeded) => {
+                tracing::info!(%peer, %exceeded, "mqtt connection refused");
+                let out = refuse(
+                    reason::QUOTA_EXCEEDED,
+                    reason::V3_SERVER_UNAVAILABLE,
+                    &exceeded.to_string(),
+                );
+                let _ = writer.write_all(&out).await;
+                return None;
+            }
+        };
         if let Some(will) = &connect.will {
             let allowed = Subject::parse_mqtt_with(&will.topic, &context.subject_limits)
                 .ok()
@@ -598,6 +651,8 @@ impl Connection {
                 .unwrap_or(0)
                 .min(config.topic_alias_maximum),
             out_aliases: None,
+            _slot: slot,
+            paused_until: None,
             reply_inbox: None,
             requests: VecDeque::new(),
             next_request: 1,
@@ -806,7 +861,13 @@ impl Connection {
                     }
                 },
                 _ = self.outbox.woken(), if !writing => Ok(()),
-                ready = reader.ready() => match ready {
+                _ = tokio::time::sleep_until(
+                    self.paused_until.unwrap_or_else(Instant::now)
+                ), if self.paused_until.is_some() => {
+                    self.paused_until = None;
+                    self.process(&mut rbuf)
+                }
+                ready = reader.ready(), if self.paused_until.is_none() => match ready {
                     Err(_) => Err(Close::Gone),
                     Ok(()) => {
                         if rbuf.capacity() - rbuf.len() < 1024 {
@@ -1230,6 +1291,9 @@ impl Connection {
                     if let Err(close) = self.handle(packet) {
                         break Err(close);
                     }
+                    if self.paused_until.is_some() {
+                        break Ok(());
+                    }
                 }
                 Ok(None) => break Ok(()),
                 Err(error) => {
@@ -1430,6 +1494,23 @@ impl Connection {
                 .authorize(&self.principal, Action::Publish, subject_text)
         {
             return self.refuse_publish(qos, packet_id, reason::NOT_AUTHORIZED, denied.to_string());
+        }
+        // MQTT 5 refuses an acknowledged publish over the rate with 0x97; anything
+        // else cannot be refused without being lost or acked falsely, so it is taken
+        // and the client is held back instead.
+        let size = publish.payload.len();
+        if self.level == Level::V5 && qos > 0 {
+            if let Err(exceeded) = self.routes.quota.admit_publish(size) {
+                self.paused_until = exceeded.wait().map(|wait| Instant::now() + wait);
+                return self.refuse_publish(
+                    qos,
+                    packet_id,
+                    reason::QUOTA_EXCEEDED,
+                    exceeded.to_string(),
+                );
+            }
+        } else if let Some(wait) = self.routes.quota.throttle_publish(size) {
+            self.paused_until = Some(Instant::now() + wait);
         }
         let parts = if self.level == Level::V5 {
             match translate::inbound(
@@ -1742,6 +1823,15 @@ impl Connection {
                         Some(*current_version),
                     )
                 }
+                AppendOutcome::QuotaExceeded { reason: why } => {
+                    if !v5 {
+                        return Err(Close::Server {
+                            code: reason::QUOTA_EXCEEDED,
+                            reason: format!("quota exceeded: {why}"),
+                        });
+                    }
+                    (reason::QUOTA_EXCEEDED, Some(why.clone()), None)
+                }
                 AppendOutcome::Failed { reason: why } => {
                     if !v5 {
                         // 3.x cannot be told: no ack, so the client sends it again.
@@ -1881,7 +1971,17 @@ impl Connection {
                 return Err(reason::NOT_AUTHORIZED);
             }
             let max = self.context.config.mqtt.max_subscriptions;
-            if max > 0 && self.subs.len() >= max && !self.subs.contains_key(&saved.filter) {
+            let new = !self.subs.contains_key(&saved.filter);
+            if max > 0 && self.subs.len() >= max && new {
+                return Err(reason::QUOTA_EXCEEDED);
+            }
+            if new
+                && let Err(exceeded) = self
+                    .routes
+                    .quota
+                    .admit_subscription(self.routes.subscription_count())
+            {
+                tracing::debug!(conn = self.id, %exceeded, "mqtt subscription refused");
                 return Err(reason::QUOTA_EXCEEDED);
             }
         }
@@ -2257,7 +2357,7 @@ mod task_size {
             crate::broker::durable::Policies::new(&[]).expect("policies"),
         ));
         let config = Arc::new(crate::config::Config::default());
-        let context = Arc::new(MqttContext::new(config, broker));
+        let context = Arc::new(MqttContext::new(config, broker, None));
         let task = serve(client, addr, context, CancellationToken::new());
         let size = std::mem::size_of_val(&task);
         assert!(size <= 2_500, "the connection task grew to {size} bytes");

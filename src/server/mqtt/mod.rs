@@ -34,6 +34,8 @@ pub struct MqttContext {
     sessions: session::Sessions,
     /// Wills waiting for their delay; the server waits for none of them at shutdown.
     tracker: TaskTracker,
+    /// Set when the MQTT listener speaks TLS.
+    tls: Option<super::tls::Tls>,
 }
 
 impl MqttContext {
@@ -42,7 +44,7 @@ impl MqttContext {
         self.sessions.len()
     }
 
-    pub fn new(config: Arc<Config>, broker: Arc<Broker>) -> Self {
+    pub fn new(config: Arc<Config>, broker: Arc<Broker>, tls: Option<super::tls::Tls>) -> Self {
         let subject_limits = SubjectLimits {
             max_len: config.limits.max_subject_len,
             max_tokens: config.limits.max_subject_tokens,
@@ -53,6 +55,7 @@ impl MqttContext {
             subject_limits,
             sessions: session::Sessions::default(),
             tracker: TaskTracker::new(),
+            tls,
         }
     }
 }

@@ -1,5 +1,5 @@
-//! What an MQTT connection reads from and writes to: a TCP socket, or a WebSocket
-//! carrying MQTT in binary messages (`/mqtt` on the HTTP port).
+//! What an MQTT connection reads from and writes to: a TCP socket, a TLS stream, or
+//! a WebSocket carrying MQTT in binary messages (`/mqtt` on the HTTP port).
 //!
 //! Reading is "wait until readable, then take what is there", so an idle connection
 //! holds no read buffer whatever its transport. This module must never parse MQTT.
@@ -12,7 +12,7 @@ use axum::extract::ws::{Message, WebSocket};
 use bytes::{Bytes, BytesMut};
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
-use tokio::io::AsyncWrite;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
@@ -35,6 +35,55 @@ impl Inbound for OwnedReadHalf {
         self.try_read_buf(buf)
     }
 }
+
+/// The read side of any byte stream (TLS): a read into a small buffer of its own
+/// when the stream has bytes, handed over by `try_read`. Idle, it holds none.
+pub struct StreamInbound<R> {
+    reader: R,
+    pending: BytesMut,
+    ended: bool,
+}
+
+impl<R> StreamInbound<R> {
+    pub fn new(reader: R) -> Self {
+        Self {
+            reader,
+            pending: BytesMut::new(),
+            ended: false,
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin + Send> Inbound for StreamInbound<R> {
+    async fn ready(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() && !self.ended {
+            // `read_buf` is cancel-safe: nothing is taken unless it completes.
+            self.pending.reserve(READ_SIZE);
+            if self.reader.read_buf(&mut self.pending).await? == 0 {
+                self.ended = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn try_read(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        if self.pending.is_empty() {
+            return if self.ended {
+                Ok(0)
+            } else {
+                Err(io::ErrorKind::WouldBlock.into())
+            };
+        }
+        let n = self.pending.len();
+        buf.extend_from_slice(&self.pending);
+        // Dropped, not kept: an idle connection holds no buffer.
+        self.pending = BytesMut::new();
+        Ok(n)
+    }
+}
+
+/// Bytes one read of a [`StreamInbound`] may take.
+const READ_SIZE: usize = 16 * 1024;
 
 /// The read side of MQTT over WebSocket: binary messages are the byte stream (an
 /// MQTT packet may span messages, and a message may hold several).

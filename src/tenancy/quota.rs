@@ -1,0 +1,478 @@
+//! A tenant's live quotas: connections, subscriptions, and publish rates in messages
+//! and bytes per second. One [`Quota`] per tenant, shared by every connection of the
+//! tenant through its routes; its limits follow the tenant's record.
+//!
+//! The rates are GCRA token buckets in one atomic each (a burst of one second's
+//! worth, then the rate), so the check on the publish path is a couple of atomic
+//! operations and takes no lock; a tenant without limits pays one relaxed load per
+//! check. A refused publish tells the connection how long to wait: front ends stop
+//! reading that long, so a tenant far over its rate burns its own client's time,
+//! not the server's (and never another tenant's). Stored quotas (bytes, subjects)
+//! are the store's, enforced where appends are sequenced.
+//!
+//! Must never: block, allocate on the publish path, or let one tenant's count touch
+//! another's.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::store::TenantLimits;
+
+/// No limit, in a limit's atomic.
+const UNLIMITED: u64 = u64::MAX;
+/// How much of a rate may arrive at once: one second of it.
+const BURST: Duration = Duration::from_secs(1);
+/// The longest a refused publisher is told to wait.
+const MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// Which quota an action went over.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Exceeded {
+    #[error("maximum connections exceeded: tenant {tenant} allows {limit}")]
+    Connections { tenant: Arc<str>, limit: u64 },
+    #[error("maximum subscriptions exceeded: tenant {tenant} allows {limit}")]
+    Subscriptions { tenant: Arc<str>, limit: u64 },
+    #[error("publish rate exceeded: tenant {tenant} allows {limit} messages/s")]
+    MessageRate {
+        tenant: Arc<str>,
+        limit: u64,
+        wait: Duration,
+    },
+    #[error("publish rate exceeded: tenant {tenant} allows {limit} bytes/s")]
+    ByteRate {
+        tenant: Arc<str>,
+        limit: u64,
+        wait: Duration,
+    },
+    #[error("stored bytes exceeded: tenant {tenant} is at its limit")]
+    StoredBytes { tenant: Arc<str> },
+}
+
+impl Exceeded {
+    /// How long the publisher should pause before its next message is admitted.
+    pub fn wait(&self) -> Option<Duration> {
+        match self {
+            Exceeded::MessageRate { wait, .. } | Exceeded::ByteRate { wait, .. } => Some(*wait),
+            _ => None,
+        }
+    }
+
+    /// A short name for metrics and WebSocket error codes.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Exceeded::Connections { .. } => "connections",
+            Exceeded::Subscriptions { .. } => "subscriptions",
+            Exceeded::MessageRate { .. } => "publish_msgs",
+            Exceeded::ByteRate { .. } => "publish_bytes",
+            Exceeded::StoredBytes { .. } => "stored_bytes",
+        }
+    }
+}
+
+/// A GCRA bucket: the theoretical arrival time of the next unit, in nanoseconds
+/// since the quota's epoch, and the cost of one unit.
+#[derive(Debug)]
+struct Rate {
+    /// Units per second; `UNLIMITED` when off.
+    limit: AtomicU64,
+    tat: AtomicU64,
+}
+
+impl Rate {
+    fn new() -> Self {
+        Self {
+            limit: AtomicU64::new(UNLIMITED),
+            tat: AtomicU64::new(0),
+        }
+    }
+
+    fn set(&self, limit: Option<u64>) {
+        self.limit
+            .store(limit.unwrap_or(UNLIMITED).max(1), Ordering::Relaxed);
+    }
+
+    fn limit(&self) -> Option<u64> {
+        Some(self.limit.load(Ordering::Relaxed)).filter(|l| *l != UNLIMITED)
+    }
+
+    /// Takes `units` at `now`; on refusal, how long until they would fit. `force`
+    /// takes them even then (into debt), still saying how long to wait.
+    fn take(&self, units: u64, now: u64, force: bool) -> Result<(), Duration> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        if limit == UNLIMITED {
+            return Ok(());
+        }
+        let cost = u64::try_from(u128::from(units) * 1_000_000_000 / u128::from(limit))
+            .unwrap_or(u64::MAX);
+        let burst = BURST.as_nanos() as u64;
+        let mut tat = self.tat.load(Ordering::Relaxed);
+        loop {
+            let start = tat.max(now);
+            let next = start.saturating_add(cost);
+            // A message bigger than a whole burst still passes when the bucket is
+            // full, or a large message could never be sent at a low byte rate.
+            let over = next > now.saturating_add(burst) && start > now;
+            let wait = || Duration::from_nanos(next - now - burst).min(MAX_WAIT);
+            if over && !force {
+                return Err(wait());
+            }
+            match self
+                .tat
+                .compare_exchange_weak(tat, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) if over => return Err(wait()),
+                Ok(_) => return Ok(()),
+                Err(seen) => tat = seen,
+            }
+        }
+    }
+}
+
+/// One tenant's live quotas and counts.
+#[derive(Debug)]
+pub struct Quota {
+    tenant: Arc<str>,
+    epoch: Instant,
+    max_connections: AtomicU64,
+    max_subscriptions: AtomicU64,
+    messages: Rate,
+    bytes: Rate,
+    connections: AtomicU64,
+    published_msgs: AtomicU64,
+    published_bytes: AtomicU64,
+    refused: AtomicU64,
+    /// Publishes admitted late: their connection paused for the rate.
+    throttled: AtomicU64,
+    /// The counts at the last rate reading, for `rates`.
+    last_reading: parking_lot::Mutex<Reading>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    at: Instant,
+    msgs: u64,
+    bytes: u64,
+    msgs_per_sec: f64,
+    bytes_per_sec: f64,
+}
+
+/// What a tenant uses now, for `tenant describe`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LiveUsage {
+    pub connections: u64,
+    pub published_msgs: u64,
+    pub published_bytes: u64,
+    pub refused: u64,
+    pub throttled: u64,
+    pub msgs_per_sec: f64,
+    pub bytes_per_sec: f64,
+}
+
+impl Quota {
+    pub fn new(tenant: &str, limits: Option<&TenantLimits>) -> Self {
+        let now = Instant::now();
+        let quota = Self {
+            tenant: Arc::from(tenant),
+            epoch: now,
+            max_connections: AtomicU64::new(UNLIMITED),
+            max_subscriptions: AtomicU64::new(UNLIMITED),
+            messages: Rate::new(),
+            bytes: Rate::new(),
+            connections: AtomicU64::new(0),
+            published_msgs: AtomicU64::new(0),
+            published_bytes: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            throttled: AtomicU64::new(0),
+            last_reading: parking_lot::Mutex::new(Reading {
+                at: now,
+                msgs: 0,
+                bytes: 0,
+                msgs_per_sec: 0.0,
+                bytes_per_sec: 0.0,
+            }),
+        };
+        if let Some(limits) = limits {
+            quota.set_limits(limits);
+        }
+        quota
+    }
+
+    /// Applies a tenant record's limits; takes effect at the next check.
+    pub fn set_limits(&self, limits: &TenantLimits) {
+        let store = |at: &AtomicU64, limit: Option<u64>| {
+            at.store(limit.unwrap_or(UNLIMITED), Ordering::Relaxed);
+        };
+        store(&self.max_connections, limits.max_connections);
+        store(&self.max_subscriptions, limits.max_subscriptions);
+        self.messages.set(limits.max_publish_msgs_per_sec);
+        self.bytes.set(limits.max_publish_bytes_per_sec);
+    }
+
+    fn nanos(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Counts one publish of `bytes` (headers and payload) and admits it, or says
+    /// which rate it went over and how long to wait.
+    pub fn admit_publish(&self, bytes: usize) -> Result<(), Exceeded> {
+        let bytes = bytes as u64;
+        let limited = self.messages.limit().is_some() || self.bytes.limit().is_some();
+        if limited {
+            let now = self.nanos();
+            let refused = match self.messages.take(1, now, false) {
+                Err(wait) => Some(Exceeded::MessageRate {
+                    tenant: Arc::clone(&self.tenant),
+                    limit: self.messages.limit().unwrap_or_default(),
+                    wait,
+                }),
+                Ok(()) => self
+                    .bytes
+                    .take(bytes, now, false)
+                    .err()
+                    .map(|wait| Exceeded::ByteRate {
+                        tenant: Arc::clone(&self.tenant),
+                        limit: self.bytes.limit().unwrap_or_default(),
+                        wait,
+                    }),
+            };
+            if let Some(exceeded) = refused {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return Err(exceeded);
+            }
+        }
+        self.published_msgs.fetch_add(1, Ordering::Relaxed);
+        self.published_bytes.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Counts one publish of `bytes` and admits it whatever the rates; when it went
+    /// over one, how long the publisher must now pause: throttling, for protocols
+    /// that cannot refuse a publish without losing or lying about it.
+    pub fn throttle_publish(&self, bytes: usize) -> Option<Duration> {
+        let bytes = bytes as u64;
+        self.published_msgs.fetch_add(1, Ordering::Relaxed);
+        self.published_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if self.messages.limit().is_none() && self.bytes.limit().is_none() {
+            return None;
+        }
+        let now = self.nanos();
+        let waits = [
+            self.messages.take(1, now, true).err(),
+            self.bytes.take(bytes, now, true).err(),
+        ];
+        let wait = waits.into_iter().flatten().max();
+        if wait.is_some() {
+            self.throttled.fetch_add(1, Ordering::Relaxed);
+        }
+        wait
+    }
+
+    /// Takes a connection slot, given back when the slot drops.
+    pub fn connect(self: &Arc<Self>) -> Result<ConnectionSlot, Exceeded> {
+        let limit = self.max_connections.load(Ordering::Relaxed);
+        let taken = self
+            .connections
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < limit).then_some(n + 1)
+            });
+        match taken {
+            Ok(_) => Ok(ConnectionSlot {
+                quota: Arc::clone(self),
+            }),
+            Err(_) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                Err(Exceeded::Connections {
+                    tenant: Arc::clone(&self.tenant),
+                    limit,
+                })
+            }
+        }
+    }
+
+    /// Whether one more subscription fits, the tenant having `current` now.
+    pub fn admit_subscription(&self, current: usize) -> Result<(), Exceeded> {
+        let limit = self.max_subscriptions.load(Ordering::Relaxed);
+        if (current as u64) < limit {
+            return Ok(());
+        }
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        Err(Exceeded::Subscriptions {
+            tenant: Arc::clone(&self.tenant),
+            limit,
+        })
+    }
+
+    /// The refusal for a publish to a stored subject while the store is full.
+    pub fn stored_bytes_exceeded(&self) -> Exceeded {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        Exceeded::StoredBytes {
+            tenant: Arc::clone(&self.tenant),
+        }
+    }
+
+    /// Counts and rates now. A rate is over the time since the previous reading
+    /// when that was at least a second ago, else the previous reading's rate.
+    pub fn usage(&self) -> LiveUsage {
+        let msgs = self.published_msgs.load(Ordering::Relaxed);
+        let bytes = self.published_bytes.load(Ordering::Relaxed);
+        let mut last = self.last_reading.lock();
+        let elapsed = last.at.elapsed();
+        if elapsed >= Duration::from_secs(1) {
+            let secs = elapsed.as_secs_f64();
+            *last = Reading {
+                at: Instant::now(),
+                msgs,
+                bytes,
+                msgs_per_sec: (msgs - last.msgs) as f64 / secs,
+                bytes_per_sec: (bytes - last.bytes) as f64 / secs,
+            };
+        }
+        LiveUsage {
+            connections: self.connections.load(Ordering::Relaxed),
+            published_msgs: msgs,
+            published_bytes: bytes,
+            refused: self.refused.load(Ordering::Relaxed),
+            throttled: self.throttled.load(Ordering::Relaxed),
+            msgs_per_sec: last.msgs_per_sec,
+            bytes_per_sec: last.bytes_per_sec,
+        }
+    }
+}
+
+/// A connection's place in its tenant's connection count.
+#[derive(Debug)]
+pub struct ConnectionSlot {
+    quota: Arc<Quota>,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.quota.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(msgs: Option<u64>, bytes: Option<u64>) -> TenantLimits {
+        TenantLimits {
+            max_publish_msgs_per_sec: msgs,
+            max_publish_bytes_per_sec: bytes,
+            max_connections: Some(2),
+            max_subscriptions: Some(3),
+            ..TenantLimits::default()
+        }
+    }
+
+    #[test]
+    fn a_rate_admits_one_second_of_burst_then_refuses_with_a_wait() {
+        let rate = Rate::new();
+        rate.set(Some(100));
+        let now = 5_000_000_000;
+        let admitted = (0..1000)
+            .filter(|_| rate.take(1, now, false).is_ok())
+            .count();
+        assert_eq!(admitted, 100);
+        let wait = rate.take(1, now, false).expect_err("over the rate");
+        assert!(
+            wait > Duration::ZERO && wait <= Duration::from_millis(10),
+            "{wait:?}"
+        );
+        // 10 ms later, one more unit fits.
+        assert!(rate.take(1, now + 10_000_000, false).is_ok());
+        assert!(rate.take(1, now + 10_000_000, false).is_err());
+        // Idle for long, the bucket is full again, not more.
+        let later = now + 60_000_000_000;
+        assert_eq!(
+            (0..1000)
+                .filter(|_| rate.take(1, later, false).is_ok())
+                .count(),
+            100
+        );
+    }
+
+    #[test]
+    fn a_message_larger_than_the_burst_passes_only_on_a_full_bucket() {
+        let rate = Rate::new();
+        rate.set(Some(1000));
+        let now = 1_000_000_000;
+        assert!(rate.take(5000, now, false).is_ok());
+        let wait = rate
+            .take(1, now, false)
+            .expect_err("the debt is paid first");
+        assert_eq!(wait, MAX_WAIT);
+    }
+
+    #[test]
+    fn throttling_admits_everything_and_makes_the_publisher_wait() {
+        let quota = Quota::new("t", Some(&limits(Some(10), None)));
+        let waits: Vec<_> = (0..12).map(|_| quota.throttle_publish(1)).collect();
+        assert!(waits[..10].iter().all(Option::is_none));
+        let (first, second) = (
+            waits[10].expect("11th waits"),
+            waits[11].expect("12th waits"),
+        );
+        assert!(
+            second > first,
+            "debt accumulates: {first:?} then {second:?}"
+        );
+        let usage = quota.usage();
+        assert_eq!(
+            (usage.published_msgs, usage.throttled, usage.refused),
+            (12, 2, 0)
+        );
+    }
+
+    #[test]
+    fn without_limits_everything_passes_and_is_counted() {
+        let quota = Arc::new(Quota::new("t", None));
+        for _ in 0..10_000 {
+            assert!(quota.admit_publish(100).is_ok());
+        }
+        let slots: Vec<_> = (0..100)
+            .map(|_| quota.connect().expect("no limit"))
+            .collect();
+        assert!(quota.admit_subscription(1_000_000).is_ok());
+        let usage = quota.usage();
+        assert_eq!(usage.published_msgs, 10_000);
+        assert_eq!(usage.published_bytes, 1_000_000);
+        assert_eq!(usage.connections, 100);
+        drop(slots);
+        assert_eq!(quota.usage().connections, 0);
+    }
+
+    #[test]
+    fn connection_and_subscription_limits_hold_and_slots_come_back() {
+        let quota = Arc::new(Quota::new("t", Some(&limits(None, None))));
+        let first = quota.connect().expect("1 of 2");
+        let _second = quota.connect().expect("2 of 2");
+        let refused = quota.connect().expect_err("3 of 2");
+        assert_eq!(
+            refused.to_string(),
+            "maximum connections exceeded: tenant t allows 2"
+        );
+        drop(first);
+        assert!(quota.connect().is_ok());
+        assert!(quota.admit_subscription(2).is_ok());
+        assert!(matches!(
+            quota.admit_subscription(3),
+            Err(Exceeded::Subscriptions { limit: 3, .. })
+        ));
+    }
+
+    #[test]
+    fn a_byte_rate_refuses_what_the_message_rate_allows() {
+        let quota = Quota::new("t", Some(&limits(Some(1_000_000), Some(1000))));
+        assert!(quota.admit_publish(600).is_ok());
+        assert!(quota.admit_publish(300).is_ok());
+        let refused = quota.admit_publish(300).expect_err("over 1000 bytes");
+        assert!(matches!(refused, Exceeded::ByteRate { limit: 1000, .. }));
+        assert!(refused.wait().is_some());
+        assert_eq!(quota.usage().refused, 1);
+        // Raising the limit applies at once.
+        quota.set_limits(&limits(None, None));
+        assert!(quota.admit_publish(1_000_000).is_ok());
+    }
+}

@@ -1,0 +1,487 @@
+//! Tenant quotas with real clients: connections, subscriptions, publish rates, stored
+//! bytes and subjects, each refused the protocol's way (NATS -ERR or an error ack,
+//! MQTT 5 reason 0x97, a WebSocket error), the connection staying usable, and a
+//! tenant over its rate not taking anything from another tenant.
+
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+
+use crate::common::{WAIT, api, header, publish_acked, start, store_request, test_config};
+
+/// Sets the default tenant's limits (anonymous clients belong to it).
+async fn limit_default(admin: &async_nats::Client, limits: Value) {
+    let (status, body) = api(
+        admin,
+        "tenant.update",
+        json!({"name": "default", "limits": limits}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
+
+async fn usage(admin: &async_nats::Client, tenant: &str) -> Value {
+    let (status, body) = api(admin, "tenant.describe", json!({"name": tenant})).await;
+    assert_eq!(status, 200, "{body}");
+    body["usage"].clone()
+}
+
+/// A client whose server errors (-ERR) arrive on the returned channel.
+async fn connect_watching(
+    url: &str,
+    options: async_nats::ConnectOptions,
+) -> (
+    async_nats::Client,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let (errors, seen) = tokio::sync::mpsc::unbounded_channel();
+    let client = options
+        .event_callback(move |event| {
+            let errors = errors.clone();
+            async move {
+                if let async_nats::Event::ServerError(error) = event {
+                    let _ = errors.send(error.to_string());
+                }
+            }
+        })
+        .connect(url)
+        .await
+        .expect("connects");
+    (client, seen)
+}
+
+async fn next_error(seen: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+    tokio::time::timeout(WAIT, seen.recv())
+        .await
+        .expect("an error in time")
+        .expect("an error")
+}
+
+/// Messages that arrive on `sub` until none came for `quiet`.
+async fn drain(sub: &mut async_nats::Subscriber, quiet: Duration) -> usize {
+    let mut n = 0;
+    while let Ok(Some(_)) = tokio::time::timeout(quiet, sub.next()).await {
+        n += 1;
+    }
+    n
+}
+
+#[tokio::test]
+async fn native_connections_and_subscriptions_are_refused_over_the_quota() {
+    let server = start(test_config()).await;
+    let url = server.native_url();
+    let admin = async_nats::connect(&url).await.expect("connect");
+    // The admin's request inbox is one subscription already.
+    let _ = usage(&admin, "default").await;
+    limit_default(
+        &admin,
+        json!({"max_connections": 2, "max_subscriptions": 2}),
+    )
+    .await;
+
+    let (second, mut errors) = connect_watching(&url, async_nats::ConnectOptions::new()).await;
+    // A third connection: INFO, then the -ERR, then the close.
+    let third = async_nats::ConnectOptions::new()
+        .max_reconnects(Some(0))
+        .connect(&url)
+        .await;
+    match third {
+        Err(error) => assert!(
+            error.to_string().contains("maximum connections exceeded"),
+            "{error}"
+        ),
+        Ok(client) => {
+            let flushed = tokio::time::timeout(WAIT, client.flush()).await;
+            assert!(
+                !matches!(flushed, Ok(Ok(()))),
+                "a third connection was served"
+            );
+        }
+    }
+    assert_eq!(usage(&admin, "default").await["connections"], 2);
+
+    // One subscription fits beside the admin's inbox; the next is refused and the
+    // connection goes on.
+    let mut first = second.subscribe("q.a").await.expect("sub");
+    second.flush().await.expect("flush");
+    let _refused = second.subscribe("q.b").await.expect("sent");
+    second.flush().await.expect("flush");
+    let error = next_error(&mut errors).await;
+    assert!(error.contains("maximum subscriptions exceeded"), "{error}");
+    assert!(error.contains("tenant default allows 2"), "{error}");
+    admin
+        .publish("q.a", "still served".into())
+        .await
+        .expect("pub");
+    admin.flush().await.expect("flush");
+    let got = tokio::time::timeout(WAIT, first.next())
+        .await
+        .expect("in time")
+        .expect("message");
+    assert_eq!(&got.payload[..], b"still served");
+
+    // A closed connection gives its place back.
+    drop(first);
+    second.drain().await.expect("closes");
+    let mut freed = false;
+    let mut seen = json!(null);
+    for _ in 0..100 {
+        seen = usage(&admin, "default").await;
+        if seen["connections"] == 1 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(freed, "the connection count came back to 1: {seen}");
+    let again = async_nats::connect(&url).await.expect("a place again");
+    again.flush().await.expect("served");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_native_publisher_over_the_rate_is_told_and_held_back() {
+    let server = start(test_config()).await;
+    let url = server.native_url();
+    let admin = async_nats::connect(&url).await.expect("connect");
+    limit_default(&admin, json!({"max_publish_msgs_per_sec": 100})).await;
+    let mut sub = admin.subscribe("rate.>").await.expect("sub");
+    admin.flush().await.expect("flush");
+    let (publisher, mut errors) = connect_watching(&url, async_nats::ConnectOptions::new()).await;
+    for i in 0..300 {
+        publisher
+            .publish(format!("rate.{}", i % 3), "x".into())
+            .await
+            .expect("pub");
+    }
+    // The PONG comes once the server read everything: the throttle has passed.
+    tokio::time::timeout(Duration::from_secs(30), publisher.flush())
+        .await
+        .expect("flushed in time")
+        .expect("flush");
+    let error = next_error(&mut errors).await;
+    assert!(
+        error.contains("publish rate exceeded: tenant default allows 100 messages/s"),
+        "{error}"
+    );
+    let received = drain(&mut sub, Duration::from_millis(500)).await;
+    let used = usage(&admin, "default").await;
+    let refused = used["refused_by_quota"].as_u64().expect("count");
+    assert!(refused > 0, "{used}");
+    assert_eq!(received as u64 + refused, 300, "{used}");
+    assert!(received >= 100, "a second's burst passes: {received}");
+    // Still usable, and the limit can be lifted at once.
+    limit_default(&admin, json!({})).await;
+    for _ in 0..200 {
+        publisher.publish("rate.0", "y".into()).await.expect("pub");
+    }
+    publisher.flush().await.expect("flush");
+    assert_eq!(drain(&mut sub, Duration::from_millis(500)).await, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn stored_bytes_and_subjects_are_refused_with_errors_and_freed_by_purges() {
+    let server = start(test_config()).await;
+    let url = server.native_url();
+    let (admin, mut errors) = connect_watching(&url, async_nats::ConnectOptions::new()).await;
+    limit_default(&admin, json!({"max_subjects": 2, "max_stored_bytes": 1000})).await;
+    publish_acked(&admin, "orders.1", "0123456789").await;
+    publish_acked(&admin, "orders.2", "0123456789").await;
+    let ack = store_request(
+        &admin,
+        "orders.3",
+        header("Canopy-Ack", "durable"),
+        "0123456789",
+    )
+    .await;
+    assert_eq!(ack["error"]["err_code"], 10047, "{ack}");
+    let text = ack["error"]["description"].as_str().expect("text");
+    assert!(text.contains("limit of 2 subjects"), "{ack}");
+    // Stored bytes are headers and payloads: here the Canopy-Ack header block too.
+    let block = "NATS/1.0\r\nCanopy-Ack: durable\r\n\r\n".len();
+    let used = usage(&admin, "default").await;
+    let small = block + 10;
+    assert_eq!(
+        (used["subjects"].clone(), used["stored_bytes"].clone()),
+        (json!(2), json!(2 * small))
+    );
+
+    // Up to 1000 bytes fit; then an acked publish gets an error ack, and a plain one
+    // an -ERR.
+    let rest = 1000 - 2 * small - block;
+    publish_acked(&admin, "orders.1", vec![b'a'; rest]).await;
+    let ack = store_request(&admin, "orders.1", header("Canopy-Ack", "durable"), "x").await;
+    assert!(
+        ack["error"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("stored bytes")),
+        "{ack}"
+    );
+    admin.publish("orders.1", "y".into()).await.expect("pub");
+    admin.flush().await.expect("flush");
+    let error = next_error(&mut errors).await;
+    assert!(error.contains("stored bytes exceeded"), "{error}");
+    assert_eq!(usage(&admin, "default").await["stored_bytes"], 1000);
+
+    // A purge frees what it deleted.
+    let (status, body) = api(&admin, "purge", json!({"subject": "orders.1"})).await;
+    assert_eq!(status, 200, "{body}");
+    let mut freed = json!(null);
+    for _ in 0..100 {
+        freed = usage(&admin, "default").await["stored_bytes"].clone();
+        if freed == small {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(freed, small, "orders.2's message is left");
+    publish_acked(&admin, "orders.1", "room again").await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn mqtt_5_gets_0x97_and_mqtt_3_is_throttled_without_losing_a_message() {
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::{ConnectReturnCode, Packet, PubAckReason};
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+
+    let server = start(test_config()).await;
+    let url = server.native_url();
+    let addr = crate::mqtt::mqtt_addr(&server);
+    let admin = async_nats::connect(&url).await.expect("connect");
+    limit_default(&admin, json!({"max_publish_msgs_per_sec": 5})).await;
+
+    // MQTT 5, QoS 1: over the rate is PUBACK 0x97.
+    let options = MqttOptions::new("quota-v5", addr.ip().to_string(), addr.port());
+    let (client, mut events) = AsyncClient::new(options, 64);
+    for i in 0..20 {
+        client
+            .publish(format!("q5/{i}"), QoS::AtLeastOnce, false, "x")
+            .await
+            .expect("queued");
+    }
+    let mut reasons = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while reasons.len() < 20 {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::PubAck(ack))) => reasons.push(ack.reason),
+                Ok(_) => {}
+                Err(error) => panic!("mqtt 5 connection failed: {error:?}"),
+            }
+        }
+    })
+    .await
+    .expect("20 PUBACKs");
+    let refused = reasons
+        .iter()
+        .filter(|r| **r == PubAckReason::QuotaExceeded)
+        .count();
+    assert!(refused > 0, "{reasons:?}");
+    assert!(
+        reasons
+            .iter()
+            .all(|r| matches!(r, PubAckReason::QuotaExceeded | PubAckReason::Success)),
+        "{reasons:?}"
+    );
+
+    // MQTT 3.1.1 cannot be told: every message is taken, the client held back.
+    let mut sub = admin.subscribe("q3.>").await.expect("sub");
+    admin.flush().await.expect("flush");
+    let options = rumqttc::MqttOptions::new("quota-v3", addr.ip().to_string(), addr.port());
+    let (v3, mut v3_events) = rumqttc::AsyncClient::new(options, 64);
+    for i in 0..20 {
+        v3.publish(format!("q3/{i}"), rumqttc::QoS::AtLeastOnce, false, "x")
+            .await
+            .expect("queued");
+    }
+    let mut acked = 0;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while acked < 20 {
+            match v3_events.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) => acked += 1,
+                Ok(_) => {}
+                Err(error) => panic!("mqtt 3 connection failed: {error:?}"),
+            }
+        }
+    })
+    .await
+    .expect("20 PUBACKs");
+    let mut received = 0;
+    while received < 20 {
+        tokio::time::timeout(WAIT, sub.next())
+            .await
+            .expect("every message arrives")
+            .expect("message");
+        received += 1;
+    }
+    let used = usage(&admin, "default").await;
+    assert!(used["throttled_by_quota"].as_u64() > Some(0), "{used}");
+
+    // A connection over the quota: CONNACK 0x97 on MQTT 5.
+    limit_default(&admin, json!({"max_connections": 1})).await;
+    let options = MqttOptions::new("quota-v5-2", addr.ip().to_string(), addr.port());
+    let (_late, mut late_events) = AsyncClient::new(options, 8);
+    let code = tokio::time::timeout(WAIT, async {
+        loop {
+            match late_events.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(ack))) => return Ok(ack.code),
+                Ok(_) => {}
+                Err(error) => return Err(format!("{error:?}")),
+            }
+        }
+    })
+    .await
+    .expect("an answer");
+    match code {
+        Ok(code) => assert_eq!(code, ConnectReturnCode::QuotaExceeded),
+        Err(error) => assert!(error.contains("QuotaExceeded"), "{error}"),
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn websocket_refusals_are_error_replies_and_the_socket_goes_on() {
+    let server = start(test_config()).await;
+    let url = server.native_url();
+    let http = server.http_addr.expect("http listener");
+    let admin = async_nats::connect(&url).await.expect("connect");
+    let subscriptions = usage(&admin, "default").await["subscriptions"]
+        .as_u64()
+        .expect("count");
+    limit_default(
+        &admin,
+        json!({"max_subscriptions": subscriptions + 1, "max_publish_msgs_per_sec": 2, "max_connections": 2}),
+    )
+    .await;
+    let (mut socket, _) = tokio_tungstenite::connect_async(format!("ws://{http}/ws"))
+        .await
+        .expect("ws");
+    let mut answer = async |request: Value| -> Value {
+        socket
+            .send(WsMessage::text(request.to_string()))
+            .await
+            .expect("send");
+        loop {
+            let message = tokio::time::timeout(WAIT, socket.next())
+                .await
+                .expect("an answer")
+                .expect("open")
+                .expect("frame");
+            if let WsMessage::Text(text) = message {
+                let value: Value = serde_json::from_str(&text).expect("JSON");
+                if value["id"] == request["id"] {
+                    return value;
+                }
+            }
+        }
+    };
+    let ok = answer(json!({"op": "sub", "id": "s1", "pattern": "w.>"})).await;
+    assert_eq!(ok["op"], "ok", "{ok}");
+    let refused = answer(json!({"op": "sub", "id": "s2", "pattern": "v.>"})).await;
+    assert_eq!(
+        (refused["op"].clone(), refused["code"].clone()),
+        (json!("error"), json!("quota_exceeded")),
+        "{refused}"
+    );
+    let mut codes = Vec::new();
+    for i in 0..6 {
+        let reply =
+            answer(json!({"op": "pub", "id": format!("p{i}"), "subject": "w.x", "data": i})).await;
+        codes.push(reply["code"].as_str().unwrap_or("ok").to_owned());
+    }
+    assert!(codes.iter().any(|c| c == "quota_exceeded"), "{codes:?}");
+    assert!(
+        codes.iter().all(|c| c == "ok" || c == "quota_exceeded"),
+        "{codes:?}"
+    );
+
+    // A connection over the quota hears why, then the close.
+    let (mut late, _) = tokio_tungstenite::connect_async(format!("ws://{http}/ws"))
+        .await
+        .expect("upgraded");
+    let first = tokio::time::timeout(WAIT, late.next())
+        .await
+        .expect("in time")
+        .expect("a frame")
+        .expect("frame");
+    let text = first.into_text().expect("text");
+    assert!(text.contains("maximum connections exceeded"), "{text}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_tenant_over_its_rate_takes_nothing_from_another() {
+    let mut config = test_config();
+    config.authz.bootstrap_admin_password = Some("admin-pw".into());
+    config.authz.require_login = true;
+    let server = start(config).await;
+    let url = server.native_url();
+    let admin =
+        async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin-pw".into())
+            .connect(&url)
+            .await
+            .expect("admin");
+    for (tenant, limits) in [
+        ("noisy", json!({"max_publish_msgs_per_sec": 20})),
+        ("quiet", json!({})),
+    ] {
+        let (status, body) = api(
+            &admin,
+            "tenant.create",
+            json!({"name": tenant, "limits": limits}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = api(
+            &admin,
+            "user.create",
+            json!({"tenant": tenant, "name": "app", "password": "pw"}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let login = |tenant: &str| {
+        async_nats::ConnectOptions::with_user_and_password(format!("app@{tenant}"), "pw".into())
+            .connect(url.clone())
+    };
+    let (noisy, quiet) = (
+        login("noisy").await.expect("noisy"),
+        login("quiet").await.expect("quiet"),
+    );
+    let mut noisy_sub = noisy.subscribe("t.>").await.expect("sub");
+    let mut quiet_sub = quiet.subscribe("t.>").await.expect("sub");
+    noisy.flush().await.expect("flush");
+    quiet.flush().await.expect("flush");
+    let flood = tokio::spawn({
+        let noisy = noisy.clone();
+        async move {
+            for _ in 0..2000 {
+                if noisy.publish("t.x", "n".into()).await.is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    for _ in 0..2000 {
+        quiet.publish("t.x", "q".into()).await.expect("pub");
+    }
+    quiet.flush().await.expect("flush");
+    let mut got = 0;
+    while got < 2000 {
+        let message = tokio::time::timeout(WAIT, quiet_sub.next())
+            .await
+            .expect("every quiet message arrives")
+            .expect("message");
+        assert_eq!(&message.payload[..], b"q", "only quiet's own");
+        got += 1;
+    }
+    flood.abort();
+    let noisy_got = drain(&mut noisy_sub, Duration::from_millis(300)).await;
+    assert!(noisy_got < 2000, "the noisy tenant was held to its rate");
+    let (_, quiet_usage) = api(&admin, "tenant.describe", json!({"name": "quiet"})).await;
+    assert_eq!(quiet_usage["usage"]["refused_by_quota"], 0, "{quiet_usage}");
+    server.stop().await;
+}
