@@ -1,5 +1,6 @@
 //! The `canopy` command line: the server (`serve`) and the tools people use against
-//! it (`pub`, `sub`, `bench`, `config`). Errors end here as one readable message and a
+//! it (`pub`, `sub`, `tenant`, `user`, `bench`, `config`; logins and TLS through the
+//! connection flags of `cli::connect`). Errors end here as one readable message and a
 //! non-zero exit status, never a panic.
 
 use std::io::{BufRead, Write};
@@ -12,6 +13,7 @@ use canopy::config::{Config, DEFAULT_TOML};
 use canopy::server::Server;
 use canopy_protocols::native::HeaderMap;
 use clap::{Args, Parser, Subcommand};
+use cli::connect::ConnectArgs;
 use tokio_util::sync::CancellationToken;
 
 mod bench;
@@ -54,6 +56,9 @@ enum Command {
     /// Create, list, describe, update or delete tenants.
     #[command(subcommand)]
     Tenant(TenantCommand),
+    /// Create, list and delete a tenant's users; issue and revoke their tokens.
+    #[command(subcommand)]
+    User(cli::users::UserCommand),
     /// Measure live pub/sub throughput and latency of any NATS-protocol server.
     #[command(long_about = BENCH_ABOUT)]
     Bench(BenchArgs),
@@ -146,7 +151,7 @@ struct BenchArgs {
     #[command(flatten)]
     ws: bench::WsArgs,
     #[command(flatten)]
-    connect: ConnectArgs,
+    connect: cli::connect::ServerArgs,
 }
 
 #[derive(Args)]
@@ -169,22 +174,6 @@ struct ServeArgs {
     /// Log filter, e.g. `info`, `debug` or `canopy=debug` (overrides RUST_LOG).
     #[arg(long, value_name = "FILTER")]
     log: Option<String>,
-}
-
-#[derive(Args)]
-struct ConnectArgs {
-    /// Server to talk to.
-    #[arg(
-        short,
-        long,
-        env = "CANOPY_SERVER",
-        default_value = "nats://127.0.0.1:4222",
-        value_name = "URL"
-    )]
-    server: String,
-    /// Seconds to wait for the server.
-    #[arg(long, default_value_t = 5, value_name = "SECS")]
-    timeout: u64,
 }
 
 #[derive(Args)]
@@ -277,6 +266,8 @@ enum TenantCommand {
         name: String,
         #[command(flatten)]
         limits: cli::tenants::LimitArgs,
+        #[command(flatten)]
+        anonymous: cli::tenants::AnonymousArgs,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -291,7 +282,7 @@ enum TenantCommand {
         #[command(flatten)]
         connect: ConnectArgs,
     },
-    /// Show a tenant's limits and usage.
+    /// Show a tenant's limits, anonymous rules and usage.
     Describe {
         name: String,
         /// Print JSON.
@@ -300,11 +291,18 @@ enum TenantCommand {
         #[command(flatten)]
         connect: ConnectArgs,
     },
-    /// Replace a tenant's limits (limits not given are removed).
+    /// Replace a tenant's limits (limits not given are removed) and, when an
+    /// --anonymous-* flag or --no-anonymous is given, its anonymous rules (kept
+    /// otherwise).
     Update {
         name: String,
         #[command(flatten)]
         limits: cli::tenants::LimitArgs,
+        #[command(flatten)]
+        anonymous: cli::tenants::AnonymousArgs,
+        /// End anonymous access: clients must log in.
+        #[arg(long, conflicts_with_all = ["anonymous_publish", "anonymous_subscribe"])]
+        no_anonymous: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -450,6 +448,7 @@ async fn run(command: Command) -> Result<()> {
             .await
         }
         Command::Tenant(command) => run_tenant(command).await,
+        Command::User(command) => cli::users::run(command).await,
         Command::Purge(args) => {
             let (mut client, timeout) = connect(&args.connect, "canopy purge").await?;
             cli::streams::purge(&mut client, &args.target, args.yes, timeout).await
@@ -556,9 +555,7 @@ fn parse_headers(raw: &[String]) -> Result<Option<HeaderMap>> {
 }
 
 async fn connect(args: &ConnectArgs, name: &str) -> Result<(Client, Duration)> {
-    let timeout = Duration::from_secs(args.timeout.max(1));
-    let client = Client::connect(&args.server, name, timeout).await?;
-    Ok((client, timeout))
+    args.connect(name).await
 }
 
 async fn publish(args: PubArgs) -> Result<()> {
@@ -653,27 +650,49 @@ async fn subscribe(args: SubArgs) -> Result<()> {
 
 async fn run_tenant(command: TenantCommand) -> anyhow::Result<()> {
     use cli::tenants;
-    let creating = matches!(command, TenantCommand::Create { .. });
     match command {
         TenantCommand::Create {
             name,
             limits,
-            json,
-            connect: how,
-        }
-        | TenantCommand::Update {
-            name,
-            limits,
+            anonymous,
             json,
             connect: how,
         } => {
-            let change = if creating {
-                tenants::Change::Create
-            } else {
-                tenants::Change::Update
-            };
             let (mut client, timeout) = connect(&how, "canopy tenant").await?;
-            tenants::change(&mut client, change, &name, &limits, json, timeout).await
+            let anonymous = anonymous.json(false);
+            let change = tenants::Change::Create;
+            tenants::change(
+                &mut client,
+                change,
+                &name,
+                &limits,
+                anonymous,
+                json,
+                timeout,
+            )
+            .await
+        }
+        TenantCommand::Update {
+            name,
+            limits,
+            anonymous,
+            no_anonymous,
+            json,
+            connect: how,
+        } => {
+            let (mut client, timeout) = connect(&how, "canopy tenant").await?;
+            let anonymous = anonymous.json(no_anonymous);
+            let change = tenants::Change::Update;
+            tenants::change(
+                &mut client,
+                change,
+                &name,
+                &limits,
+                anonymous,
+                json,
+                timeout,
+            )
+            .await
         }
         TenantCommand::List { json, connect: how } => {
             let (mut client, timeout) = connect(&how, "canopy tenant").await?;

@@ -369,7 +369,7 @@ async fn replay(
     let wait = Duration::from_millis(request.wait_ms.unwrap_or(5000)).min(MAX_WAIT);
     let deadline = tokio::time::Instant::now() + wait;
     let mut durable = store.durable_watch();
-    let page = loop {
+    let mut page = loop {
         durable.borrow_and_update();
         let page = match &target {
             Target::Subject(subject) => {
@@ -392,6 +392,11 @@ async fn replay(
             _ => break page,
         }
     };
+    // A broad pattern was allowed; the deny list's subjects still never show.
+    let authz = broker.authorizer();
+    if authz.filters_delivery() {
+        page.messages.retain(|m| authz.may_deliver(&m.subject));
+    }
     for message in &page.messages {
         answer.message(message);
     }
@@ -444,9 +449,11 @@ async fn subjects(
     let page = store
         .subjects(tenant, &pattern, request.after.as_deref(), max)
         .await?;
+    let authz = broker.authorizer();
     let subjects: Vec<_> = page
         .subjects
         .iter()
+        .filter(|s| authz.may_deliver(&s.subject))
         .map(|s| json!({"subject": s.subject, "version": s.version, "offset": s.offset, "time_ms": s.time_ms}))
         .collect();
     answer.json(&json!({"subjects": subjects, "next": page.next}));

@@ -2,5 +2,7 @@
 //! pub/sub. Presentation only: every operation is a request to the server's
 //! `$CANOPY.` API, so this code never reaches into the store.
 
+pub mod connect;
 pub mod streams;
 pub mod tenants;
+pub mod users;

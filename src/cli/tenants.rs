@@ -1,5 +1,5 @@
 //! `canopy tenant ...`: the `$CANOPY.tenant.*` API for people. Prints one line per
-//! tenant, or JSON with `--json`.
+//! tenant, or JSON with `--json`; `describe` adds the tenant's usage.
 
 use std::time::Duration;
 
@@ -8,6 +8,7 @@ use canopy::client::Client;
 use serde_json::{Value, json};
 
 use super::streams::call_json;
+use super::users::rules_text;
 
 /// What a tenant may use, as the command line gives it (unset: no limit).
 #[derive(Debug, Default, Clone, clap::Args)]
@@ -51,7 +52,45 @@ impl LimitArgs {
     }
 }
 
-/// One line for a tenant: its name and its limits.
+/// What clients that present no credentials may do in a tenant.
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct AnonymousArgs {
+    /// Clients without credentials may publish to subjects matching PAT (repeatable).
+    /// Any --anonymous-* flag replaces the anonymous rules; a side without flags is
+    /// denied.
+    #[arg(long, value_name = "PAT")]
+    pub anonymous_publish: Vec<String>,
+    /// Clients without credentials may subscribe to PAT (repeatable).
+    #[arg(long, value_name = "PAT")]
+    pub anonymous_subscribe: Vec<String>,
+}
+
+impl AnonymousArgs {
+    /// The API's `anonymous`: rules when a flag was given, `false` with `off`, and
+    /// `None` (keep what the tenant has) otherwise.
+    pub fn json(&self, off: bool) -> Option<Value> {
+        if off {
+            return Some(Value::Bool(false));
+        }
+        if self.anonymous_publish.is_empty() && self.anonymous_subscribe.is_empty() {
+            return None;
+        }
+        // A side with no allow rules would allow everything: deny it instead.
+        let side = |allow: &[String]| {
+            if allow.is_empty() {
+                json!({"deny": [">"]})
+            } else {
+                json!({ "allow": allow })
+            }
+        };
+        Some(json!({
+            "publish": side(&self.anonymous_publish),
+            "subscribe": side(&self.anonymous_subscribe),
+        }))
+    }
+}
+
+/// One line for a tenant: its name, its limits and its anonymous rules.
 fn line(tenant: &Value) -> String {
     let name = tenant["name"].as_str().unwrap_or("?");
     let limits = match tenant["limits"].as_object() {
@@ -62,7 +101,10 @@ fn line(tenant: &Value) -> String {
             .join(" "),
         _ => "no limits".to_owned(),
     };
-    format!("{name}  {limits}")
+    match tenant.get("anonymous").filter(|rules| rules.is_object()) {
+        Some(rules) => format!("{name}  {limits}  anonymous: {}", rules_text(rules)),
+        None => format!("{name}  {limits}"),
+    }
 }
 
 fn print(value: &Value, json: bool) {
@@ -80,12 +122,14 @@ pub enum Change {
     Update,
 }
 
-/// Creates a tenant, or replaces its limits, and prints the result.
+/// Creates a tenant, or replaces its limits (and its anonymous rules, when given),
+/// and prints the result.
 pub async fn change(
     client: &mut Client,
     change: Change,
     name: &str,
     limits: &LimitArgs,
+    anonymous: Option<Value>,
     json: bool,
     timeout: Duration,
 ) -> Result<()> {
@@ -93,7 +137,10 @@ pub async fn change(
         Change::Create => "$CANOPY.tenant.create",
         Change::Update => "$CANOPY.tenant.update",
     };
-    let body = json!({"name": name, "limits": limits.json()});
+    let mut body = json!({"name": name, "limits": limits.json()});
+    if let Some(anonymous) = anonymous {
+        body["anonymous"] = anonymous;
+    }
     let record = call_json(client, api, &body, timeout).await?;
     print(&record, json);
     Ok(())
@@ -124,9 +171,30 @@ pub async fn describe(
         println!("{answer}");
     } else {
         println!("{}", line(&answer));
-        println!("subjects  {}", answer["usage"]["subjects"]);
+        for (name, value) in usage_lines(&answer["usage"]) {
+            println!("{name}  {value}");
+        }
     }
     Ok(())
+}
+
+/// The usage fields `describe` answers, in a fixed order (those it lacks left out).
+fn usage_lines(usage: &Value) -> Vec<(&'static str, String)> {
+    [
+        "connections",
+        "subscriptions",
+        "subjects",
+        "stored_bytes",
+        "msgs_per_sec",
+        "bytes_per_sec",
+        "published_msgs",
+        "published_bytes",
+        "refused_by_quota",
+        "throttled_by_quota",
+    ]
+    .into_iter()
+    .filter_map(|name| Some((name, usage.get(name)?.to_string())))
+    .collect()
 }
 
 pub async fn delete(client: &mut Client, name: &str, timeout: Duration) -> Result<()> {
@@ -139,4 +207,47 @@ pub async fn delete(client: &mut Client, name: &str, timeout: Duration) -> Resul
     .await?;
     println!("tenant {name} deleted; its data is purged in the background");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::{AnonymousArgs, line, usage_lines};
+
+    #[test]
+    fn anonymous_flags_deny_the_side_they_leave_out() {
+        let none = AnonymousArgs::default();
+        assert_eq!(none.json(false), None, "no flag keeps the current rules");
+        assert_eq!(none.json(true), Some(json!(false)));
+        let subscribe_only = AnonymousArgs {
+            anonymous_publish: vec![],
+            anonymous_subscribe: vec!["public.>".into()],
+        };
+        assert_eq!(
+            subscribe_only.json(false),
+            Some(json!({"publish": {"deny": [">"]},
+                        "subscribe": {"allow": ["public.>"]}}))
+        );
+    }
+
+    #[test]
+    fn a_tenant_line_shows_anonymous_rules_and_describe_its_usage() {
+        let tenant = json!({"name": "acme", "limits": {},
+                            "anonymous": {"publish": {"deny": [">"]},
+                                          "subscribe": {"allow": ["public.>"]}}});
+        assert_eq!(
+            line(&tenant),
+            "acme  no limits  anonymous: publish deny >; subscribe allow public.>"
+        );
+        let usage = json!({"connections": 2, "subjects": 0, "msgs_per_sec": 1.5});
+        assert_eq!(
+            usage_lines(&usage),
+            vec![
+                ("connections", "2".to_owned()),
+                ("subjects", "0".to_owned()),
+                ("msgs_per_sec", "1.5".to_owned())
+            ]
+        );
+    }
 }

@@ -565,6 +565,9 @@ impl Connection {
                 let mut high = 0;
                 for message in &page.messages {
                     high = high.max(message.offset);
+                    if !self.broker.authorizer().may_deliver(&message.subject) {
+                        continue;
+                    }
                     let out = Delivery {
                         op: "msg",
                         sid,
@@ -858,7 +861,13 @@ impl Connection {
             }
         }
         .map_err(|e| refusal("unavailable", e.to_string()))?;
-        let messages: Vec<StoredOut<'_>> = page.messages.iter().map(StoredOut::of).collect();
+        let authz = self.broker.authorizer();
+        let messages: Vec<StoredOut<'_>> = page
+            .messages
+            .iter()
+            .filter(|m| authz.may_deliver(&m.subject))
+            .map(StoredOut::of)
+            .collect();
         // Serialized straight to text: through a `Value` the raw payloads would be
         // parsed and lose their exact bytes.
         let out = ReplayOut {
@@ -881,9 +890,11 @@ impl Connection {
             .subjects(&self.routes.name, &pattern, request.after.as_deref(), max)
             .await
             .map_err(|e| refusal("unavailable", e.to_string()))?;
+        let authz = self.broker.authorizer();
         let subjects: Vec<Value> = page
             .subjects
             .iter()
+            .filter(|h| authz.may_deliver(&h.subject))
             .map(|h| {
                 json!({"subject": h.subject, "version": h.version, "offset": h.offset, "time_ms": h.time_ms})
             })

@@ -101,9 +101,13 @@ impl Authorizer {
                 }
             }
             Action::Subscribe => {
-                if self.deny_subscribe.iter().any(|d| covers(d, subject))
-                    || acl.is_some_and(|acl| !acl.may_subscribe(subject))
-                {
+                // Each native pattern the subscription stands for must pass.
+                let (first, second) = native_forms(subject);
+                let denied = |form: &str| {
+                    self.deny_subscribe.iter().any(|d| covers(d, form))
+                        || acl.is_some_and(|acl| !acl.may_subscribe(form))
+                };
+                if denied(&first) || second.as_deref().is_some_and(denied) {
                     Err(Denied::Subscribe(subject.to_owned()))
                 } else {
                     Ok(())
@@ -120,6 +124,23 @@ impl Authorizer {
 
     pub fn filters_delivery(&self) -> bool {
         !self.deny_subscribe.is_empty()
+    }
+}
+
+/// The native patterns a subscription's text stands for. An MQTT filter ending in
+/// `#` (rendered as a `#` token) matches its parent too: `a.#` is `a` and `a.>`, and
+/// a lone `#` is `>`. A native subscription with a literal `#` token is checked the
+/// same way, which only ever asks more of it.
+fn native_forms(pattern: &str) -> (std::borrow::Cow<'_, str>, Option<String>) {
+    if pattern == "#" {
+        return (std::borrow::Cow::Borrowed(">"), None);
+    }
+    match pattern.strip_suffix(".#") {
+        Some(parent) => (
+            std::borrow::Cow::Borrowed(parent),
+            Some(format!("{parent}.>")),
+        ),
+        None => (std::borrow::Cow::Borrowed(pattern), None),
     }
 }
 
@@ -180,6 +201,41 @@ mod tests {
                 .to_string(),
             "Permissions Violation for Subscription to \"x.a.y\""
         );
+    }
+
+    #[test]
+    fn a_hash_filter_is_judged_as_its_parent_and_everything_below() {
+        let a = authorizer(&[], &["secret.>"]);
+        let p = Principal::anonymous("t");
+        assert!(a.authorize(&p, Action::Subscribe, "secret.#").is_err());
+        assert!(a.authorize(&p, Action::Subscribe, "public.#").is_ok());
+        let mut user = Principal::anonymous("t");
+        user.acl = Some(Arc::new(acl::Acl::compile(
+            &crate::store::Permissions {
+                subscribe: crate::store::Rules {
+                    allow: vec!["devices.{user}.>".into()],
+                    deny: vec!["devices.{user}.secret".into()],
+                },
+                ..Default::default()
+            },
+            "dev",
+            "c",
+        )));
+        // `devices.dev.#` matches `devices.dev`, which the allow rule does not cover.
+        assert!(
+            a.authorize(&user, Action::Subscribe, "devices.dev.#")
+                .is_err()
+        );
+        assert!(
+            a.authorize(&user, Action::Subscribe, "devices.dev.a.#")
+                .is_ok()
+        );
+        // `devices.dev.#` reaches the denied `devices.dev.secret`; a lone `#` is `>`.
+        assert!(
+            a.authorize(&user, Action::Subscribe, "devices.dev.secret.#")
+                .is_err()
+        );
+        assert!(a.authorize(&user, Action::Subscribe, "#").is_err());
     }
 
     #[test]

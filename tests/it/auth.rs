@@ -578,3 +578,71 @@ async fn anonymous_clients_get_only_what_a_tenant_allows_them() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn the_configured_deny_list_hides_subjects_from_history_and_retained_reads() {
+    let mut config = test_config();
+    config.authz.deny_subscribe = vec!["secret.>".into()];
+    let server = start(config).await;
+    let client = async_nats::connect(server.native_url())
+        .await
+        .expect("connect");
+    publish_acked(&client, "secret.plans", "hidden").await;
+    publish_acked(&client, "open.plans", "shown").await;
+    let history: Vec<String> = crate::common::replay_all(&client, json!({"pattern": ">"}))
+        .await
+        .into_iter()
+        .map(|m| m.subject)
+        .collect();
+    assert_eq!(history, ["open.plans"]);
+    let listed: Vec<Value> = crate::common::list_subjects(&client, ">")
+        .await
+        .into_iter()
+        .map(|s| s["subject"].clone())
+        .collect();
+    assert_eq!(listed, [json!("open.plans")]);
+
+    // A retained message under the deny list is not handed to a `#` subscriber.
+    let mqtt = crate::mqtt::mqtt_addr(&server);
+    let options = rumqttc::MqttOptions::new("retainer", mqtt.ip().to_string(), mqtt.port());
+    let (publisher, mut events) = rumqttc::AsyncClient::new(options, 16);
+    for topic in ["secret/door", "open/door"] {
+        publisher
+            .publish(
+                topic,
+                rumqttc::QoS::AtLeastOnce,
+                true,
+                topic.as_bytes().to_vec(),
+            )
+            .await
+            .expect("queued");
+    }
+    let mut acked = 0;
+    while acked < 2 {
+        if let rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_)) =
+            tokio::time::timeout(WAIT, events.poll())
+                .await
+                .expect("in time")
+                .expect("connected")
+        {
+            acked += 1;
+        }
+    }
+    let options = rumqttc::MqttOptions::new("reader", mqtt.ip().to_string(), mqtt.port());
+    let (reader, mut events) = rumqttc::AsyncClient::new(options, 16);
+    reader
+        .subscribe("#", rumqttc::QoS::AtLeastOnce)
+        .await
+        .expect("queued");
+    let mut retained = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(800), async {
+        loop {
+            if let Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) = events.poll().await {
+                retained.push(p.topic);
+            }
+        }
+    })
+    .await;
+    assert_eq!(retained, ["open/door"]);
+    server.stop().await;
+}

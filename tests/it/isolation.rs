@@ -1524,3 +1524,73 @@ async fn ws_acls_refuse_with_forbidden_and_keep_the_socket() {
     dev.quiet("nothing more").await;
     f.stop().await;
 }
+// An MQTT `#` filter also matches its parent level (`devices/dev/#` matches
+// `devices/dev`) and overlaps every deny rule below its prefix: the ACL must judge it
+// so, over MQTT and over /ws (which takes MQTT syntax too).
+#[tokio::test]
+async fn hash_filters_never_widen_an_acl() {
+    let f = Fixture::start(&[
+        (
+            "a",
+            "dev",
+            Some(json!({"subscribe": {"allow": ["devices.{user}.>"]}})),
+        ),
+        (
+            "a",
+            "spy",
+            Some(json!({"subscribe": {"allow": ["devices.>"], "deny": ["devices.*.secret"]}})),
+        ),
+        ("a", "alice", None),
+    ])
+    .await;
+    let alice = f.native("alice@a").await;
+    for version in [Version::V311, Version::V5] {
+        let refused = if version == Version::V5 { 0x87 } else { 0x80 };
+        let mut dev = f.mqtt("dev@a", version, "dev-1", true).await;
+        let dev_code = dev.subscribe("devices/dev/#", 1).await;
+        let mut spy = f.mqtt("spy@a", version, "spy-1", true).await;
+        assert_eq!(spy.subscribe("devices/+/secret", 1).await, refused);
+        assert_eq!(
+            spy.subscribe("devices/#", 1).await,
+            refused,
+            "{version:?}: devices/# overlaps the deny rule devices.*.secret"
+        );
+        publish_acked(&alice, "devices.dev", "not dev's to read").await;
+        publish_acked(&alice, "devices.x.secret", "the secret").await;
+        publish_acked(&alice, "devices.dev.probe", "probe").await;
+        if dev_code == refused {
+            dev.quiet("refused").await;
+        } else {
+            let first = dev.next_publish().await;
+            assert_eq!(
+                first.topic, "devices/dev/probe",
+                "{version:?}: devices/dev/# was granted (code {dev_code:#x}) and delivered {first:?}, \
+                 outside the allow rule devices.dev.>"
+            );
+        }
+        spy.quiet("nothing was granted").await;
+    }
+    let mut spy = f.ws("spy@a").await;
+    for request in [
+        json!({"op": "sub", "pattern": "devices/#"}),
+        json!({"op": "sub", "pattern": "devices/#", "from_offset": 0}),
+        json!({"op": "replay", "pattern": "devices/#"}),
+        json!({"op": "subjects", "pattern": "devices/#"}),
+    ] {
+        spy.refused(request, "forbidden").await;
+    }
+    let mut dev = f.ws("dev@a").await;
+    dev.refused(json!({"op": "get", "subject": "devices.dev"}), "forbidden")
+        .await;
+    let page = dev
+        .call(json!({"op": "replay", "pattern": "devices/dev/#"}))
+        .await;
+    assert!(
+        page["op"] == "error"
+            || page["messages"]
+                .as_array()
+                .is_some_and(|m| m.iter().all(|m| m["subject"] != "devices.dev")),
+        "replay of devices/dev/# shows devices.dev, which get refuses: {page}"
+    );
+    f.stop().await;
+}

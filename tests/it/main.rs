@@ -7,6 +7,7 @@ mod bench;
 mod bench_mqtt;
 mod browser;
 mod cli;
+mod cli_auth;
 mod common;
 mod crash;
 mod deploy;

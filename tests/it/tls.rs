@@ -20,12 +20,12 @@ use crate::common::{WAIT, api, start, test_config};
 
 /// PEM files of a CA, a server certificate for localhost and 127.0.0.1, and a client
 /// certificate whose common name is `dev-1@acme`.
-struct TestPki {
+pub struct TestPki {
     dir: tempfile::TempDir,
 }
 
 impl TestPki {
-    fn new() -> TestPki {
+    pub fn new() -> TestPki {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca_key = KeyPair::generate().expect("key");
         let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
@@ -61,8 +61,13 @@ impl TestPki {
         TestPki { dir }
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
+    }
+
+    /// The path of `name`, as text for a command line.
+    pub fn file(&self, name: &str) -> String {
+        self.path(name).display().to_string()
     }
 
     /// A rustls client trusting the test CA, with the client certificate if asked.

@@ -993,7 +993,9 @@ impl Connection {
                         let now = now_ms();
                         for message in page.messages {
                             let age = now.saturating_sub(message.time_ms) / 1000;
-                            if translate::expired(&message.headers, age) {
+                            if translate::expired(&message.headers, age)
+                                || !self.broker.authorizer().may_deliver(&message.subject)
+                            {
                                 continue;
                             }
                             self.enqueue(Delivery {
@@ -1020,7 +1022,9 @@ impl Connection {
             } else if let Some(backlog) = self.backlog.as_ref().filter(|b| !b.done) {
                 let from = backlog.next;
                 let matcher = self.matcher();
-                let matches = |subject: &str| matcher.matches(subject);
+                let authz = Arc::clone(self.broker.authorizer());
+                let matches =
+                    |subject: &str| matcher.matches(subject) && authz.may_deliver(subject);
                 let page = store
                     .replay_matching(
                         &self.routes.name,
