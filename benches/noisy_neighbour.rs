@@ -67,32 +67,61 @@ async fn quiet_rate(url: &str, msgs: u64) -> f64 {
     let publisher = log_in(url, "app@quiet").await;
     let subscriber = log_in(url, "app@quiet").await;
     let mut sub = subscriber.subscribe("live.quiet").await.expect("sub");
-    subscriber.flush().await.expect("flush");
+    // async-nats' flush only writes; a request on the same connection is answered
+    // after the server took the SUB before it.
+    subscriber
+        .request("$CANOPY.subjects", "{\"max\": 1}".into())
+        .await
+        .expect("the subscription is in place");
     let payload = bytes::Bytes::from(vec![b'q'; PAYLOAD]);
     let started = Instant::now();
     let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let counted = std::sync::Arc::clone(&received);
     let receiving = tokio::spawn(async move {
         let mut got = 0;
+        let mut gaps: Vec<(u64, u64)> = Vec::new();
+        let mut expect = 0u64;
         while got < msgs {
             match tokio::time::timeout(Duration::from_secs(30), sub.next()).await {
-                Ok(Some(_)) => {
+                Ok(Some(m)) => {
+                    let n = m
+                        .payload
+                        .get(..8)
+                        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                        .map_or(0, u64::from_be_bytes);
+                    if n != expect && gaps.len() < 10 {
+                        gaps.push((expect, n));
+                    }
+                    expect = n + 1;
                     got += 1;
                     counted.store(got, std::sync::atomic::Ordering::Relaxed);
                 }
                 _ => break,
             }
         }
+        if got != msgs {
+            eprintln!("gaps (expected, got): {gaps:?}; last {expect}");
+        }
         (got, started.elapsed())
     });
     for i in 0..msgs {
+        let mut numbered = payload.to_vec();
+        numbered[..8].copy_from_slice(&i.to_be_bytes());
         publisher
-            .publish("live.quiet", payload.clone())
+            .publish("live.quiet", numbered.into())
             .await
             .expect("pub");
         if i % 1_000 == 999 {
             // Bounded in flight, so no buffer on the way overflows.
-            while i - received.load(std::sync::atomic::Ordering::Relaxed) > MAX_IN_FLIGHT {
+            let waiting = Instant::now();
+            while (i + 1).saturating_sub(received.load(std::sync::atomic::Ordering::Relaxed))
+                > MAX_IN_FLIGHT
+            {
+                assert!(
+                    waiting.elapsed() < Duration::from_secs(30),
+                    "deliveries stalled: {} of {i} published",
+                    received.load(std::sync::atomic::Ordering::Relaxed)
+                );
                 tokio::time::sleep(Duration::from_micros(200)).await;
             }
         }
@@ -167,6 +196,7 @@ async fn main() {
     )
     .expect("config");
     let native = free_port();
+    let http = free_port();
     let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_canopy"))
         .args([
             "serve",
@@ -174,6 +204,8 @@ async fn main() {
             &format!("127.0.0.1:{native}"),
             "--log",
             "info",
+            "--http-listen",
+            &format!("127.0.0.1:{http}"),
         ])
         .arg("--config")
         .arg(&config)
@@ -242,7 +274,9 @@ async fn main() {
     let (mut alone, mut contended, mut unlimited) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
         let base = quiet_rate(&url, msgs).await;
+        eprintln!("  alone: {base:.0}");
         let (over_quota, noisy_sent) = with_flood(&url, msgs, noisy).await;
+        eprintln!("  over quota: {over_quota:.0}");
         // The same flood from a tenant without a quota, for scale.
         api(
             &admin,

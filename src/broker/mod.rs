@@ -217,6 +217,24 @@ impl Broker {
             .sum()
     }
 
+    /// Every tenant that has had a connection: its name, live quota and subscriptions.
+    pub fn live_tenants(&self) -> Vec<(Arc<str>, Arc<crate::tenancy::quota::Quota>, usize)> {
+        let mut all: Vec<_> = self
+            .tenants
+            .read()
+            .values()
+            .map(|r| {
+                (
+                    Arc::clone(&r.name),
+                    Arc::clone(&r.quota),
+                    r.subscription_count(),
+                )
+            })
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
     /// A fresh id for a connection or subscription.
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)

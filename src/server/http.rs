@@ -155,7 +155,11 @@ async fn mqtt_over_websocket(
 /// token in `Authorization: Bearer …` or, for browsers' WebSockets, which cannot set
 /// headers, in a `bearer.<token>` subprotocol. A refusal (401) comes after the failed
 /// login delay.
-async fn caller(state: &HttpState, headers: &HeaderMap) -> Result<Principal, Response> {
+async fn caller(
+    state: &HttpState,
+    headers: &HeaderMap,
+    client_id: &str,
+) -> Result<Principal, Response> {
     if !state.require_login {
         return Ok(Principal::anonymous("http"));
     }
@@ -173,7 +177,7 @@ async fn caller(state: &HttpState, headers: &HeaderMap) -> Result<Principal, Res
         .find_map(|p| p.strip_prefix("bearer."));
     let presented = crate::tenancy::login::Presented {
         token: from_header.or(from_protocol).map(str::to_owned),
-        client: "http".into(),
+        client: client_id.to_owned(),
         ..Default::default()
     };
     let refused = || {
@@ -217,7 +221,16 @@ impl axum::extract::FromRequestParts<HttpState> for Caller {
         parts: &mut axum::http::request::Parts,
         state: &HttpState,
     ) -> Result<Self, Response> {
-        caller(state, &parts.headers).await.map(Caller)
+        // `?client_id=NAME` names a WebSocket client for `{client_id}` rules; without
+        // it, such rules allow nothing (an empty name is never filled in).
+        let client_id = parts
+            .uri
+            .query()
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .find_map(|pair| pair.strip_prefix("client_id="))
+            .unwrap_or_default();
+        caller(state, &parts.headers, client_id).await.map(Caller)
     }
 }
 
@@ -507,6 +520,54 @@ pub fn render(state: &HttpState, subjects: Option<u64>) -> String {
         "gauge",
         "Live subscriptions of every protocol, all tenants.",
         &plain(state.broker.subscription_count() as u64),
+    );
+    let tenants = state.broker.live_tenants();
+    let by_tenant = |value: &dyn Fn(&crate::tenancy::quota::LiveUsage, usize) -> u64| {
+        tenants
+            .iter()
+            .map(|(name, quota, subs)| {
+                (
+                    format!("{{tenant=\"{name}\"}}"),
+                    value(&quota.counts(), *subs) as f64,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    metric(
+        "canopy_tenant_connections",
+        "gauge",
+        "Open connections, by tenant (tenants that have had one).",
+        &by_tenant(&|u, _| u.connections),
+    );
+    metric(
+        "canopy_tenant_subscriptions",
+        "gauge",
+        "Live subscriptions, by tenant.",
+        &by_tenant(&|_, subs| subs as u64),
+    );
+    metric(
+        "canopy_tenant_published_messages_total",
+        "counter",
+        "Publishes admitted, by tenant.",
+        &by_tenant(&|u, _| u.published_msgs),
+    );
+    metric(
+        "canopy_tenant_published_bytes_total",
+        "counter",
+        "Header and payload bytes of admitted publishes, by tenant.",
+        &by_tenant(&|u, _| u.published_bytes),
+    );
+    metric(
+        "canopy_tenant_quota_refusals_total",
+        "counter",
+        "Connections, subscriptions and publishes refused by a quota, by tenant.",
+        &by_tenant(&|u, _| u.refused),
+    );
+    metric(
+        "canopy_tenant_quota_throttled_total",
+        "counter",
+        "Publishes taken late because the connection was held to the rate, by tenant.",
+        &by_tenant(&|u, _| u.throttled),
     );
     if let Some(subjects) = subjects {
         metric(

@@ -311,6 +311,21 @@ impl Quota {
         }
     }
 
+    /// Counts now, with the rates of the last [`Quota::usage`] reading (taking no new
+    /// one, so scraping metrics does not shorten `describe`'s rate window).
+    pub fn counts(&self) -> LiveUsage {
+        let last = *self.last_reading.lock();
+        LiveUsage {
+            connections: self.connections.load(Ordering::Relaxed),
+            published_msgs: self.published_msgs.load(Ordering::Relaxed),
+            published_bytes: self.published_bytes.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            throttled: self.throttled.load(Ordering::Relaxed),
+            msgs_per_sec: last.msgs_per_sec,
+            bytes_per_sec: last.bytes_per_sec,
+        }
+    }
+
     /// Counts and rates now. A rate is over the time since the previous reading
     /// when that was at least a second ago, else the previous reading's rate.
     pub fn usage(&self) -> LiveUsage {

@@ -646,3 +646,80 @@ async fn the_configured_deny_list_hides_subjects_from_history_and_retained_reads
     assert_eq!(retained, ["open/door"]);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_websocket_names_its_client_id_for_client_id_rules() {
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::Message as WsMessage;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    let mut config = test_config();
+    config.authz.require_login = true;
+    config.authz.bootstrap_admin_password = Some("admin-pw".into());
+    let server = start(config).await;
+    let admin = log_in(
+        &server.native_url(),
+        async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin-pw".into()),
+    )
+    .await
+    .expect("admin");
+    let (status, body) = crate::common::api(
+        &admin,
+        "user.create",
+        json!({"tenant": "default", "name": "panel", "password": "pw",
+               "permissions": {"subscribe": {"allow": ["commands.{client_id}.>"]}}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, issued) = crate::common::api(
+        &admin,
+        "user.token.create",
+        json!({"tenant": "default", "name": "panel"}),
+    )
+    .await;
+    let token = issued["token"].as_str().expect("token").to_owned();
+    let http = server.http_addr.expect("http");
+    let sub_answers = async |query: &str, patterns: &[&str]| -> Vec<String> {
+        let mut upgrade = format!("ws://{http}/ws{query}")
+            .into_client_request()
+            .expect("request");
+        upgrade.headers_mut().insert(
+            "Authorization",
+            format!("Bearer {token}").parse().expect("header"),
+        );
+        let (mut socket, _) = tokio_tungstenite::connect_async(upgrade)
+            .await
+            .expect("upgraded");
+        let mut answers = Vec::new();
+        for (i, pattern) in patterns.iter().enumerate() {
+            let request = json!({"op": "sub", "id": i.to_string(), "pattern": pattern});
+            socket
+                .send(WsMessage::text(request.to_string()))
+                .await
+                .expect("send");
+            let reply = tokio::time::timeout(WAIT, socket.next())
+                .await
+                .expect("in time")
+                .expect("open")
+                .expect("frame");
+            let reply: Value =
+                serde_json::from_str(&reply.into_text().expect("text")).expect("JSON");
+            answers.push(reply["code"].as_str().unwrap_or("ok").to_owned());
+        }
+        answers
+    };
+    assert_eq!(
+        sub_answers(
+            "?client_id=pump-1",
+            &["commands.pump-1.>", "commands.pump-2.>"]
+        )
+        .await,
+        ["ok", "forbidden"]
+    );
+    // Without a name, a `{client_id}` rule allows nothing; "http" is no shared name.
+    assert_eq!(
+        sub_answers("", &["commands.http.>", "commands.pump-1.>"]).await,
+        ["forbidden", "forbidden"]
+    );
+    server.stop().await;
+}

@@ -148,7 +148,8 @@ async fn a_native_publisher_over_the_rate_is_told_and_held_back() {
     let admin = async_nats::connect(&url).await.expect("connect");
     limit_default(&admin, json!({"max_publish_msgs_per_sec": 100})).await;
     let mut sub = admin.subscribe("rate.>").await.expect("sub");
-    admin.flush().await.expect("flush");
+    // A round trip on the same connection: the server took the SUB before it.
+    let _ = usage(&admin, "default").await;
     let (publisher, mut errors) = connect_watching(&url, async_nats::ConnectOptions::new()).await;
     for i in 0..300 {
         publisher
@@ -172,6 +173,11 @@ async fn a_native_publisher_over_the_rate_is_told_and_held_back() {
     assert!(refused > 0, "{used}");
     assert_eq!(received as u64 + refused, 300, "{used}");
     assert!(received >= 100, "a second's burst passes: {received}");
+    let http = server.http_addr.expect("http");
+    let (status, metrics) = crate::common::http_request(http, "GET", "/metrics", &[], "").await;
+    assert_eq!(status, 200);
+    let line = format!("canopy_tenant_quota_refusals_total{{tenant=\"default\"}} {refused}");
+    assert!(metrics.contains(&line), "{line} in:\n{metrics}");
     // Still usable, and the limit can be lifted at once.
     limit_default(&admin, json!({})).await;
     for _ in 0..200 {
@@ -289,7 +295,7 @@ async fn mqtt_5_gets_0x97_and_mqtt_3_is_throttled_without_losing_a_message() {
 
     // MQTT 3.1.1 cannot be told: every message is taken, the client held back.
     let mut sub = admin.subscribe("q3.>").await.expect("sub");
-    admin.flush().await.expect("flush");
+    let _ = usage(&admin, "default").await;
     let options = rumqttc::MqttOptions::new("quota-v3", addr.ip().to_string(), addr.port());
     let (v3, mut v3_events) = rumqttc::AsyncClient::new(options, 64);
     for i in 0..20 {
