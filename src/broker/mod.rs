@@ -130,6 +130,7 @@ fn stored_limits(limits: &crate::store::TenantLimits) -> crate::store::StoredLim
     crate::store::StoredLimits {
         max_subjects: limits.max_subjects,
         max_bytes: limits.max_stored_bytes,
+        max_age_ms: limits.max_age_secs.map(|s| s.saturating_mul(1000)),
     }
 }
 

@@ -31,6 +31,10 @@ pub struct LimitArgs {
     /// Stored subjects at most.
     #[arg(long)]
     pub max_subjects: Option<u64>,
+    /// Retention: messages older than this many seconds are removed, whatever their
+    /// subject's policy keeps (the shorter wins).
+    #[arg(long)]
+    pub max_age_secs: Option<u64>,
 }
 
 impl LimitArgs {
@@ -43,6 +47,7 @@ impl LimitArgs {
             ("max_publish_bytes_per_sec", self.max_publish_bytes_per_sec),
             ("max_stored_bytes", self.max_stored_bytes),
             ("max_subjects", self.max_subjects),
+            ("max_age_secs", self.max_age_secs),
         ] {
             if let Some(value) = value {
                 limits.insert(name.to_owned(), json!(value));

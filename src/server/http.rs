@@ -6,13 +6,14 @@
 //! block on a connection, route a message or write to the store.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{ConnectInfo, Path, State};
+
+use super::tls::Peer;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -95,16 +96,54 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state)
 }
 
+/// The clear-text listener, giving the same [`Peer`] as the TLS one (no certificate).
+struct PlainListener(TcpListener);
+
+impl axum::serve::Listener for PlainListener {
+    type Io = tokio::net::TcpStream;
+    type Addr = Peer;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.0.accept().await {
+                Ok((stream, addr)) => {
+                    // Deliveries are small and latency matters, as on the native listener.
+                    let _ = stream.set_nodelay(true);
+                    return (
+                        stream,
+                        Peer {
+                            addr,
+                            certified: None,
+                        },
+                    );
+                }
+                Err(error) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(%error, protocol = "http", "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(Peer {
+            addr: self.0.local_addr()?,
+            certified: None,
+        })
+    }
+}
+
 /// Serves until `shutdown` fires.
 pub async fn serve(listener: TcpListener, state: HttpState, tls: Option<super::tls::Tls>) {
     let shutdown = state.shutdown.clone();
     let app = router(state);
-    let app = app.into_make_service_with_connect_info::<SocketAddr>();
+    let app = app.into_make_service_with_connect_info::<Peer>();
     let served = match tls {
         Some(tls) => match super::tls::TlsListener::new(listener, tls, shutdown.clone()) {
             Ok(listener) => {
-                // Tapped for axum's connect info, which it gives tapped listeners;
-                // the TCP options were set before the handshake.
+                // Tapped for axum's connect info, which it gives tapped listeners of
+                // any address type; the TCP options were set before the handshake.
                 let listener = listener.tap_io(|_| {});
                 axum::serve(listener, app)
                     .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -113,10 +152,7 @@ pub async fn serve(listener: TcpListener, state: HttpState, tls: Option<super::t
             Err(error) => Err(error),
         },
         None => {
-            // Deliveries are small and latency matters, as on the native listener.
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
+            let listener = PlainListener(listener).tap_io(|_| {});
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
                 .await
@@ -131,7 +167,7 @@ pub async fn serve(listener: TcpListener, state: HttpState, tls: Option<super::t
 /// The `mqtt` subprotocol is echoed, without which browsers drop the connection.
 async fn mqtt_over_websocket(
     upgrade: WebSocketUpgrade,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
     State(state): State<HttpState>,
 ) -> Response {
     let Some(context) = state.mqtt.clone() else {
@@ -146,7 +182,8 @@ async fn mqtt_over_websocket(
         .read_buffer_size(WS_READ_BUFFER)
         .on_upgrade(move |socket| async move {
             let (inbound, outbound) = super::mqtt::transport::websocket(socket);
-            super::mqtt::serve_on(inbound, outbound, peer, context, None, shutdown).await;
+            let certified = peer.certified.as_deref().map(str::to_owned);
+            super::mqtt::serve_on(inbound, outbound, peer.addr, context, certified, shutdown).await;
             drop(admitted);
         })
 }
@@ -159,6 +196,7 @@ async fn caller(
     state: &HttpState,
     headers: &HeaderMap,
     client_id: &str,
+    certified: Option<&str>,
 ) -> Result<Principal, Response> {
     if !state.require_login {
         return Ok(Principal::anonymous("http"));
@@ -177,6 +215,7 @@ async fn caller(
         .find_map(|p| p.strip_prefix("bearer."));
     let presented = crate::tenancy::login::Presented {
         token: from_header.or(from_protocol).map(str::to_owned),
+        certified: certified.map(str::to_owned),
         client: client_id.to_owned(),
         ..Default::default()
     };
@@ -230,7 +269,13 @@ impl axum::extract::FromRequestParts<HttpState> for Caller {
             .flat_map(|q| q.split('&'))
             .find_map(|pair| pair.strip_prefix("client_id="))
             .unwrap_or_default();
-        caller(state, &parts.headers, client_id).await.map(Caller)
+        let certified = parts
+            .extensions
+            .get::<ConnectInfo<Peer>>()
+            .and_then(|info| info.0.certified.as_deref());
+        caller(state, &parts.headers, client_id, certified)
+            .await
+            .map(Caller)
     }
 }
 

@@ -143,11 +143,19 @@ fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
     Some(name)
 }
 
+/// Who is at the other end of an HTTP connection: its address, and the user a
+/// verified client certificate names (always `None` without TLS).
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub addr: std::net::SocketAddr,
+    pub certified: Option<Arc<str>>,
+}
+
 /// A listener whose connections come out of their TLS handshake: for axum, whose
 /// accept loop must not wait on one client's handshake. Handshakes run in tasks of
 /// their own, at most [`HANDSHAKES_AT_ONCE`] at a time.
 pub struct TlsListener {
-    ready: tokio::sync::mpsc::Receiver<(TlsStream<tokio::net::TcpStream>, std::net::SocketAddr)>,
+    ready: tokio::sync::mpsc::Receiver<(TlsStream<tokio::net::TcpStream>, Peer)>,
     local: std::net::SocketAddr,
 }
 
@@ -186,6 +194,10 @@ impl TlsListener {
                 tokio::spawn(async move {
                     match tls.accept(stream).await {
                         Ok(accepted) => {
+                            let peer = Peer {
+                                addr: peer,
+                                certified: accepted.certified.map(Arc::from),
+                            };
                             let _ = done.send((accepted.stream, peer)).await;
                         }
                         Err(error) => {
@@ -202,7 +214,7 @@ impl TlsListener {
 
 impl axum::serve::Listener for TlsListener {
     type Io = TlsStream<tokio::net::TcpStream>;
-    type Addr = std::net::SocketAddr;
+    type Addr = Peer;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         match self.ready.recv().await {
@@ -213,6 +225,9 @@ impl axum::serve::Listener for TlsListener {
     }
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
-        Ok(self.local)
+        Ok(Peer {
+            addr: self.local,
+            certified: None,
+        })
     }
 }

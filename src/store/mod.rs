@@ -177,6 +177,8 @@ pub(crate) enum Input {
 pub struct StoredLimits {
     pub max_subjects: Option<u64>,
     pub max_bytes: Option<u64>,
+    /// Retention by age for the whole tenant, on top of the subjects' policies.
+    pub max_age_ms: Option<u64>,
 }
 
 /// What a tenant keeps in the store: its subjects, and the header and payload bytes
@@ -275,6 +277,8 @@ pub struct Store {
     stats: Arc<stats::StoreStats>,
     /// Tenants at their stored bytes limit, kept by the sequencer.
     bytes_full: TenantSet,
+    /// Tenants with a retention age of their own, for retention passes.
+    tenant_max_age: parking_lot::RwLock<std::collections::HashMap<Arc<str>, u64>>,
 }
 
 /// A set of tenant names shared between the sequencer and front ends.
@@ -319,6 +323,7 @@ impl Store {
             sequencer: tokio::sync::Mutex::new(Some(task)),
             stats,
             bytes_full,
+            tenant_max_age: Default::default(),
         })
     }
 
@@ -333,6 +338,10 @@ impl Store {
     /// Makes the sequencer forget a tenant before its data is purged.
     /// Sets a tenant's stored limits, enforced from the next append on.
     pub async fn set_limits(&self, tenant: &str, limits: StoredLimits) -> Result<(), StoreError> {
+        match limits.max_age_ms.filter(|ms| *ms > 0) {
+            Some(ms) => self.tenant_max_age.write().insert(Arc::from(tenant), ms),
+            None => self.tenant_max_age.write().remove(tenant),
+        };
         self.appends
             .send(Input::Limits(Arc::from(tenant), limits))
             .await

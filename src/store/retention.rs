@@ -81,12 +81,22 @@ impl Store {
             if stop.is_cancelled() {
                 break;
             }
-            let pass = enforce_tenant(self.db(), &tenant, rules, stop).await?;
+            let own_age = self.tenant_max_age.read().get(tenant.as_str()).copied();
+            let pass =
+                enforce_tenant(self.db(), &tenant, rules, own_age.unwrap_or(0), stop).await?;
             self.release(&tenant, pass.bytes).await;
             total.messages += pass.messages;
             total.bytes += pass.bytes;
         }
         Ok(total)
+    }
+}
+
+/// The shorter of two age limits, 0 being none.
+fn shorter(a: u64, b: u64) -> u64 {
+    match (a, b) {
+        (0, x) | (x, 0) => x,
+        (a, b) => a.min(b),
     }
 }
 
@@ -118,6 +128,8 @@ async fn enforce_tenant(
     db: &Db,
     tenant: &str,
     rules: &dyn RetentionRules,
+    // The tenant's own age limit (0: none), on top of its subjects' policies.
+    own_max_age_ms: u64,
     stop: &CancellationToken,
 ) -> Result<RetentionPass, StoreError> {
     let cap = rules.max_tenant_bytes();
@@ -131,7 +143,7 @@ async fn enforce_tenant(
         }
     }
     let now = now_ms();
-    let shortest = rules.shortest_max_age_ms();
+    let shortest = shorter(rules.shortest_max_age_ms(), own_max_age_ms);
     let mut pass = RetentionPass::default();
     let mut work = Work::default();
     let mut batches = db.scan(keys::batch_range(tenant, 0)).await?;
@@ -151,7 +163,7 @@ async fn enforce_tenant(
             if *size == DELETED {
                 continue;
             }
-            let max_age = rules.max_age_ms(subject);
+            let max_age = shorter(rules.max_age_ms(subject), own_max_age_ms);
             let expired = max_age > 0 && batch.time_ms.saturating_add(max_age) < now;
             if expired || (cap > 0 && stored > cap) {
                 work.messages

@@ -28,6 +28,10 @@ pub struct TenantLimits {
     pub max_stored_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_subjects: Option<u64>,
+    /// The tenant's own retention: messages older than this are removed, whatever
+    /// their subject's policy keeps (the shorter of the two wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age_secs: Option<u64>,
 }
 
 /// A tenant as stored.

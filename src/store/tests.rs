@@ -558,6 +558,7 @@ async fn stored_limits_refuse_appends_and_usage_follows_every_deletion() {
     let limits = super::StoredLimits {
         max_subjects: Some(3),
         max_bytes: Some(100),
+        max_age_ms: None,
     };
     store.set_limits("t", limits).await.expect("limits");
     // Three subjects of 10 bytes each, then a fourth subject is refused.
@@ -631,4 +632,58 @@ fn outcome_of(got: &[(AckTo, AppendOutcome)], n: u32) -> &AppendOutcome {
         Some((_, outcome)) => outcome,
         None => panic!("no ack {n} in {got:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_tenants_own_age_limit_removes_only_its_messages_and_frees_its_bytes() {
+    let recorder = Arc::new(Recorder::default());
+    let store = Store::open(settings(Arc::new(InMemory::new())), recorder.clone())
+        .await
+        .expect("opens");
+    let short = super::StoredLimits {
+        max_age_ms: Some(5),
+        ..Default::default()
+    };
+    store.set_limits("t", short).await.expect("limits");
+    for i in 0..3 {
+        store
+            .append(request("keep.a", "12345", i))
+            .await
+            .expect("queued");
+        let mut other = request("keep.a", "12345", 10 + i);
+        other.tenant = Arc::from("u");
+        store.append(other).await.expect("queued");
+    }
+    acks(&recorder, 6).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The subjects' own rules keep `keep.*` forever; tenant t's limit still applies.
+    let forever = Rules {
+        max_age_ms: 0,
+        max_tenant_bytes: 0,
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let pass = store
+        .enforce_retention(&forever, &stop)
+        .await
+        .expect("pass");
+    assert_eq!((pass.messages, pass.bytes), (3, 15));
+    assert!(versions(&store, "keep.a").await.is_empty());
+    let page = store
+        .replay_subject("u", "keep.a", ReplayFrom::Start, 10, usize::MAX)
+        .await
+        .expect("replay");
+    assert_eq!(page.messages.len(), 3, "tenant u keeps its messages");
+    store.barrier().await.expect("released");
+    store
+        .append(request("keep.b", "x", 20))
+        .await
+        .expect("queued");
+    acks(&recorder, 7).await;
+    assert_eq!(
+        store.usage("t").await.expect("usage").bytes,
+        1,
+        "15 bytes freed"
+    );
+    assert_eq!(store.usage("u").await.expect("usage").bytes, 15);
+    store.close().await.expect("closes");
 }

@@ -265,6 +265,37 @@ async fn every_listener_speaks_tls_and_client_certificates_log_users_in() {
     let reply: Value = serde_json::from_str(&reply.into_text().expect("text")).expect("JSON");
     assert_eq!(reply["op"], "ok", "{reply}");
 
+    // A client certificate alone logs in on the HTTP port too, with dev-1's rules.
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(pki.client_config(true)));
+    let tcp = tokio::net::TcpStream::connect(http).await.expect("tcp");
+    let stream = connector
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .expect("TLS handshake with a client certificate");
+    let request = tokio_tungstenite::tungstenite::ClientRequestBuilder::new(
+        format!("wss://localhost:{}/ws", http.port())
+            .parse()
+            .expect("uri"),
+    );
+    let (mut socket, _) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .expect("the certificate opens /ws");
+    for (subject, expected) in [("devices.dev-1.ws", "ok"), ("devices.dev-2.ws", "error")] {
+        socket
+            .send(WsMessage::text(
+                json!({"op": "pub", "id": subject, "subject": subject, "data": 1}).to_string(),
+            ))
+            .await
+            .expect("send");
+        let reply = tokio::time::timeout(WAIT, socket.next())
+            .await
+            .expect("in time")
+            .expect("open")
+            .expect("frame");
+        let reply: Value = serde_json::from_str(&reply.into_text().expect("text")).expect("JSON");
+        assert_eq!(reply["op"], expected, "{subject}: {reply}");
+    }
+
     // A clear-text HTTP request gets no answer.
     let answer = tokio::time::timeout(WAIT, async {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
