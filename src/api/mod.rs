@@ -224,7 +224,7 @@ fn check_subject(subject: &str) -> Result<(), ApiError> {
 /// manage tenants and users, until ACLs can grant it; then as a publish to its own
 /// `$CANOPY.<op>` subject.
 fn authorize_call(broker: &Broker, call: &ApiCall) -> Result<(), ApiError> {
-    if &*call.principal.tenant != crate::tenancy::DEFAULT_TENANT {
+    if &*call.principal.tenant != crate::tenancy::DEFAULT_TENANT || call.principal.is_guest() {
         return Err(ApiError::new(
             403,
             format!(

@@ -125,8 +125,29 @@ pub async fn create(
     save(broker, store, record).await
 }
 
+/// A rate of 0 would admit nothing yet look like a limit; no limit is no field.
+fn check_limits(limits: &TenantLimits) -> Result<(), ApiError> {
+    for (name, value) in [
+        ("max_publish_msgs_per_sec", limits.max_publish_msgs_per_sec),
+        (
+            "max_publish_bytes_per_sec",
+            limits.max_publish_bytes_per_sec,
+        ),
+        ("max_age_secs", limits.max_age_secs),
+    ] {
+        if value == Some(0) {
+            return Err(ApiError::new(
+                400,
+                format!("{name} must be at least 1 (leave it out for no limit)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Writes a record to the store, then the registry; answers with it.
 async fn save(broker: &Broker, store: &Store, record: TenantRecord) -> Result<Value, ApiError> {
+    check_limits(&record.limits)?;
     store.put_tenant(&record).await?;
     let body = record_json(&record);
     broker.set_tenant(record).await?;

@@ -347,7 +347,7 @@ fn tenant_admin(
     principal: &Principal,
     op: &str,
 ) -> Result<Arc<crate::store::Store>, ApiError> {
-    if &*principal.tenant != DEFAULT_TENANT {
+    if &*principal.tenant != DEFAULT_TENANT || principal.is_guest() {
         return Err(ApiError {
             code: 403,
             description: "tenants are managed from the default tenant".into(),

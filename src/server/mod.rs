@@ -267,7 +267,11 @@ impl Server {
                 max_websockets: self.config.http.max_websockets,
                 require_login: self.config.authz.require_login,
             };
-            let tls = self.tls.clone().filter(|_| self.config.tls.on("http"));
+            let tls = self
+                .tls
+                .as_ref()
+                .filter(|_| self.config.tls.on("http"))
+                .map(tls::Tls::for_http);
             tokio::spawn(http::serve(listener, state, tls))
         });
         let mqtt = self

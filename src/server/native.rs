@@ -401,56 +401,77 @@ impl Connection {
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut out = Unwritten::default();
         let deadline = self.context.config.native.write_deadline();
+        // Written but maybe not yet on the wire (only a TLS stream buffers).
+        let mut unflushed = false;
 
-        let close = loop {
-            if out.is_done() {
-                if self.outbox.is_slow() {
-                    break Close::SlowConsumer;
-                }
-                out.refill(&self.outbox);
-            }
-            let writing = !out.is_done();
-            // Reading goes on while a write is pending, so a client that publishes to
-            // its own subscriptions faster than it reads cannot deadlock with us. Every
-            // arm is cancel-safe: `cancelled` and `woken` keep no state when dropped (a
-            // wake that lands meanwhile stays as a permit), `write` and `read_buf` move
-            // no bytes unless they complete, and `tick` does not lose ticks.
-            let step = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => Err(Close::Shutdown),
-                written = writer.write(out.remaining()), if writing => match written {
-                    Ok(0) | Err(_) => Err(Close::Gone),
-                    Ok(n) => {
-                        out.advance(n);
-                        Ok(())
-                    }
-                },
-                _ = tokio::time::sleep_until(out.progress + deadline), if writing => {
-                    self.outbox.mark_slow();
-                    Err(Close::WriteTimeout)
-                }
-                _ = self.outbox.woken(), if !writing => Ok(()),
-                _ = tokio::time::sleep_until(
-                    self.paused_until.unwrap_or_else(tokio::time::Instant::now)
-                ), if self.paused_until.is_some() => {
-                    self.paused_until = None;
-                    self.process(&mut rbuf)
-                }
-                read = reader.read_buf(&mut rbuf), if self.paused_until.is_none() => match read {
-                    Ok(0) | Err(_) => Err(Close::Gone),
-                    Ok(_) => self.process(&mut rbuf),
-                },
-                _ = ping.tick() => self.ping(),
-            };
-            if rbuf.capacity() - rbuf.len() < 1024 {
-                rbuf.reserve(READ_CHUNK);
-            }
-            let step = match step {
+        // Frames that came with CONNECT, now that the connection is admitted.
+        let buffered = if rbuf.is_empty() {
+            Ok(())
+        } else {
+            match self.process(&mut rbuf) {
                 Ok(()) => self.catch_up(&mut rbuf).await,
                 Err(close) => Err(close),
-            };
-            if let Err(close) = step {
-                break close;
+            }
+        };
+        let close = if let Err(close) = buffered {
+            close
+        } else {
+            loop {
+                if out.is_done() {
+                    if self.outbox.is_slow() {
+                        break Close::SlowConsumer;
+                    }
+                    out.refill(&self.outbox);
+                }
+                let writing = !out.is_done();
+                // Reading goes on while a write is pending, so a client that publishes to
+                // its own subscriptions faster than it reads cannot deadlock with us. Every
+                // arm is cancel-safe: `cancelled` and `woken` keep no state when dropped (a
+                // wake that lands meanwhile stays as a permit), `write` and `read_buf` move
+                // no bytes unless they complete, and `tick` does not lose ticks.
+                let step = tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => Err(Close::Shutdown),
+                    written = super::tls::write_or_flush(&mut writer, out.remaining()), if writing || unflushed => match written {
+                        Ok(Some(0)) | Err(_) => Err(Close::Gone),
+                        Ok(Some(n)) => {
+                            out.advance(n);
+                            // TLS may hold what it accepted until flushed.
+                            unflushed = info_sent;
+                            Ok(())
+                        }
+                        Ok(None) => {
+                            unflushed = false;
+                            Ok(())
+                        }
+                    },
+                    _ = tokio::time::sleep_until(out.progress + deadline), if writing => {
+                        self.outbox.mark_slow();
+                        Err(Close::WriteTimeout)
+                    }
+                    _ = self.outbox.woken(), if !writing => Ok(()),
+                    _ = tokio::time::sleep_until(
+                        self.paused_until.unwrap_or_else(tokio::time::Instant::now)
+                    ), if self.paused_until.is_some() => {
+                        self.paused_until = None;
+                        self.process(&mut rbuf)
+                    }
+                    read = reader.read_buf(&mut rbuf), if self.paused_until.is_none() => match read {
+                        Ok(0) | Err(_) => Err(Close::Gone),
+                        Ok(_) => self.process(&mut rbuf),
+                    },
+                    _ = ping.tick() => self.ping(),
+                };
+                if rbuf.capacity() - rbuf.len() < 1024 {
+                    rbuf.reserve(READ_CHUNK);
+                }
+                let step = match step {
+                    Ok(()) => self.catch_up(&mut rbuf).await,
+                    Err(close) => Err(close),
+                };
+                if let Err(close) = step {
+                    break close;
+                }
             }
         };
 
@@ -469,7 +490,11 @@ impl Connection {
                 // only fall further behind, and it would delay the reason for the close.
                 let mut reason = BytesMut::new();
                 encode_err(&mut reason, "Slow Consumer");
-                let _ = tokio::time::timeout(deadline, writer.write_all(&reason)).await;
+                let _ = tokio::time::timeout(deadline, async {
+                    writer.write_all(&reason).await?;
+                    writer.flush().await
+                })
+                .await;
             }
             Close::Gone | Close::WriteTimeout => {}
         }
@@ -548,7 +573,7 @@ impl Connection {
                 self.principal = principal;
                 self.connect(&options)
                     .map_err(|_| "Authorization Violation")?;
-                self.process(rbuf).map_err(|_| "Parser Error")?;
+                // What followed CONNECT waits for the connection's slot (`serve`).
                 Ok(())
             }
             Err(crate::tenancy::login::LoginRefused) => {

@@ -39,6 +39,7 @@ pub enum TlsError {
 /// The listeners' TLS settings, built once at start.
 #[derive(Clone)]
 pub struct Tls {
+    config: Arc<rustls::ServerConfig>,
     acceptor: TlsAcceptor,
 }
 
@@ -103,13 +104,28 @@ impl Tls {
                 builder.with_client_cert_verifier(verifier)
             }
         };
-        let mut server = builder
-            .with_single_cert(chain, key)
-            .map_err(|e| TlsError::Config(e.to_string()))?;
-        server.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let server = Arc::new(
+            builder
+                .with_single_cert(chain, key)
+                .map_err(|e| TlsError::Config(e.to_string()))?,
+        );
         Ok(Some(Tls {
-            acceptor: TlsAcceptor::from(Arc::new(server)),
+            acceptor: TlsAcceptor::from(Arc::clone(&server)),
+            config: server,
         }))
+    }
+
+    /// The same TLS announcing HTTP/1.1 by ALPN, for the HTTP port. Only there: a
+    /// client offering other protocols (MQTT's `mqtt`) would be refused a handshake
+    /// whose server lists none of them.
+    pub fn for_http(&self) -> Tls {
+        let mut config = (*self.config).clone();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let config = Arc::new(config);
+        Tls {
+            acceptor: TlsAcceptor::from(Arc::clone(&config)),
+            config,
+        }
     }
 
     /// Runs the server side of a handshake on `stream`.
@@ -141,6 +157,21 @@ fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
         .ok()?
         .to_owned();
     Some(name)
+}
+
+/// Writes some of `bytes`, or flushes when there are none: `None` once flushed.
+/// A TLS stream may keep what a write accepted until it is flushed, so a connection
+/// loop that stops writing must flush once before it waits.
+pub async fn write_or_flush(
+    writer: &mut (impl AsyncWrite + Unpin),
+    bytes: &[u8],
+) -> io::Result<Option<usize>> {
+    use tokio::io::AsyncWriteExt;
+    if bytes.is_empty() {
+        writer.flush().await.map(|()| None)
+    } else {
+        writer.write(bytes).await.map(Some)
+    }
 }
 
 /// Who is at the other end of an HTTP connection: its address, and the user a

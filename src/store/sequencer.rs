@@ -97,6 +97,8 @@ struct RoundWrite {
     epoch: u64,
     /// Signalled once this round (and so everything before it) is durable.
     durable_barriers: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// The round's number, for `Sequencer::written`.
+    number: u64,
 }
 
 /// A write whose acks wait for its durability.
@@ -131,7 +133,12 @@ pub(super) struct Sequencer {
     dropped_sizes: HashMap<MessageKey, u64>,
     /// Sizes of the messages of version-limited subjects appended in the last
     /// rounds, which may not be in the engine yet when `load` looks for them.
-    recent_sizes: VecDeque<HashMap<MessageKey, u64>>,
+    recent_sizes: VecDeque<(u64, HashMap<MessageKey, u64>)>,
+    /// Rounds decided so far.
+    rounds: u64,
+    /// The number of the last round whose write reached the engine: its messages
+    /// are read from the engine, which also sees what purges deleted since.
+    written: Arc<AtomicU64>,
 }
 
 /// A message by tenant, subject and version.
@@ -178,6 +185,8 @@ impl Sequencer {
             bytes_full,
             dropped_sizes: HashMap::new(),
             recent_sizes: VecDeque::new(),
+            rounds: 0,
+            written: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -197,6 +206,7 @@ impl Sequencer {
             write_rx,
             durable_tx,
             Arc::clone(&self.stats),
+            Arc::clone(&self.written),
         ));
         let mut requests = Vec::with_capacity(self.max_batch);
         let mut barriers = Vec::new();
@@ -264,6 +274,8 @@ impl Sequencer {
         let epoch = self.failures.load(Ordering::Acquire);
         if epoch != self.epoch_seen {
             self.tenants.clear();
+            // Sizes of rounds that were never written, whose versions come again.
+            self.recent_sizes.clear();
             self.epoch_seen = epoch;
         }
         if let Err(error) = self.load(requests).await {
@@ -356,10 +368,15 @@ impl Sequencer {
                     request.tenant,
                     limits.max_subjects.unwrap_or_default()
                 ))
-            } else if limits
-                .max_bytes
-                .is_some_and(|max| state.usage.bytes.saturating_add(bytes) > max)
-            {
+            } else if limits.max_bytes.is_some_and(|max| {
+                // An append nobody hears back from is refused only at the limit, as
+                // front ends refuse it with an error there: crossing the limit by
+                // one append beats losing it without a word.
+                match request.ack {
+                    Some(_) => state.usage.bytes.saturating_add(bytes) > max,
+                    None => state.usage.bytes >= max,
+                }
+            }) {
                 Some(format!(
                     "tenant {} is at its limit of {} stored bytes",
                     request.tenant,
@@ -523,7 +540,8 @@ impl Sequencer {
         if self.recent_sizes.len() >= UNWRITTEN_ROUNDS {
             self.recent_sizes.pop_front();
         }
-        self.recent_sizes.push_back(this_round_sizes);
+        self.rounds += 1;
+        self.recent_sizes.push_back((self.rounds, this_round_sizes));
         let mut usage_written = false;
         for tenant in &changed {
             if let Some(state) = self.tenants.get_mut(tenant) {
@@ -575,6 +593,7 @@ impl Sequencer {
             immediate,
             epoch: self.epoch_seen,
             durable_barriers: Vec::new(),
+            number: self.rounds,
         }
     }
 
@@ -626,7 +645,12 @@ impl Sequencer {
                         Arc::clone(&request.subject),
                         dropped,
                     );
-                    let recent = self.recent_sizes.iter().find_map(|m| m.get(&key).copied());
+                    let written = self.written.load(Ordering::Acquire);
+                    let recent = self
+                        .recent_sizes
+                        .iter()
+                        .filter(|(round, _)| *round > written)
+                        .find_map(|(_, sizes)| sizes.get(&key).copied());
                     let size = match recent {
                         Some(size) => Some(size),
                         None => self
@@ -837,6 +861,7 @@ async fn write_rounds(
     mut rounds: mpsc::Receiver<RoundWrite>,
     durable: mpsc::Sender<PendingDurable>,
     stats: Arc<super::stats::StoreStats>,
+    written: Arc<AtomicU64>,
 ) {
     while let Some(round) = rounds.recv().await {
         let started = std::time::Instant::now();
@@ -863,6 +888,7 @@ async fn write_rounds(
         };
         match result {
             Ok(handle) => {
+                written.fetch_max(round.number, Ordering::AcqRel);
                 if !round.immediate.is_empty() {
                     events.acknowledged(round.immediate);
                 }
@@ -880,20 +906,17 @@ async fn write_rounds(
                 let failed = round
                     .durable_acks
                     .into_iter()
-                    .chain(
-                        round
-                            .immediate
-                            .into_iter()
-                            .filter(|(_, _, o)| matches!(o, AppendOutcome::Stored { .. })),
-                    )
-                    .map(|(tenant, ack, _)| {
-                        (
+                    .chain(round.immediate)
+                    .map(|(tenant, ack, outcome)| match outcome {
+                        // What was stored is not; refusals (conflicts, quotas) stand.
+                        AppendOutcome::Stored { .. } | AppendOutcome::Duplicate { .. } => (
                             tenant,
                             ack,
                             AppendOutcome::Failed {
                                 reason: reason.clone(),
                             },
-                        )
+                        ),
+                        refused => (tenant, ack, refused),
                     })
                     .collect();
                 events.acknowledged(failed);

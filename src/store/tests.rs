@@ -687,3 +687,33 @@ async fn a_tenants_own_age_limit_removes_only_its_messages_and_frees_its_bytes()
     assert_eq!(store.usage("u").await.expect("usage").bytes, 15);
     store.close().await.expect("closes");
 }
+
+#[tokio::test]
+async fn a_purged_version_is_not_released_again_when_a_version_limit_drops_it() {
+    let recorder = Arc::new(Recorder::default());
+    let store = Store::open(settings(Arc::new(InMemory::new())), recorder.clone())
+        .await
+        .expect("opens");
+    let capped = |n: u32| {
+        let mut r = request("s.a", "0123456789", n);
+        r.max_versions = 1;
+        r
+    };
+    store.append(capped(1)).await.expect("queued");
+    store
+        .append(request("s.b", "0123456789", 2))
+        .await
+        .expect("queued");
+    acks(&recorder, 2).await;
+    store.purge_subject("t", "s.a").await.expect("purged");
+    store.barrier().await.expect("released");
+    // v2 pushes out v1, which the purge already took (and released).
+    store.append(capped(3)).await.expect("queued");
+    acks(&recorder, 3).await;
+    assert_eq!(
+        store.usage("t").await.expect("usage").bytes,
+        20,
+        "s.b and s.a's v2"
+    );
+    store.close().await.expect("closes");
+}

@@ -34,6 +34,13 @@ pub struct Principal {
 }
 
 impl Principal {
+    /// A client let in without credentials under a tenant's anonymous rules (not
+    /// the anonymous client of a server that requires no logins): never an
+    /// administrator, whatever the rules allow.
+    pub fn is_guest(&self) -> bool {
+        self.user.is_none() && self.acl.is_some()
+    }
+
     pub fn anonymous(client: impl Into<Arc<str>>) -> Self {
         Self {
             tenant: Arc::from(DEFAULT_TENANT),

@@ -88,16 +88,21 @@ impl Rate {
     }
 
     fn set(&self, limit: Option<u64>) {
-        self.limit
-            .store(limit.unwrap_or(UNLIMITED).max(1), Ordering::Relaxed);
+        let limit = limit.unwrap_or(UNLIMITED).max(1);
+        if self.limit.swap(limit, Ordering::Relaxed) != limit {
+            // A new rate starts with a full bucket and no debt from the old one.
+            self.tat.store(0, Ordering::Relaxed);
+        }
     }
 
     fn limit(&self) -> Option<u64> {
         Some(self.limit.load(Ordering::Relaxed)).filter(|l| *l != UNLIMITED)
     }
 
-    /// Takes `units` at `now`; on refusal, how long until they would fit. `force`
-    /// takes them even then (into debt), still saying how long to wait.
+    /// Takes `units` at `now`; on refusal, how long until they would fit (at most
+    /// [`MAX_WAIT`]: the client tries again). `force` takes them even then, into
+    /// debt, and says how long the whole debt takes to pay: the publisher must pause
+    /// that long, so a throttled connection adds at most one message of debt.
     fn take(&self, units: u64, now: u64, force: bool) -> Result<(), Duration> {
         let limit = self.limit.load(Ordering::Relaxed);
         if limit == UNLIMITED {
@@ -113,9 +118,9 @@ impl Rate {
             // A message bigger than a whole burst still passes when the bucket is
             // full, or a large message could never be sent at a low byte rate.
             let over = next > now.saturating_add(burst) && start > now;
-            let wait = || Duration::from_nanos(next - now - burst).min(MAX_WAIT);
+            let wait = || Duration::from_nanos(next - now - burst);
             if over && !force {
-                return Err(wait());
+                return Err(wait().min(MAX_WAIT));
             }
             match self
                 .tat

@@ -562,6 +562,28 @@ async fn anonymous_clients_get_only_what_a_tenant_allows_them() {
     };
     assert_eq!(no_password, [0x20, 2, 0, 0], "accepted into public");
 
+    // Rules that allow everything still never make a guest an administrator.
+    let (status, body) = crate::common::api(
+        &admin,
+        "tenant.update",
+        json!({"name": "default", "anonymous": {}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let guest = log_in(&url, async_nats::ConnectOptions::new())
+        .await
+        .expect("a guest");
+    let (status, body) =
+        crate::common::api(&guest, "tenant.create", json!({"name": "guest-made"})).await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = crate::common::api(
+        &guest,
+        "user.create",
+        json!({"tenant": "default", "name": "mine", "password": "pw"}),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+
     // Ending anonymous access refuses the next anonymous client.
     let (status, body) = crate::common::api(
         &admin,

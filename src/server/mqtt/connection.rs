@@ -489,19 +489,6 @@ impl Connection {
             let _ = writer.write_all(&out).await;
             return None;
         }
-        let slot = match broker.tenant(&principal.tenant).quota.connect() {
-            Ok(slot) => slot,
-            Err(exceeded) => {
-                tracing::info!(%peer, %exceeded, "mqtt connection refused");
-                let out = refuse(
-                    reason::QUOTA_EXCEEDED,
-                    reason::V3_SERVER_UNAVAILABLE,
-                    &exceeded.to_string(),
-                );
-                let _ = writer.write_all(&out).await;
-                return None;
-            }
-        };
         if let Some(will) = &connect.will {
             let allowed = Subject::parse_mqtt_with(&will.topic, &context.subject_limits)
                 .ok()
@@ -542,10 +529,38 @@ impl Connection {
 
         let key: SessionKey = (Arc::clone(&principal.tenant), client_id.clone());
         let claim = context.sessions.claim(&key, id);
+        let taking_over = claim.previous.is_some();
         if let Some(previous) = claim.previous.clone() {
             // The previous holder saves its session before letting go.
             let _ = tokio::time::timeout(Duration::from_secs(10), previous.released()).await;
         }
+        // The slot comes after a takeover, so a device reconnecting over its own dead
+        // connection is not refused for the place that connection still holds.
+        let quota = Arc::clone(&broker.tenant(&principal.tenant).quota);
+        let mut slot = quota.connect();
+        for _ in 0..100 {
+            if slot.is_ok() || !taking_over {
+                break;
+            }
+            // The previous holder gives its place back as its task ends.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            slot = quota.connect();
+        }
+        let slot = match slot {
+            Ok(slot) => slot,
+            Err(exceeded) => {
+                tracing::info!(%peer, %exceeded, "mqtt connection refused");
+                let out = refuse(
+                    reason::QUOTA_EXCEEDED,
+                    reason::V3_SERVER_UNAVAILABLE,
+                    &exceeded.to_string(),
+                );
+                let _ = writer.write_all(&out).await;
+                context.sessions.release(&key, id, false);
+                claim.handoff.release();
+                return None;
+            }
+        };
         let store = broker.store().cloned();
         let saved = match (&store, connect.clean_start) {
             (Some(store), true) => {
@@ -709,14 +724,23 @@ impl Connection {
     /// are sent again with DUP, and its backlog is read from the cursor.
     async fn resume(&mut self, record: SessionRecord) {
         for saved in record.subscriptions {
-            // Saved filters were valid when made; one that no longer is (changed
-            // limits or rules) is dropped.
-            let _ = self.add_subscription(saved, false);
+            // Checked again as new: the rules or limits may have changed, and the
+            // client id may now be another user's. One that fails is dropped.
+            let _ = self.add_subscription(saved, true);
         }
         for pid in record.inbound_qos2 {
             self.inbound.insert(pid, InboundState::Received);
         }
         for saved in record.inflight {
+            if self
+                .broker
+                .authorizer()
+                .authorize(&self.principal, Action::Subscribe, &saved.subject)
+                .is_err()
+            {
+                // Not this user's to receive: the delivery is forgotten.
+                continue;
+            }
             let delivery = Delivery {
                 qos: saved.qos,
                 retain: saved.retain,
@@ -809,6 +833,7 @@ impl Connection {
         let mut out = BytesMut::new();
         let mut written = 0usize;
         let mut progress = Instant::now();
+        let mut unflushed = false;
         let handoff = Arc::clone(&self.claim.handoff);
         let timer = tokio::time::sleep_until(self.deadline(None));
         tokio::pin!(timer);
@@ -852,11 +877,17 @@ impl Connection {
                 biased;
                 _ = shutdown.cancelled() => Err(Close::Shutdown),
                 () = handoff.taken_over() => Err(Close::TakenOver),
-                result = writer.write(out.get(written..).unwrap_or_default()), if writing => match result {
-                    Ok(0) | Err(_) => Err(Close::Gone),
-                    Ok(n) => {
+                result = crate::server::tls::write_or_flush(writer, out.get(written..).unwrap_or_default()), if writing || unflushed => match result {
+                    Ok(Some(0)) | Err(_) => Err(Close::Gone),
+                    Ok(Some(n)) => {
                         written += n;
                         progress = Instant::now();
+                        // A TLS stream may hold what it took until flushed.
+                        unflushed = true;
+                        Ok(())
+                    }
+                    Ok(None) => {
+                        unflushed = false;
                         Ok(())
                     }
                 },
@@ -865,6 +896,8 @@ impl Connection {
                     self.paused_until.unwrap_or_else(Instant::now)
                 ), if self.paused_until.is_some() => {
                     self.paused_until = None;
+                    // The client was not silent; we were not reading.
+                    self.last_read = Instant::now();
                     self.process(&mut rbuf)
                 }
                 ready = reader.ready(), if self.paused_until.is_none() => match ready {
@@ -1514,7 +1547,10 @@ impl Connection {
                 );
             }
         } else if let Some(wait) = self.routes.quota.throttle_publish(size) {
-            self.paused_until = Some(Instant::now() + wait);
+            let until = Instant::now() + wait;
+            self.paused_until = Some(until);
+            // Keep-alive counts from the end of a pause the server chose.
+            self.last_read = self.last_read.max(until);
         }
         let parts = if self.level == Level::V5 {
             match translate::inbound(
