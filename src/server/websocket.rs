@@ -641,12 +641,6 @@ impl Connection {
         let mut map = HeaderMap::new();
         let (payload, json_inline) = payload_of(data, data_b64.as_deref())?;
         self.broker.metrics().count_in(1, payload.len() as u64);
-        if let Err(exceeded) = self.routes.quota.admit_publish(payload.len()) {
-            self.paused_until = exceeded
-                .wait()
-                .map(|wait| tokio::time::Instant::now() + wait);
-            return Err(refusal("quota_exceeded", exceeded.to_string()));
-        }
         for (name, value) in headers {
             map.append(name, value);
         }
@@ -666,6 +660,12 @@ impl Connection {
             map.encode(&mut block);
             block.freeze()
         };
+        if let Err(exceeded) = self.routes.quota.admit_publish(payload.len() + block.len()) {
+            self.paused_until = exceeded
+                .wait()
+                .map(|wait| tokio::time::Instant::now() + wait);
+            return Err(refusal("quota_exceeded", exceeded.to_string()));
+        }
         let broker = Arc::clone(&self.broker);
         let Some(policy) = broker.store_policy(subject) else {
             let message = Routed {

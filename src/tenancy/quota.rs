@@ -99,6 +99,21 @@ impl Rate {
         Some(self.limit.load(Ordering::Relaxed)).filter(|l| *l != UNLIMITED)
     }
 
+    /// Gives back `units` taken by a publish that another bucket then refused.
+    fn refund(&self, units: u64) {
+        let limit = self.limit.load(Ordering::Relaxed);
+        if limit == UNLIMITED {
+            return;
+        }
+        let cost = u64::try_from(u128::from(units) * 1_000_000_000 / u128::from(limit))
+            .unwrap_or(u64::MAX);
+        let _ = self
+            .tat
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                Some(tat.saturating_sub(cost))
+            });
+    }
+
     /// Takes `units` at `now`; on refusal, how long until they would fit (at most
     /// [`MAX_WAIT`]: the client tries again). `force` takes them even then, into
     /// debt, and says how long the whole debt takes to pay: the publisher must pause
@@ -231,15 +246,15 @@ impl Quota {
                     limit: self.messages.limit().unwrap_or_default(),
                     wait,
                 }),
-                Ok(()) => self
-                    .bytes
-                    .take(bytes, now, false)
-                    .err()
-                    .map(|wait| Exceeded::ByteRate {
+                Ok(()) => self.bytes.take(bytes, now, false).err().map(|wait| {
+                    // Refused, so it spends nothing of the message rate either.
+                    self.messages.refund(1);
+                    Exceeded::ByteRate {
                         tenant: Arc::clone(&self.tenant),
                         limit: self.bytes.limit().unwrap_or_default(),
                         wait,
-                    }),
+                    }
+                }),
             };
             if let Some(exceeded) = refused {
                 self.refused.fetch_add(1, Ordering::Relaxed);
@@ -414,6 +429,18 @@ mod tests {
     }
 
     #[test]
+    fn a_refund_gives_the_units_back() {
+        let rate = Rate::new();
+        rate.set(Some(2));
+        let now = 3_000_000_000;
+        assert!(rate.take(1, now, false).is_ok());
+        rate.refund(1);
+        assert!(rate.take(1, now, false).is_ok());
+        assert!(rate.take(1, now, false).is_ok());
+        assert!(rate.take(1, now, false).is_err());
+    }
+
+    #[test]
     fn a_message_larger_than_the_burst_passes_only_on_a_full_bucket() {
         let rate = Rate::new();
         rate.set(Some(1000));
@@ -488,6 +515,7 @@ mod tests {
         assert!(quota.admit_publish(600).is_ok());
         assert!(quota.admit_publish(300).is_ok());
         let refused = quota.admit_publish(300).expect_err("over 1000 bytes");
+
         assert!(matches!(refused, Exceeded::ByteRate { limit: 1000, .. }));
         assert!(refused.wait().is_some());
         assert_eq!(quota.usage().refused, 1);

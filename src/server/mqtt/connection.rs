@@ -1532,26 +1532,6 @@ impl Connection {
         {
             return self.refuse_publish(qos, packet_id, reason::NOT_AUTHORIZED, denied.to_string());
         }
-        // MQTT 5 refuses an acknowledged publish over the rate with 0x97; anything
-        // else cannot be refused without being lost or acked falsely, so it is taken
-        // and the client is held back instead.
-        let size = publish.payload.len();
-        if self.level == Level::V5 && qos > 0 {
-            if let Err(exceeded) = self.routes.quota.admit_publish(size) {
-                self.paused_until = exceeded.wait().map(|wait| Instant::now() + wait);
-                return self.refuse_publish(
-                    qos,
-                    packet_id,
-                    reason::QUOTA_EXCEEDED,
-                    exceeded.to_string(),
-                );
-            }
-        } else if let Some(wait) = self.routes.quota.throttle_publish(size) {
-            let until = Instant::now() + wait;
-            self.paused_until = Some(until);
-            // Keep-alive counts from the end of a pause the server chose.
-            self.last_read = self.last_read.max(until);
-        }
         let parts = if self.level == Level::V5 {
             match translate::inbound(
                 &publish.properties,
@@ -1581,6 +1561,27 @@ impl Connection {
         };
         let flags = mqtt_flags(qos, publish.retain);
         let mut parts = parts;
+        // MQTT 5 refuses an acknowledged publish over the rate with 0x97; anything
+        // else cannot be refused without being lost or acked falsely, so it is taken
+        // and the client is held back instead.
+        // Headers count: a v5 publish's properties become the header block.
+        let size = publish.payload.len() + parts.headers.len();
+        if self.level == Level::V5 && qos > 0 {
+            if let Err(exceeded) = self.routes.quota.admit_publish(size) {
+                self.paused_until = exceeded.wait().map(|wait| Instant::now() + wait);
+                return self.refuse_publish(
+                    qos,
+                    packet_id,
+                    reason::QUOTA_EXCEEDED,
+                    exceeded.to_string(),
+                );
+            }
+        } else if let Some(wait) = self.routes.quota.throttle_publish(size) {
+            let until = Instant::now() + wait;
+            self.paused_until = Some(until);
+            // Keep-alive counts from the end of a pause the server chose.
+            self.last_read = self.last_read.max(until);
+        }
         if let (Some(reply), Some(correlation)) =
             (&parts.reply, &publish.properties.correlation_data)
         {
