@@ -140,6 +140,8 @@ pub struct TenantRoutes {
     trie: SharedTrie<Arc<Subscription>>,
     /// The tenant's live quotas, shared by its connections.
     pub quota: Arc<crate::tenancy::quota::Quota>,
+    /// Cancelled when the tenant is deleted: its connections close.
+    pub deleted: tokio_util::sync::CancellationToken,
 }
 
 impl TenantRoutes {
@@ -257,6 +259,7 @@ impl Broker {
                     tenant,
                     record.as_deref().map(|r| &r.limits),
                 )),
+                deleted: tokio_util::sync::CancellationToken::new(),
             })
         });
         Arc::clone(routes)
@@ -278,6 +281,14 @@ impl Broker {
         }
         self.tenant_records.set(record);
         Ok(())
+    }
+
+    /// A deleted tenant's connections close, and a tenant made again under its name
+    /// starts with routes and quotas of its own.
+    pub fn evict_tenant(&self, name: &str) {
+        if let Some(routes) = self.tenants.write().remove(name) {
+            routes.deleted.cancel();
+        }
     }
 
     /// Tells the store every tenant's stored limits (at start, after loading).

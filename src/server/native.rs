@@ -461,6 +461,10 @@ impl Connection {
                         Ok(_) => self.process(&mut rbuf),
                     },
                     _ = ping.tick() => self.ping(),
+                    _ = self.routes.deleted.cancelled() => {
+                        self.outbox.push_control(|out| encode_err(out, "Authorization Violation: tenant deleted"));
+                        Err(Close::Fatal("tenant deleted"))
+                    }
                 };
                 if rbuf.capacity() - rbuf.len() < 1024 {
                     rbuf.reserve(READ_CHUNK);

@@ -189,6 +189,7 @@ pub async fn serve(
     let close = loop {
         let step = tokio::select! {
             _ = shutdown.cancelled() => Some((1001, "server shutting down")),
+            _ = connection.routes.deleted.cancelled() => Some((1008, "the tenant was deleted")),
             _ = connection.outbox.woken() => {
                 if connection.outbox.is_slow() {
                     Some((1008, "slow consumer: messages were not read fast enough"))

@@ -745,3 +745,130 @@ async fn a_websocket_names_its_client_id_for_client_id_rules() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn deleting_a_tenant_closes_its_connections() {
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    let mut config = test_config();
+    config.authz.require_login = true;
+    config.authz.bootstrap_admin_password = Some("admin-pw".into());
+    let server = start(config).await;
+    let url = server.native_url();
+    let admin = log_in(
+        &url,
+        async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin-pw".into()),
+    )
+    .await
+    .expect("admin");
+    api(&admin, "tenant.create", json!({"name": "gone"})).await;
+    api(
+        &admin,
+        "user.create",
+        json!({"tenant": "gone", "name": "app", "password": "pw"}),
+    )
+    .await;
+    let issued = api(
+        &admin,
+        "user.token.create",
+        json!({"tenant": "gone", "name": "app"}),
+    )
+    .await;
+    let token = issued["token"].as_str().expect("token").to_owned();
+
+    let (events, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let native = log_in(
+        &url,
+        async_nats::ConnectOptions::with_user_and_password("app@gone".into(), "pw".into())
+            .event_callback(move |event| {
+                let events = events.clone();
+                async move {
+                    let _ = events.send(event.to_string());
+                }
+            }),
+    )
+    .await
+    .expect("native");
+    native.flush().await.expect("flush");
+    let mqtt = crate::mqtt::mqtt_addr(&server);
+    let mut options =
+        rumqttc::v5::MqttOptions::new("gone-device", mqtt.ip().to_string(), mqtt.port());
+    options.set_credentials("app@gone", "pw");
+    let (_device, mut device_events) = rumqttc::v5::AsyncClient::new(options, 8);
+    tokio::time::timeout(WAIT, async {
+        loop {
+            if let Ok(rumqttc::v5::Event::Incoming(rumqttc::v5::mqttbytes::v5::Packet::ConnAck(
+                _,
+            ))) = device_events.poll().await
+            {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the device connects");
+    let http = server.http_addr.expect("http");
+    let mut upgrade = format!("ws://{http}/ws")
+        .into_client_request()
+        .expect("request");
+    upgrade.headers_mut().insert(
+        "Authorization",
+        format!("Bearer {token}").parse().expect("header"),
+    );
+    let (mut socket, _) = tokio_tungstenite::connect_async(upgrade).await.expect("ws");
+    socket
+        .send(tokio_tungstenite::tungstenite::Message::text(
+            r#"{"op":"subjects","id":"1"}"#,
+        ))
+        .await
+        .expect("send");
+    let _ = tokio::time::timeout(WAIT, socket.next()).await;
+
+    api(&admin, "tenant.delete", json!({"name": "gone"})).await;
+
+    // Native: the reason, then the close.
+    let reason = tokio::time::timeout(WAIT, async {
+        loop {
+            match seen.recv().await {
+                Some(event) if event.contains("tenant deleted") => return event,
+                Some(_) => {}
+                None => return "no event".to_owned(),
+            }
+        }
+    })
+    .await
+    .expect("the native client is told");
+    assert!(reason.contains("Authorization Violation"), "{reason}");
+    // MQTT 5: DISCONNECT with reason 0x98, administrative action.
+    let disconnect = tokio::time::timeout(WAIT, async {
+        loop {
+            match device_events.poll().await {
+                Ok(rumqttc::v5::Event::Incoming(
+                    rumqttc::v5::mqttbytes::v5::Packet::Disconnect(d),
+                )) => return format!("{:?}", d.reason_code),
+                Ok(_) => {}
+                Err(error) => return format!("{error:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the device is told");
+    assert!(disconnect.contains("AdministrativeAction"), "{disconnect}");
+    // /ws: close 1008.
+    let closed = tokio::time::timeout(WAIT, async {
+        loop {
+            match socket.next().await {
+                Some(Ok(tokio_tungstenite::tungstenite::Message::Close(frame))) => {
+                    return frame.map(|f| u16::from(f.code));
+                }
+                Some(Ok(_)) => {}
+                _ => return None,
+            }
+        }
+    })
+    .await
+    .expect("the socket closes");
+    assert_eq!(closed, Some(1008));
+    server.stop().await;
+}

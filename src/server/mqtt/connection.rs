@@ -877,6 +877,9 @@ impl Connection {
                 biased;
                 _ = shutdown.cancelled() => Err(Close::Shutdown),
                 () = handoff.taken_over() => Err(Close::TakenOver),
+                () = self.routes.deleted.cancelled() => {
+                    Err(Close::protocol(reason::ADMINISTRATIVE_ACTION, "the tenant was deleted"))
+                }
                 result = crate::server::tls::write_or_flush(writer, out.get(written..).unwrap_or_default()), if writing || unflushed => match result {
                     Ok(Some(0)) | Err(_) => Err(Close::Gone),
                     Ok(Some(n)) => {
