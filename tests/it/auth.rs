@@ -90,6 +90,23 @@ async fn mqtt_log_in(
     Ok(client)
 }
 
+/// A server that requires logins, its native URL, and its bootstrap administrator
+/// (`admin` / `admin-pw`) logged in.
+async fn server_with_admin() -> (canopy::server::RunningServer, String, async_nats::Client) {
+    let mut config = test_config();
+    config.authz.require_login = true;
+    config.authz.bootstrap_admin_password = Some("admin-pw".into());
+    let server = start(config).await;
+    let url = server.native_url();
+    let admin = log_in(
+        &url,
+        async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin-pw".into()),
+    )
+    .await
+    .expect("the bootstrap admin logs in");
+    (server, url, admin)
+}
+
 #[tokio::test]
 async fn logins_decide_the_user_and_the_tenant() {
     let mut config = test_config();
@@ -456,17 +473,7 @@ async fn a_bootstrap_admin_sets_up_a_server_that_requires_logins() {
 
 #[tokio::test]
 async fn anonymous_clients_get_only_what_a_tenant_allows_them() {
-    let mut config = test_config();
-    config.authz.require_login = true;
-    config.authz.bootstrap_admin_password = Some("admin-pw".into());
-    let server = start(config).await;
-    let url = server.native_url();
-    let admin = log_in(
-        &url,
-        async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin-pw".into()),
-    )
-    .await
-    .expect("admin");
+    let (server, url, admin) = server_with_admin().await;
     // Off by default.
     let anonymous = refused(&url, async_nats::ConnectOptions::new()).await;
     assert!(
@@ -675,16 +682,7 @@ async fn a_websocket_names_its_client_id_for_client_id_rules() {
     use tokio_tungstenite::tungstenite::Message as WsMessage;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-    let mut config = test_config();
-    config.authz.require_login = true;
-    config.authz.bootstrap_admin_password = Some("admin-pw".into());
-    let server = start(config).await;
-    let admin = log_in(
-        &server.native_url(),
-        async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin-pw".into()),
-    )
-    .await
-    .expect("admin");
+    let (server, _, admin) = server_with_admin().await;
     let (status, body) = crate::common::api(
         &admin,
         "user.create",
@@ -751,17 +749,7 @@ async fn deleting_a_tenant_closes_its_connections() {
     use futures::SinkExt;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-    let mut config = test_config();
-    config.authz.require_login = true;
-    config.authz.bootstrap_admin_password = Some("admin-pw".into());
-    let server = start(config).await;
-    let url = server.native_url();
-    let admin = log_in(
-        &url,
-        async_nats::ConnectOptions::with_user_and_password("admin".into(), "admin-pw".into()),
-    )
-    .await
-    .expect("admin");
+    let (server, url, admin) = server_with_admin().await;
     api(&admin, "tenant.create", json!({"name": "gone"})).await;
     api(
         &admin,
