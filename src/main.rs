@@ -621,7 +621,7 @@ async fn subscribe(args: SubArgs) -> Result<()> {
     // On stderr, so scripts reading stdout see only messages; tests wait for it.
     eprintln!(
         "canopy: subscribed to '{}' on {}",
-        args.pattern, args.connect.server
+        args.pattern, args.connect.address.server
     );
     let mut stdout = std::io::stdout().lock();
     let mut seen = 0u64;
@@ -658,8 +658,8 @@ async fn run_tenant(command: TenantCommand) -> anyhow::Result<()> {
             json,
             connect: how,
         } => {
-            let (mut client, timeout) = connect(&how, "canopy tenant").await?;
             let anonymous = anonymous.json(false);
+            let (mut client, timeout) = connect(&how, "canopy tenant").await?;
             let change = tenants::Change::Create;
             tenants::change(
                 &mut client,
@@ -680,8 +680,8 @@ async fn run_tenant(command: TenantCommand) -> anyhow::Result<()> {
             json,
             connect: how,
         } => {
-            let (mut client, timeout) = connect(&how, "canopy tenant").await?;
             let anonymous = anonymous.json(no_anonymous);
+            let (mut client, timeout) = connect(&how, "canopy tenant").await?;
             let change = tenants::Change::Update;
             tenants::change(
                 &mut client,

@@ -505,10 +505,12 @@ async fn append(broker: &Broker, store: &Store, call: &ApiCall) -> Result<(), Ap
             map.encode(&mut block);
             block.freeze()
         };
+        let size = headers.len() + payload.len();
         call.routes
             .quota
-            .admit_publish(headers.len() + payload.len())
+            .admit_publish(size)
             .map_err(|exceeded| ApiError::new(429, format!("quota exceeded: {exceeded}")))?;
+        call.routes.quota.count_admitted(1, size as u64);
         messages.push(NewMessage {
             headers,
             payload,

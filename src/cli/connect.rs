@@ -14,18 +14,8 @@ use clap::Args;
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Connection")]
 pub struct ConnectArgs {
-    /// Server to talk to.
-    #[arg(
-        short,
-        long,
-        env = "CANOPY_SERVER",
-        default_value = "nats://127.0.0.1:4222",
-        value_name = "URL"
-    )]
-    pub server: String,
-    /// Seconds to wait for the server.
-    #[arg(long, default_value_t = 5, value_name = "SECS")]
-    pub timeout: u64,
+    #[command(flatten)]
+    pub address: ServerArgs,
     /// Log in as this user: `name@tenant`, or `name` in the default tenant (`@tenant`
     /// alone: that tenant's anonymous access).
     #[arg(long, env = "CANOPY_USER", value_name = "NAME")]
@@ -89,7 +79,8 @@ impl ConnectArgs {
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             bail!("--tls-cert and --tls-key go together: give both or neither");
         }
-        let mut options = ClientOptions::new(name, Duration::from_secs(self.timeout.max(1)));
+        let mut options =
+            ClientOptions::new(name, Duration::from_secs(self.address.timeout.max(1)));
         options.user = user.map(str::to_owned);
         options.password = password.map(str::to_owned);
         options.token = token.map(str::to_owned);
@@ -104,7 +95,7 @@ impl ConnectArgs {
     /// Connects and logs in; the client and the timeout to use for requests.
     pub async fn connect(&self, name: &str) -> Result<(Client, Duration)> {
         let options = self.options(name)?;
-        let client = Client::connect(&self.server, &options).await?;
+        let client = Client::connect(&self.address.server, &options).await?;
         Ok((client, options.timeout))
     }
 }

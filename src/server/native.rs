@@ -268,6 +268,8 @@ struct Connection {
     slot: Option<ConnectionSlot>,
     /// Over its tenant's publish rate: nothing more is read until then.
     paused_until: Option<tokio::time::Instant>,
+    /// Publishes (messages, bytes) admitted in this inbound batch, counted once.
+    admitted: (u64, u64),
 }
 
 impl Connection {
@@ -306,6 +308,7 @@ impl Connection {
             deferred: None,
             slot: None,
             paused_until: None,
+            admitted: (0, 0),
         }
     }
 
@@ -642,6 +645,8 @@ impl Connection {
         if msgs > 0 {
             self.broker.metrics().count_in(msgs, bytes);
         }
+        let (admitted, admitted_bytes) = std::mem::take(&mut self.admitted);
+        self.routes.quota.count_admitted(admitted, admitted_bytes);
         if self.delivered.0 > 0 {
             self.broker
                 .metrics()
@@ -756,6 +761,8 @@ impl Connection {
                 self.refuse_publish(&exceeded, subject, reply.as_deref(), headers.as_deref());
                 return;
             }
+            self.admitted.0 += 1;
+            self.admitted.1 += size as u64;
         }
         // As nats-server does: the +OK, then deliveries (also to our own subscriptions).
         self.ok();

@@ -661,12 +661,14 @@ impl Connection {
             map.encode(&mut block);
             block.freeze()
         };
-        if let Err(exceeded) = self.routes.quota.admit_publish(payload.len() + block.len()) {
+        let size = payload.len() + block.len();
+        if let Err(exceeded) = self.routes.quota.admit_publish(size) {
             self.paused_until = exceeded
                 .wait()
                 .map(|wait| tokio::time::Instant::now() + wait);
             return Err(refusal("quota_exceeded", exceeded.to_string()));
         }
+        self.routes.quota.count_admitted(1, size as u64);
         let broker = Arc::clone(&self.broker);
         let Some(policy) = broker.store_policy(subject) else {
             let message = Routed {

@@ -276,13 +276,37 @@ pub struct Store {
     sequencer: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     stats: Arc<stats::StoreStats>,
     /// Tenants at their stored bytes limit, kept by the sequencer.
-    bytes_full: TenantSet,
+    bytes_full: Arc<TenantSet>,
     /// Tenants with a retention age of their own, for retention passes.
     tenant_max_age: parking_lot::RwLock<std::collections::HashMap<Arc<str>, u64>>,
 }
 
-/// A set of tenant names shared between the sequencer and front ends.
-pub(crate) type TenantSet = Arc<parking_lot::RwLock<std::collections::HashSet<Arc<str>>>>;
+/// A set of tenant names the sequencer keeps and front ends ask about on every
+/// publish: while it is empty (the usual case) asking takes no lock.
+#[derive(Debug, Default)]
+pub(crate) struct TenantSet {
+    members: parking_lot::RwLock<std::collections::HashSet<Arc<str>>>,
+    len: std::sync::atomic::AtomicUsize,
+}
+
+impl TenantSet {
+    pub(crate) fn contains(&self, tenant: &str) -> bool {
+        self.len.load(std::sync::atomic::Ordering::Acquire) > 0
+            && self.members.read().contains(tenant)
+    }
+
+    /// Puts `tenant` in or out.
+    pub(crate) fn set(&self, tenant: &Arc<str>, member: bool) {
+        let mut members = self.members.write();
+        if member {
+            members.insert(Arc::clone(tenant));
+        } else {
+            members.remove(tenant);
+        }
+        self.len
+            .store(members.len(), std::sync::atomic::Ordering::Release);
+    }
+}
 
 impl Store {
     /// Opens (or creates) the store, checks its format and starts the sequencer.
@@ -303,7 +327,7 @@ impl Store {
             job_queue,
         ));
         let stats = Arc::new(stats::StoreStats::default());
-        let bytes_full = TenantSet::default();
+        let bytes_full = Arc::new(TenantSet::default());
         let sequencer = sequencer::Sequencer::new(
             Arc::clone(&db),
             events,
@@ -362,8 +386,7 @@ impl Store {
     /// Whether the tenant is at its stored bytes limit: publishes to stored subjects
     /// are refused until retention or a purge frees room.
     pub fn at_bytes_limit(&self, tenant: &str) -> bool {
-        let full = self.bytes_full.read();
-        !full.is_empty() && full.contains(tenant)
+        self.bytes_full.contains(tenant)
     }
 
     pub async fn forget_tenant(&self, tenant: &str) -> Result<(), StoreError> {

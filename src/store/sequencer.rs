@@ -127,7 +127,7 @@ pub(super) struct Sequencer {
     /// Bytes deleted outside the sequencer, not yet taken off the tenants' usage.
     released: HashMap<Arc<str>, u64>,
     /// Tenants at their bytes limit, for front ends to refuse early.
-    bytes_full: TenantSet,
+    bytes_full: Arc<TenantSet>,
     /// Sizes of the messages a subject's version limit drops this round, read by
     /// `load`: (tenant, subject, version) to header and payload bytes.
     dropped_sizes: HashMap<MessageKey, u64>,
@@ -167,7 +167,7 @@ impl Sequencer {
         durable_tx: watch::Sender<u64>,
         compactions: mpsc::Sender<CompactionJob>,
         stats: Arc<super::stats::StoreStats>,
-        bytes_full: TenantSet,
+        bytes_full: Arc<TenantSet>,
     ) -> Self {
         Self {
             db,
@@ -231,7 +231,7 @@ impl Sequencer {
                     Input::Forget(tenant) => {
                         self.tenants.remove(&tenant);
                         self.released.remove(&tenant);
-                        self.bytes_full.write().remove(&tenant);
+                        self.bytes_full.set(&tenant, false);
                     }
                     Input::Limits(tenant, limits) => {
                         if limits == StoredLimits::default() {
@@ -242,7 +242,7 @@ impl Sequencer {
                         if let Some(state) = self.tenants.get(&tenant) {
                             self.mark_full(&tenant, state.usage);
                         } else if limits.max_bytes.is_none() {
-                            self.bytes_full.write().remove(&tenant);
+                            self.bytes_full.set(&tenant, false);
                         }
                     }
                     Input::Released(tenant, bytes) => {
@@ -697,13 +697,8 @@ impl Sequencer {
             .get(tenant)
             .and_then(|l| l.max_bytes)
             .is_some_and(|max| usage.bytes >= max);
-        if full != self.bytes_full.read().contains(tenant) {
-            let mut set = self.bytes_full.write();
-            if full {
-                set.insert(Arc::clone(tenant));
-            } else {
-                set.remove(tenant);
-            }
+        if full != self.bytes_full.contains(tenant) {
+            self.bytes_full.set(tenant, full);
         }
     }
 

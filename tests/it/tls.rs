@@ -120,6 +120,51 @@ async fn nats_tls(url: &str, pki: &TestPki) -> async_nats::ConnectOptions {
         .max_reconnects(Some(0))
 }
 
+type Wss =
+    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+/// `/ws` over TLS through tokio-rustls, with the client certificate and a token if
+/// asked.
+async fn wss(
+    pki: &TestPki,
+    http: std::net::SocketAddr,
+    certificate: bool,
+    token: Option<&str>,
+) -> Wss {
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(pki.client_config(certificate)));
+    let tcp = tokio::net::TcpStream::connect(http).await.expect("tcp");
+    let stream = connector
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .expect("TLS handshake");
+    let mut request = tokio_tungstenite::tungstenite::ClientRequestBuilder::new(
+        format!("wss://localhost:{}/ws", http.port())
+            .parse()
+            .expect("uri"),
+    );
+    if let Some(token) = token {
+        request = request.with_header("Authorization", format!("Bearer {token}"));
+    }
+    let (socket, _) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .expect("WebSocket over TLS");
+    socket
+}
+
+/// Sends one `/ws` request and reads the next answer.
+async fn ws_call(socket: &mut Wss, request: Value) -> Value {
+    socket
+        .send(WsMessage::text(request.to_string()))
+        .await
+        .expect("send");
+    let reply = tokio::time::timeout(WAIT, socket.next())
+        .await
+        .expect("in time")
+        .expect("open")
+        .expect("frame");
+    serde_json::from_str(&reply.into_text().expect("text")).expect("JSON")
+}
+
 #[tokio::test]
 async fn every_listener_speaks_tls_and_client_certificates_log_users_in() {
     install_provider();
@@ -235,64 +280,19 @@ async fn every_listener_speaks_tls_and_client_certificates_log_users_in() {
     assert_eq!(status, 200, "{issued}");
     let token = issued["token"].as_str().expect("token").to_owned();
     let http = server.http_addr.expect("http");
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(pki.client_config(false)));
-    let tcp = tokio::net::TcpStream::connect(http).await.expect("tcp");
-    let stream = connector
-        .connect(ServerName::try_from("localhost").expect("name"), tcp)
-        .await
-        .expect("TLS handshake");
-    let request = tokio_tungstenite::tungstenite::ClientRequestBuilder::new(
-        format!("wss://localhost:{}/ws", http.port())
-            .parse()
-            .expect("uri"),
+    let mut socket = wss(&pki, http, false, Some(&token)).await;
+    let reply = ws_call(
+        &mut socket,
+        json!({"op": "pub", "id": "1", "subject": "devices.dev-1.ws", "data": {"t": 1}}),
     )
-    .with_header("Authorization", format!("Bearer {token}"));
-    let (mut socket, _) = tokio_tungstenite::client_async(request, stream)
-        .await
-        .expect("WebSocket over TLS");
-    socket
-        .send(WsMessage::text(
-            json!({"op": "pub", "id": "1", "subject": "devices.dev-1.ws", "data": {"t": 1}})
-                .to_string(),
-        ))
-        .await
-        .expect("send");
-    let reply = tokio::time::timeout(WAIT, socket.next())
-        .await
-        .expect("in time")
-        .expect("open")
-        .expect("frame");
-    let reply: Value = serde_json::from_str(&reply.into_text().expect("text")).expect("JSON");
+    .await;
     assert_eq!(reply["op"], "ok", "{reply}");
 
     // A client certificate alone logs in on the HTTP port too, with dev-1's rules.
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(pki.client_config(true)));
-    let tcp = tokio::net::TcpStream::connect(http).await.expect("tcp");
-    let stream = connector
-        .connect(ServerName::try_from("localhost").expect("name"), tcp)
-        .await
-        .expect("TLS handshake with a client certificate");
-    let request = tokio_tungstenite::tungstenite::ClientRequestBuilder::new(
-        format!("wss://localhost:{}/ws", http.port())
-            .parse()
-            .expect("uri"),
-    );
-    let (mut socket, _) = tokio_tungstenite::client_async(request, stream)
-        .await
-        .expect("the certificate opens /ws");
+    let mut socket = wss(&pki, http, true, None).await;
     for (subject, expected) in [("devices.dev-1.ws", "ok"), ("devices.dev-2.ws", "error")] {
-        socket
-            .send(WsMessage::text(
-                json!({"op": "pub", "id": subject, "subject": subject, "data": 1}).to_string(),
-            ))
-            .await
-            .expect("send");
-        let reply = tokio::time::timeout(WAIT, socket.next())
-            .await
-            .expect("in time")
-            .expect("open")
-            .expect("frame");
-        let reply: Value = serde_json::from_str(&reply.into_text().expect("text")).expect("JSON");
+        let request = json!({"op": "pub", "id": subject, "subject": subject, "data": 1});
+        let reply = ws_call(&mut socket, request).await;
         assert_eq!(reply["op"], expected, "{subject}: {reply}");
     }
 

@@ -370,6 +370,8 @@ struct Connection {
     _slot: ConnectionSlot,
     /// Over its tenant's publish rate: nothing more is read until then.
     paused_until: Option<Instant>,
+    /// Publishes (messages, bytes) admitted in this inbound batch, counted once.
+    admitted: (u64, u64),
 }
 
 /// Logs an MQTT client in with its CONNECT's user name (`name@tenant`, or `name`) and
@@ -668,6 +670,7 @@ impl Connection {
             out_aliases: None,
             _slot: slot,
             paused_until: None,
+            admitted: (0, 0),
             reply_inbox: None,
             requests: VecDeque::new(),
             next_request: 1,
@@ -1345,6 +1348,8 @@ impl Connection {
         if msgs > 0 {
             self.broker.metrics().count_in(msgs, bytes);
         }
+        let (admitted, admitted_bytes) = std::mem::take(&mut self.admitted);
+        self.routes.quota.count_admitted(admitted, admitted_bytes);
         self.wakes.wake_all();
         result
     }
@@ -1585,6 +1590,8 @@ impl Connection {
             // Keep-alive counts from the end of a pause the server chose.
             self.last_read = self.last_read.max(until);
         }
+        self.admitted.0 += 1;
+        self.admitted.1 += size as u64;
         if let (Some(reply), Some(correlation)) =
             (&parts.reply, &publish.properties.correlation_data)
         {
