@@ -30,7 +30,7 @@ pub const OFFSET_FLOOR: u8 = b'o';
 pub const MSG_ID: u8 = b'd';
 pub const RETAINED: u8 = b'r';
 pub const SESSION: u8 = b'q';
-pub const SUBJECT_COUNT: u8 = b'c';
+pub const USAGE: u8 = b'c';
 pub const TENANT: u8 = b't';
 pub const USER: u8 = b'u';
 /// Every kind of key that belongs to one tenant's data (not its record).
@@ -44,7 +44,7 @@ pub const TENANT_KINDS: [u8; 10] = [
     MSG_ID,
     RETAINED,
     SESSION,
-    SUBJECT_COUNT,
+    USAGE,
 ];
 pub const FORMAT_KEY: &[u8] = b"xformat";
 
@@ -156,9 +156,10 @@ pub fn tenant_kind_range(kind: u8, tenant: &str) -> std::ops::Range<Bytes> {
     start.freeze()..end.freeze()
 }
 
-/// The key of a tenant's subject count, written with every new subject's marker.
-pub fn subject_count(tenant: &str) -> Bytes {
-    prefix(SUBJECT_COUNT, tenant, 0).freeze()
+/// The key of a tenant's usage (subjects, stored bytes), the sequencer's, written
+/// with the rounds that change it.
+pub fn tenant_usage(tenant: &str) -> Bytes {
+    prefix(USAGE, tenant, 0).freeze()
 }
 
 /// The key of a front end's session state.

@@ -546,7 +546,7 @@ impl Sequencer {
         for tenant in &changed {
             if let Some(state) = self.tenants.get_mut(tenant) {
                 state.usage_changed = false;
-                batch.put(keys::subject_count(tenant), encode_usage(state.usage));
+                batch.put(keys::tenant_usage(tenant), encode_usage(state.usage));
                 usage_written = true;
             }
         }
@@ -759,7 +759,7 @@ fn encode_usage(usage: StoredUsage) -> Bytes {
 /// written before it (the subjects by counting markers, the bytes by summing the
 /// batch index), found once.
 pub(super) async fn load_usage(db: &Db, tenant: &str) -> Result<StoredUsage, StoreError> {
-    let value = db.get(keys::subject_count(tenant)).await?;
+    let value = db.get(keys::tenant_usage(tenant)).await?;
     let word = |at: usize| {
         value
             .as_ref()

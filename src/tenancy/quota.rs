@@ -57,17 +57,6 @@ impl Exceeded {
             _ => None,
         }
     }
-
-    /// A short name for metrics and WebSocket error codes.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Exceeded::Connections { .. } => "connections",
-            Exceeded::Subscriptions { .. } => "subscriptions",
-            Exceeded::MessageRate { .. } => "publish_msgs",
-            Exceeded::ByteRate { .. } => "publish_bytes",
-            Exceeded::StoredBytes { .. } => "stored_bytes",
-        }
-    }
 }
 
 /// A GCRA bucket: the theoretical arrival time of the next unit, in nanoseconds
