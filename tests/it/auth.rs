@@ -130,13 +130,7 @@ async fn logins_decide_the_user_and_the_tenant() {
         json!({"tenant": "default", "name": "ops", "password": "pw-ops"}),
     )
     .await;
-    let issued = api(
-        &admin,
-        "user.token.create",
-        json!({"tenant": "acme", "name": "dev-1"}),
-    )
-    .await;
-    let token = issued["token"].as_str().expect("token").to_owned();
+    let token = crate::common::issue_token(&admin, "acme", "dev-1").await;
     api(
         &admin,
         "user.create",
@@ -146,13 +140,7 @@ async fn logins_decide_the_user_and_the_tenant() {
                    "subscribe": {"allow": ["devices.{user}.>", "_INBOX.>"]}}}),
     )
     .await;
-    let issued = api(
-        &admin,
-        "user.token.create",
-        json!({"tenant": "default", "name": "ops"}),
-    )
-    .await;
-    let ops_token = issued["token"].as_str().expect("token").to_owned();
+    let ops_token = crate::common::issue_token(&admin, "default", "ops").await;
     server.stop().await;
 
     config.authz.require_login = true;
@@ -691,13 +679,7 @@ async fn a_websocket_names_its_client_id_for_client_id_rules() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let (_, issued) = crate::common::api(
-        &admin,
-        "user.token.create",
-        json!({"tenant": "default", "name": "panel"}),
-    )
-    .await;
-    let token = issued["token"].as_str().expect("token").to_owned();
+    let token = crate::common::issue_token(&admin, "default", "panel").await;
     let http = server.http_addr.expect("http");
     let sub_answers = async |query: &str, patterns: &[&str]| -> Vec<String> {
         let mut upgrade = format!("ws://{http}/ws{query}")
@@ -757,13 +739,7 @@ async fn deleting_a_tenant_closes_its_connections() {
         json!({"tenant": "gone", "name": "app", "password": "pw"}),
     )
     .await;
-    let issued = api(
-        &admin,
-        "user.token.create",
-        json!({"tenant": "gone", "name": "app"}),
-    )
-    .await;
-    let token = issued["token"].as_str().expect("token").to_owned();
+    let token = crate::common::issue_token(&admin, "gone", "app").await;
 
     let (events, mut seen) = tokio::sync::mpsc::unbounded_channel();
     let native = log_in(

@@ -485,6 +485,21 @@ pub async fn api(
     (status, serde_json::from_str(&text).expect("JSON answer"))
 }
 
+/// Issues a bearer token for user `name` of `tenant` through `$CANOPY.user.token.create`.
+pub async fn issue_token(client: &async_nats::Client, tenant: &str, name: &str) -> String {
+    let (status, issued) = api(
+        client,
+        "user.token.create",
+        serde_json::json!({"tenant": tenant, "name": name}),
+    )
+    .await;
+    assert_eq!(status, 200, "{issued}");
+    issued["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a token in {issued}"))
+        .to_owned()
+}
+
 /// Sends one HTTP/1.1 request with a (JSON) body; returns the status code and the body.
 pub async fn http_request(
     addr: std::net::SocketAddr,

@@ -271,14 +271,7 @@ async fn every_listener_speaks_tls_and_client_certificates_log_users_in() {
     }
 
     // HTTPS and WSS on the HTTP port: a token, then /ws through tokio-rustls.
-    let (status, issued) = api(
-        &admin,
-        "user.token.create",
-        json!({"tenant": "acme", "name": "dev-1"}),
-    )
-    .await;
-    assert_eq!(status, 200, "{issued}");
-    let token = issued["token"].as_str().expect("token").to_owned();
+    let token = crate::common::issue_token(&admin, "acme", "dev-1").await;
     let http = server.http_addr.expect("http");
     let mut socket = wss(&pki, http, false, Some(&token)).await;
     let reply = ws_call(
