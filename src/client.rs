@@ -461,11 +461,13 @@ impl Client {
         timeout: Duration,
         last: Option<&dyn Fn(&Received) -> bool>,
     ) -> Result<Vec<Received>, ClientError> {
-        let inbox = format!(
-            "_INBOX.{:016x}{:016x}",
-            fastrand::u64(..),
-            fastrand::u64(..)
-        );
+        // The owner token is unguessable: an inbox belongs to its first subscriber.
+        let mut token = [0u8; 16];
+        getrandom::fill(&mut token).map_err(|e| ClientError::Io(std::io::Error::other(e)))?;
+        let mut inbox = String::from("_INBOX.");
+        for byte in token {
+            inbox.push_str(&format!("{byte:02x}"));
+        }
         let sid = self.subscribe(&inbox, None).await?;
         self.publish_with_reply(subject, Some(&inbox), headers, payload)
             .await?;

@@ -11,5 +11,6 @@ pub mod broker;
 pub mod client;
 pub mod config;
 pub mod server;
+pub mod session;
 pub mod store;
 pub mod tenancy;

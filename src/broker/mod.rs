@@ -142,6 +142,8 @@ pub struct TenantRoutes {
     pub quota: Arc<crate::tenancy::quota::Quota>,
     /// Cancelled when the tenant is deleted: its connections close.
     pub deleted: tokio_util::sync::CancellationToken,
+    /// Which connection holds each reply inbox.
+    pub inboxes: crate::session::InboxClaims,
 }
 
 impl TenantRoutes {
@@ -260,6 +262,7 @@ impl Broker {
                     record.as_deref().map(|r| &r.limits),
                 )),
                 deleted: tokio_util::sync::CancellationToken::new(),
+                inboxes: crate::session::InboxClaims::default(),
             })
         });
         Arc::clone(routes)

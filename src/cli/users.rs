@@ -99,8 +99,9 @@ pub struct RuleArgs {
     /// May not publish to subjects matching PAT (repeatable; wins over allow).
     #[arg(long, value_name = "PAT")]
     pub deny_publish: Vec<String>,
-    /// May subscribe to PAT (repeatable). Add '_INBOX.>' for requests: `get`,
-    /// `replay` and `pub --ack` need it.
+    /// May subscribe to PAT (repeatable). Requests (`get`, `replay`, `pub --ack`)
+    /// need no rule: a connection's own reply inbox is always its to read, and
+    /// `_INBOX.>` never shows anyone else's replies.
     #[arg(long, value_name = "PAT")]
     pub allow_subscribe: Vec<String>,
     /// May not subscribe to PAT (repeatable; wins over allow).

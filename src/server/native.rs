@@ -18,7 +18,7 @@ use canopy_protocols::native::{
     ClientDecoder, ClientOp, ConnectOptions, Limits, ServerInfo, encode_err, encode_info,
     encode_ok, encode_ping, encode_pong, no_responders_block,
 };
-use canopy_subjects::{Limits as SubjectLimits, Pattern, validate_native_subject};
+use canopy_subjects::{Limits as SubjectLimits, Pattern};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -26,16 +26,16 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::api;
 use crate::broker::durable::{
-    ACK_JETSTREAM, FLAG_NO_ECHO, FLAG_NO_RESPONDERS, StoreRequest, ack_body, append_one,
-    bad_request_body,
+    FLAG_NO_ECHO, FLAG_NO_RESPONDERS, StoreRequest, ack_body, bad_request_body,
 };
-use crate::broker::{Broker, Message, Outbox, RouteScratch, Subscription, TenantRoutes, Wakes};
-use crate::config::{Config, StorePolicy};
-use crate::store::{AckTo, AppendOutcome, AppendRequest, NewMessage, RouteTag};
-use crate::tenancy::quota::{ConnectionSlot, Exceeded};
-use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
+use crate::broker::{Broker, Message, Outbox, Subscription};
+use crate::config::Config;
+use crate::session::{
+    AskAck, Publish, Published, Refusal, Session, SessionLimits, SubscribeRefusal,
+};
+use crate::store::AppendOutcome;
+use crate::tenancy::{DEFAULT_TENANT, Principal};
 
 /// The version announced in INFO. Clients gate features (headers, no responders) on
 /// the NATS server version, so Canopy announces the NATS release whose client
@@ -56,6 +56,7 @@ pub struct NativeContext {
     broker: Arc<Broker>,
     limits: Limits,
     subject_limits: SubjectLimits,
+    session_limits: Arc<SessionLimits>,
     server_id: String,
     listen: SocketAddr,
     tls: Option<super::tls::Tls>,
@@ -76,11 +77,17 @@ impl NativeContext {
             max_len: config.limits.max_subject_len,
             max_tokens: config.limits.max_subject_tokens,
         };
+        let session_limits = Arc::new(SessionLimits {
+            subjects: subject_limits,
+            max_payload: config.native.max_payload,
+            max_subscriptions: config.native.max_subscriptions,
+        });
         Self {
             config,
             broker,
             limits,
             subject_limits,
+            session_limits,
             server_id: server_id(),
             listen,
             tls,
@@ -239,37 +246,23 @@ struct Connection {
     peer: SocketAddr,
     context: Arc<NativeContext>,
     broker: Arc<Broker>,
-    routes: Arc<TenantRoutes>,
-    principal: Principal,
+    /// Principal, tenant, outbox, quotas and publishes: what every front end shares.
+    session: Session,
     stream: Option<TcpStream>,
     /// The user a TLS client certificate names, for logging in.
     certified: Option<String>,
-    outbox: Arc<Outbox>,
     decoder: ClientDecoder,
     subs: HashMap<Bytes, Arc<Subscription>>,
-    scratch: RouteScratch,
-    wakes: Wakes,
     verbose: bool,
     no_responders: bool,
     pings_out: u32,
     active_since_ping: bool,
-    /// Deliveries (messages, bytes) this inbound batch made, counted once per batch.
-    delivered: (u64, u64),
-    /// Publishes to stored subjects from this inbound batch, sent to the sequencer
-    /// once the batch is decoded.
-    appends: Vec<AppendRequest>,
     /// Appends were sent that no barrier has passed yet.
     unsequenced: bool,
     /// PINGs that wait for the sequencer before their PONG.
     pongs_owed: u32,
     /// A SUB or UNSUB that waits for earlier stored publishes to be routed.
     deferred: Option<ClientOp>,
-    /// The connection's place in its tenant's connection quota.
-    slot: Option<ConnectionSlot>,
-    /// Over its tenant's publish rate: nothing more is read until then.
-    paused_until: Option<tokio::time::Instant>,
-    /// Publishes (messages, bytes) admitted in this inbound batch, counted once.
-    admitted: (u64, u64),
 }
 
 impl Connection {
@@ -283,32 +276,30 @@ impl Connection {
         ));
         let principal = Principal::anonymous(format!("native-{id}"));
         let routes = broker.tenant(DEFAULT_TENANT);
+        let session = Session::new(
+            Arc::clone(&broker),
+            routes,
+            principal,
+            outbox,
+            Arc::clone(&context.session_limits),
+        );
         Self {
             id,
             peer,
             decoder: ClientDecoder::new(context.limits),
             context,
             broker,
-            routes,
-            principal,
+            session,
             stream: Some(stream),
             certified: None,
-            outbox,
             subs: HashMap::new(),
-            scratch: RouteScratch::default(),
-            wakes: Wakes::default(),
             verbose: false,
             no_responders: false,
             pings_out: 0,
             active_since_ping: false,
-            delivered: (0, 0),
-            appends: Vec::new(),
             unsequenced: false,
             pongs_owed: 0,
             deferred: None,
-            slot: None,
-            paused_until: None,
-            admitted: (0, 0),
         }
     }
 
@@ -371,17 +362,19 @@ impl Connection {
                 let _ = writer.write_all(&refusal).await;
                 let _ = writer.shutdown().await;
                 tracing::info!(conn = self.id, peer = %self.peer, reason, "login refused");
-                self.outbox.close();
+                self.session.outbox.close();
                 self.broker
                     .metrics()
                     .connection_closed(crate::broker::metrics::Protocol::Native);
                 return;
             }
         } else if !info_sent {
-            self.outbox.push_control(|out| encode_info(out, &info));
+            self.session
+                .outbox
+                .push_control(|out| encode_info(out, &info));
         }
-        match self.routes.quota.connect() {
-            Ok(slot) => self.slot = Some(slot),
+        match self.session.take_slot() {
+            Ok(()) => {}
             Err(exceeded) => {
                 let mut refusal = BytesMut::new();
                 if !info.auth_required && !info_sent {
@@ -391,7 +384,7 @@ impl Connection {
                 let _ = writer.write_all(&refusal).await;
                 let _ = writer.shutdown().await;
                 tracing::info!(conn = self.id, peer = %self.peer, %exceeded, "connection refused");
-                self.outbox.close();
+                self.session.outbox.close();
                 self.broker
                     .metrics()
                     .connection_closed(crate::broker::metrics::Protocol::Native);
@@ -421,10 +414,10 @@ impl Connection {
         } else {
             loop {
                 if out.is_done() {
-                    if self.outbox.is_slow() {
+                    if self.session.outbox.is_slow() {
                         break Close::SlowConsumer;
                     }
-                    out.refill(&self.outbox);
+                    out.refill(&self.session.outbox);
                 }
                 let writing = !out.is_done();
                 // Reading goes on while a write is pending, so a client that publishes to
@@ -449,23 +442,23 @@ impl Connection {
                         }
                     },
                     _ = tokio::time::sleep_until(out.progress + deadline), if writing => {
-                        self.outbox.mark_slow();
+                        self.session.outbox.mark_slow();
                         Err(Close::WriteTimeout)
                     }
-                    _ = self.outbox.woken(), if !writing => Ok(()),
+                    _ = self.session.outbox.woken(), if !writing => Ok(()),
                     _ = tokio::time::sleep_until(
-                        self.paused_until.unwrap_or_else(tokio::time::Instant::now)
-                    ), if self.paused_until.is_some() => {
-                        self.paused_until = None;
+                        self.session.paused_until.unwrap_or_else(tokio::time::Instant::now)
+                    ), if self.session.paused_until.is_some() => {
+                        self.session.paused_until = None;
                         self.process(&mut rbuf)
                     }
-                    read = reader.read_buf(&mut rbuf), if self.paused_until.is_none() => match read {
+                    read = reader.read_buf(&mut rbuf), if self.session.paused_until.is_none() => match read {
                         Ok(0) | Err(_) => Err(Close::Gone),
                         Ok(_) => self.process(&mut rbuf),
                     },
                     _ = ping.tick() => self.ping(),
-                    _ = self.routes.deleted.cancelled() => {
-                        self.outbox.push_control(|out| encode_err(out, "Authorization Violation: tenant deleted"));
+                    _ = self.session.routes().deleted.cancelled() => {
+                        self.session.outbox.push_control(|out| encode_err(out, "Authorization Violation: tenant deleted"));
                         Err(Close::Fatal("tenant deleted"))
                     }
                 };
@@ -485,11 +478,13 @@ impl Connection {
         // Unsubscribe before closing the outbox, so routing stops choosing this
         // connection (a queue group's pick would otherwise land on a closed outbox).
         let subs: Vec<Arc<Subscription>> = self.subs.drain().map(|(_, sub)| sub).collect();
-        self.broker.unsubscribe_all(&self.routes, &subs);
+        self.session.close(&subs);
         match close {
             // The client is told what was queued for it (an -ERR included) first.
             Close::Fatal(_) | Close::Shutdown => {
-                let _ = tokio::time::timeout(deadline, out.drain(&self.outbox, &mut writer)).await;
+                let _ =
+                    tokio::time::timeout(deadline, out.drain(&self.session.outbox, &mut writer))
+                        .await;
                 let _ = writer.shutdown().await;
             }
             Close::SlowConsumer => {
@@ -516,7 +511,7 @@ impl Connection {
                 tracing::debug!(conn = self.id, peer = %self.peer, "disconnected");
             }
         }
-        self.outbox.close();
+        self.session.outbox.close();
         self.broker
             .metrics()
             .connection_closed(crate::broker::metrics::Protocol::Native);
@@ -576,8 +571,7 @@ impl Connection {
         );
         match login.await {
             Ok(principal) => {
-                self.routes = self.broker.tenant(&principal.tenant);
-                self.principal = principal;
+                self.session.log_in(principal);
                 self.connect(&options)
                     .map_err(|_| "Authorization Violation")?;
                 // What followed CONNECT waits for the connection's slot (`serve`).
@@ -596,12 +590,13 @@ impl Connection {
         }
         if self.pings_out >= self.context.config.native.max_pings_outstanding {
             self.broker.metrics().count_stale_connection();
-            self.outbox
+            self.session
+                .outbox
                 .push_control(|out| encode_err(out, "Stale Connection"));
             return Err(Close::Fatal("stale connection"));
         }
         self.pings_out += 1;
-        self.outbox.push_control(encode_ping);
+        self.session.outbox.push_control(encode_ping);
         Ok(())
     }
 
@@ -610,7 +605,6 @@ impl Connection {
         self.active_since_ping = true;
         let mut msgs = 0u64;
         let mut bytes = 0u64;
-        self.delivered = (0, 0);
         let result = loop {
             match self.decoder.decode(rbuf) {
                 Ok(Some(op)) => {
@@ -619,7 +613,7 @@ impl Connection {
                         bytes += payload.len() as u64;
                     }
                     if matches!(op, ClientOp::Sub { .. } | ClientOp::Unsub { .. })
-                        && (!self.appends.is_empty() || self.unsequenced)
+                        && (!self.session.appends.is_empty() || self.unsequenced)
                     {
                         // Routing changes wait until earlier stored publishes were
                         // routed, so they apply in the order the client sent them.
@@ -629,14 +623,15 @@ impl Connection {
                     if let Err(close) = self.handle(op) {
                         break Err(close);
                     }
-                    if self.paused_until.is_some() {
+                    if self.session.paused_until.is_some() {
                         break Ok(());
                     }
                 }
                 Ok(None) => break Ok(()),
                 Err(error) => {
                     tracing::debug!(conn = self.id, %error, "protocol error");
-                    self.outbox
+                    self.session
+                        .outbox
                         .push_control(|out| encode_err(out, error.nats_text()));
                     break Err(Close::Fatal(error.nats_text()));
                 }
@@ -645,14 +640,7 @@ impl Connection {
         if msgs > 0 {
             self.broker.metrics().count_in(msgs, bytes);
         }
-        let (admitted, admitted_bytes) = std::mem::take(&mut self.admitted);
-        self.routes.quota.count_admitted(admitted, admitted_bytes);
-        if self.delivered.0 > 0 {
-            self.broker
-                .metrics()
-                .count_out(self.delivered.0, self.delivered.1);
-        }
-        self.wakes.wake_all();
+        self.session.end_batch();
         result
     }
 
@@ -663,13 +651,13 @@ impl Connection {
                 subject,
                 reply,
                 payload,
-            } => self.publish(&subject, reply, None, payload),
+            } => return self.publish(&subject, reply, None, payload),
             ClientOp::HPub {
                 subject,
                 reply,
                 headers,
                 payload,
-            } => self.publish(&subject, reply, Some(headers), payload),
+            } => return self.publish(&subject, reply, Some(headers), payload),
             ClientOp::Sub {
                 subject,
                 queue,
@@ -678,8 +666,10 @@ impl Connection {
             ClientOp::Unsub { sid, max_msgs } => self.unsubscribe(&sid, max_msgs),
             // A PONG must follow the deliveries of every earlier publish; stored ones
             // are routed by the sequencer, so then the PONG waits for it.
-            ClientOp::Ping if !self.appends.is_empty() || self.unsequenced => self.pongs_owed += 1,
-            ClientOp::Ping => self.outbox.push_control(encode_pong),
+            ClientOp::Ping if !self.session.appends.is_empty() || self.unsequenced => {
+                self.pongs_owed += 1
+            }
+            ClientOp::Ping => self.session.outbox.push_control(encode_pong),
             ClientOp::Pong => self.pings_out = 0,
         }
         Ok(())
@@ -687,12 +677,14 @@ impl Connection {
 
     fn ok(&self) {
         if self.verbose {
-            self.outbox.push_control(encode_ok);
+            self.session.outbox.push_control(encode_ok);
         }
     }
 
     fn error(&self, text: &str) {
-        self.outbox.push_control(|out| encode_err(out, text));
+        self.session
+            .outbox
+            .push_control(|out| encode_err(out, text));
     }
 
     fn connect(&mut self, options: &ConnectOptions) -> Result<(), Close> {
@@ -702,19 +694,11 @@ impl Connection {
         }
         self.verbose = options.verbose;
         self.no_responders = options.no_responders;
-        self.outbox.set_options(options.headers, options.echo);
+        self.session
+            .outbox
+            .set_options(options.headers, options.echo);
         if let Some(name) = options.name.as_deref().filter(|n| !n.is_empty()) {
-            self.principal.client = Arc::from(name);
-        }
-        // Connect is always allowed until authentication exists; the call is here so
-        // that tenancy has one place to refuse it.
-        if let Err(denied) =
-            self.broker
-                .authorizer()
-                .authorize(&self.principal, Action::Connect, "")
-        {
-            self.error(&denied.to_string());
-            return Ok(());
+            self.session.set_client_name(name);
         }
         self.ok();
         Ok(())
@@ -726,86 +710,39 @@ impl Connection {
         reply: Option<Bytes>,
         headers: Option<Bytes>,
         payload: Bytes,
-    ) {
-        let Some(subject) = std::str::from_utf8(subject)
-            .ok()
-            .filter(|s| validate_native_subject(s, &self.context.subject_limits).is_ok())
-        else {
+    ) -> Result<(), Close> {
+        let Ok(subject) = std::str::from_utf8(subject) else {
             self.error("Invalid Publish Subject");
-            return;
+            return Ok(());
         };
-        if let Err(denied) =
-            self.broker
-                .authorizer()
-                .authorize(&self.principal, Action::Publish, subject)
-        {
-            self.error(&denied.to_string());
-            return;
+        let mut route_flags = 0;
+        if !self.session.outbox.echo() {
+            route_flags |= FLAG_NO_ECHO;
         }
-        if !subject.starts_with(api::PREFIX) {
-            let size = payload.len() + headers.as_ref().map_or(0, |h| h.len());
-            let admitted =
-                self.routes
-                    .quota
-                    .admit_publish(size)
-                    .and_then(|()| match self.broker.store() {
-                        Some(store)
-                            if store.at_bytes_limit(&self.routes.name)
-                                && self.broker.store_policy(subject).is_some() =>
-                        {
-                            Err(self.routes.quota.stored_bytes_exceeded())
-                        }
-                        _ => Ok(()),
-                    });
-            if let Err(exceeded) = admitted {
-                self.refuse_publish(&exceeded, subject, reply.as_deref(), headers.as_deref());
-                return;
+        if self.no_responders {
+            route_flags |= FLAG_NO_RESPONDERS;
+        }
+        let publish = Publish {
+            reply: reply.clone(),
+            headers: headers.unwrap_or_default(),
+            ack: AskAck::Reply,
+            api_calls: true,
+            route_flags,
+            ..Publish::new(subject, payload)
+        };
+        let headers = publish.headers.clone();
+        // As nats-server does: the +OK, then deliveries (also to our own
+        // subscriptions); an -ERR instead when refused.
+        let published = match self.session.publish(publish) {
+            Ok(published) => published,
+            Err(refusal) => {
+                return self.refuse_publish(&refusal, subject, reply.as_deref(), &headers);
             }
-            self.admitted.0 += 1;
-            self.admitted.1 += size as u64;
-        }
-        // As nats-server does: the +OK, then deliveries (also to our own subscriptions).
-        self.ok();
-        if let Some(operation) = subject.strip_prefix(api::PREFIX) {
-            let call = api::ApiCall {
-                principal: self.principal.clone(),
-                routes: Arc::clone(&self.routes),
-                operation: operation.to_owned(),
-                reply: reply
-                    .as_deref()
-                    .and_then(|r| std::str::from_utf8(r).ok())
-                    .map(str::to_owned),
-                body: payload,
-            };
-            api::spawn(Arc::clone(&self.broker), call);
-            return;
-        }
-        // The policy borrows the broker; an Arc clone, not a copy of the policy.
-        let broker = Arc::clone(&self.broker);
-        if let Some(policy) = broker.store_policy(subject) {
-            self.store_publish(policy, subject, reply, headers, payload);
-            return;
-        }
-        let reply = reply.as_deref();
-        let headers = headers.as_deref();
-        let message = Message {
-            subject,
-            reply,
-            headers,
-            payload: &payload,
-            origin: self.id,
-            ..Message::default()
         };
-        let delivered = self.broker.publish(
-            &self.routes,
-            &self.outbox,
-            &message,
-            &mut self.scratch,
-            &mut self.wakes,
-        );
-        if delivered == 0
+        self.ok();
+        if let Published::Routed { delivered: 0 } = published
             && self.no_responders
-            && let Some(reply) = reply.and_then(|r| std::str::from_utf8(r).ok())
+            && let Some(reply) = reply.as_deref().and_then(|r| std::str::from_utf8(r).ok())
         {
             let status = Message {
                 subject: reply,
@@ -814,112 +751,63 @@ impl Connection {
                 payload: &[],
                 ..Message::default()
             };
+            let session = &mut self.session;
             self.broker.deliver_to_conn(
-                &self.routes,
+                &session.publisher.routes,
                 self.id,
                 &status,
-                &mut self.scratch,
-                &mut self.wakes,
+                &mut session.scratch,
+                &mut session.wakes,
             );
         }
-        self.delivered.0 += delivered as u64;
-        self.delivered.1 += (delivered * (payload.len() + headers.map_or(0, <[u8]>::len))) as u64;
+        Ok(())
     }
 
-    /// Tells the client its publish went over a quota (it was neither delivered nor
-    /// stored) and, for a rate, stops reading until the rate admits more.
-    /// A publish that waits for the store's ack gets an error ack instead, as the
-    /// store itself would answer.
+    /// Tells the client its publish was refused (it was neither delivered nor
+    /// stored). A publish that waits for the store's ack gets an error ack instead,
+    /// as the store itself would answer; too large a message closes the connection,
+    /// as in NATS.
     fn refuse_publish(
         &mut self,
-        exceeded: &Exceeded,
+        refusal: &Refusal,
         subject: &str,
         reply: Option<&[u8]>,
-        headers: Option<&[u8]>,
-    ) {
+        headers: &[u8],
+    ) -> Result<(), Close> {
+        let text = refusal.nats_text();
+        if let Refusal::TooLarge { .. } = refusal {
+            self.error(&text);
+            return Err(Close::Fatal("maximum payload violation"));
+        }
         let broker = Arc::clone(&self.broker);
-        let ack = broker.store_policy(subject).and_then(|policy| {
-            let request = match headers.map(StoreRequest::from_headers) {
-                None => StoreRequest::default(),
-                Some(Ok(request)) => request,
-                Some(Err(_)) => return None,
-            };
-            let reply = reply.and_then(|r| std::str::from_utf8(r).ok())?;
-            request
-                .wants_ack(policy)
-                .then(|| (reply.to_owned(), request.jetstream))
-        });
-        match ack {
-            Some((reply, jetstream)) => {
+        let reply = reply.and_then(|r| std::str::from_utf8(r).ok());
+        let policy = broker.store_policy(subject);
+        let answer = match refusal {
+            Refusal::BadHeader(why) => {
+                reply.map(|r| (r, bad_request_body(&self.session.routes().name, why)))
+            }
+            Refusal::OverQuota(exceeded) => policy.and_then(|policy| {
+                let request = if headers.is_empty() {
+                    StoreRequest::default()
+                } else {
+                    StoreRequest::from_headers(headers).ok()?
+                };
+                let reply = reply.filter(|_| request.wants_ack(policy))?;
                 let outcome = AppendOutcome::QuotaExceeded {
                     reason: exceeded.to_string(),
                 };
-                let body = ack_body(&self.routes.name, &outcome, jetstream);
-                self.answer(&reply, &body);
-            }
-            None => self.error(&format!("Quota Exceeded: {exceeded}")),
-        }
-        if let Some(wait) = exceeded.wait() {
-            self.paused_until = Some(tokio::time::Instant::now() + wait);
-        }
-    }
-
-    /// Hands a publish to a stored subject to the store's sequencer, which routes it
-    /// live in version order and acks it when asked.
-    fn store_publish(
-        &mut self,
-        policy: &StorePolicy,
-        subject: &str,
-        reply: Option<Bytes>,
-        headers: Option<Bytes>,
-        payload: Bytes,
-    ) {
-        let request = match headers.as_deref().map(StoreRequest::from_headers) {
-            None => StoreRequest::default(),
-            Some(Ok(request)) => request,
-            Some(Err(bad)) => {
-                match reply.as_deref().and_then(|r| std::str::from_utf8(r).ok()) {
-                    Some(reply) => self.answer(reply, &bad_request_body(&self.routes.name, &bad.0)),
-                    None => self.error(&format!("Invalid Canopy Header: {bad}")),
-                }
-                return;
-            }
+                Some((
+                    reply,
+                    ack_body(&self.session.routes().name, &outcome, request.jetstream),
+                ))
+            }),
+            _ => None,
         };
-        let ack = reply
-            .as_ref()
-            .filter(|_| request.wants_ack(policy))
-            .map(|address| AckTo {
-                address: address.clone(),
-                flags: if request.jetstream { ACK_JETSTREAM } else { 0 },
-            });
-        let mut flags = 0;
-        if !self.outbox.echo() {
-            flags |= FLAG_NO_ECHO;
+        match answer {
+            Some((reply, body)) => self.answer(reply, &body),
+            None => self.error(&text),
         }
-        if self.no_responders {
-            flags |= FLAG_NO_RESPONDERS;
-        }
-        // The reply belongs to the ack when the store answers; otherwise it is a
-        // plain request that subscribers may answer.
-        let route = RouteTag {
-            origin: self.id,
-            flags,
-            reply: if ack.is_some() { None } else { reply },
-        };
-        let message = NewMessage {
-            headers: headers.unwrap_or_default(),
-            payload,
-            flags: 0,
-        };
-        self.appends.push(append_one(
-            policy,
-            &self.routes.name,
-            subject,
-            message,
-            request,
-            ack,
-            route,
-        ));
+        Ok(())
     }
 
     /// Publishes `body` to `subject` on behalf of the server (an error ack).
@@ -931,34 +819,34 @@ impl Connection {
             payload: body,
             ..Message::default()
         };
+        let session = &mut self.session;
         self.broker.route(
-            &self.routes,
+            &session.publisher.routes,
             None,
             &message,
-            &mut self.scratch,
-            &mut self.wakes,
+            &mut session.scratch,
+            &mut session.wakes,
         );
     }
 
     /// Sends the publishes this batch made to stored subjects; waits only while the
     /// sequencer's queue is full, which holds this publisher back and no one else.
     async fn send_appends(&mut self) {
-        let Some(store) = self.broker.store().cloned() else {
-            self.appends.clear();
+        if self.session.appends.is_empty() && self.pongs_owed == 0 && self.deferred.is_none() {
             return;
-        };
-        for request in self.appends.drain(..) {
-            self.unsequenced = true;
-            if store.append(request).await.is_err() {
-                // Shutting down: what was not taken is lost, and was never acked.
-                break;
-            }
         }
+        if !self.session.appends.is_empty() {
+            self.unsequenced = true;
+        }
+        // Shutting down when not taken: what was not taken is lost, and never acked.
+        let _ = self.session.send_appends().await;
         if self.pongs_owed > 0 || self.deferred.is_some() {
-            let _ = store.barrier().await;
+            if let Some(store) = self.broker.store().cloned() {
+                let _ = store.barrier().await;
+            }
             self.unsequenced = false;
             for _ in 0..std::mem::take(&mut self.pongs_owed) {
-                self.outbox.push_control(encode_pong);
+                self.session.outbox.push_control(encode_pong);
             }
         }
     }
@@ -967,7 +855,7 @@ impl Connection {
     /// them (PING, SUB, UNSUB), lets them be routed first; then goes on with the
     /// frames still buffered.
     async fn catch_up(&mut self, rbuf: &mut BytesMut) -> Result<(), Close> {
-        while !self.appends.is_empty() || self.pongs_owed > 0 || self.deferred.is_some() {
+        while !self.session.appends.is_empty() || self.pongs_owed > 0 || self.deferred.is_some() {
             self.send_appends().await;
             match self.deferred.take() {
                 Some(op) => {
@@ -999,43 +887,37 @@ impl Connection {
                 return;
             }
         };
-        if let Err(denied) =
-            self.broker
-                .authorizer()
-                .authorize(&self.principal, Action::Subscribe, text)
-        {
-            match queue {
-                Some(q) => self.error(&format!("{denied} using queue \"{q}\"")),
-                None => self.error(&denied.to_string()),
-            }
-            return;
-        }
         if self.subs.get(&sid).is_some_and(|s| !s.is_spent()) {
             // NATS keeps the first subscription of a repeated sid.
             self.ok();
             return;
         }
-        let max = self.context.config.native.max_subscriptions;
-        if max > 0 && self.subs.len() >= max {
+        let mut admitted = self.session.admit_subscription(text, &pattern, false);
+        if let Err(SubscribeRefusal::TooMany(_)) = admitted {
             // Subscriptions that ended by reaching their maximum are only noticed here.
-            self.subs.retain(|_, s| !s.is_spent());
-            if self.subs.len() >= max {
-                self.error("maximum subscriptions exceeded");
-                return;
-            }
+            let session = &mut self.session;
+            self.subs.retain(|_, sub| {
+                let spent = sub.is_spent();
+                if spent {
+                    session.forget(sub);
+                }
+                !spent
+            });
+            admitted = self.session.admit_subscription(text, &pattern, false);
         }
-        if let Err(exceeded) = self
-            .routes
-            .quota
-            .admit_subscription(self.routes.subscription_count())
-        {
-            self.error(&exceeded.to_string());
+        if let Err(refused) = admitted {
+            match (refused, queue) {
+                (SubscribeRefusal::TooMany(_), _) => self.error("maximum subscriptions exceeded"),
+                (refused, Some(q)) => self.error(&format!("{refused} using queue \"{q}\"")),
+                (refused, None) => self.error(&refused.to_string()),
+            }
             return;
         }
-        let sub = self
-            .broker
-            .subscribe(&self.routes, &self.outbox, sid.clone(), pattern, queue);
-        self.subs.insert(sid, sub);
+        let sub = self.session.subscribe(sid.clone(), pattern, queue, None);
+        if let Some(old) = self.subs.insert(sid, sub) {
+            // A spent subscription under the same sid.
+            self.session.forget(&old);
+        }
         self.ok();
     }
 
@@ -1045,9 +927,8 @@ impl Connection {
                 Some(max) if max > 0 => sub.limit(max),
                 _ => true,
             };
-            if now {
-                self.broker.unsubscribe(&self.routes, sub);
-                self.subs.remove(sid);
+            if now && let Some(sub) = self.subs.remove(sid) {
+                self.session.unsubscribe(&sub);
             }
         }
         self.ok();

@@ -22,11 +22,12 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::durable::{ACK_MQTT, StoreRequest, append_one};
+use crate::broker::durable::ACK_MQTT;
 use crate::broker::envelope::{self, AckInbox, MqttOptions, StoreAck};
 use crate::broker::metrics::Protocol;
-use crate::broker::{Broker, Message as Routed, Outbox, RouteScratch, Subscription, Wakes};
-use crate::store::{AckTo, AppendOutcome, NewMessage, ReplayFrom, RouteTag, Snapshot};
+use crate::broker::{Broker, Outbox, Subscription};
+use crate::session::{self, AskAck, Publish, Session, SessionLimits, SubscribeRefusal};
+use crate::store::{AckTo, AppendOutcome, ReplayFrom, Snapshot};
 use crate::tenancy::{Action, Principal};
 
 /// Sends every queued text in order, flushing once; false once the socket failed.
@@ -78,6 +79,8 @@ const REPLAY_BYTES: usize = 4 * 1024 * 1024;
 pub struct WsContext {
     pub broker: Arc<Broker>,
     pub limits: Limits,
+    /// The limits every front end shares (`max_payload` among them).
+    pub session_limits: Arc<SessionLimits>,
     pub max_pending_bytes: usize,
     pub max_message_bytes: usize,
     /// Delivery texts shared by every connection, each rendered once.
@@ -145,13 +148,19 @@ pub async fn serve(
     ));
     let acks = Arc::new(AckInbox::new(Arc::clone(&outbox)));
     broker.mqtt_acks().register(id, Arc::clone(&acks));
+    let routes = broker.tenant(&principal.tenant);
+    let session = Session::new(
+        Arc::clone(&broker),
+        routes,
+        principal,
+        Arc::clone(&outbox),
+        Arc::clone(&context.session_limits),
+    );
     let mut connection = Connection {
         id,
-        context,
-        routes: broker.tenant(&principal.tenant),
-        principal,
         broker,
-        outbox,
+        session,
+        context,
         acks,
         subs: HashMap::new(),
         next_sid: 1,
@@ -161,14 +170,10 @@ pub async fn serve(
         catchups: std::collections::VecDeque::new(),
         held: HashMap::new(),
         held_bytes: 0,
-        scratch: RouteScratch::default(),
-        wakes: Wakes::default(),
         spare: BytesMut::new(),
-        paused_until: None,
     };
     let (mut sink, mut stream) = socket.split();
-    let slot = connection.routes.quota.connect();
-    if let Err(exceeded) = &slot {
+    if let Err(exceeded) = connection.session.take_slot() {
         // Said as a message first: a close reason is cut at 123 bytes.
         connection.reply_error(None, refusal("quota_exceeded", exceeded.to_string()));
         let _ = send_all(&mut sink, &mut connection.out).await;
@@ -179,7 +184,7 @@ pub async fn serve(
         let _ = sink.send(Message::Close(Some(frame))).await;
         let _ = sink.close().await;
         connection.broker.mqtt_acks().remove(id);
-        connection.outbox.close();
+        connection.session.outbox.close();
         return;
     }
     connection
@@ -189,9 +194,9 @@ pub async fn serve(
     let close = loop {
         let step = tokio::select! {
             _ = shutdown.cancelled() => Some((1001, "server shutting down")),
-            _ = connection.routes.deleted.cancelled() => Some((1008, "the tenant was deleted")),
-            _ = connection.outbox.woken() => {
-                if connection.outbox.is_slow() {
+            _ = connection.session.routes().deleted.cancelled() => Some((1008, "the tenant was deleted")),
+            _ = connection.session.outbox.woken() => {
+                if connection.session.outbox.is_slow() {
                     Some((1008, "slow consumer: messages were not read fast enough"))
                 } else {
                     connection.deliveries();
@@ -199,12 +204,12 @@ pub async fn serve(
                 }
             }
             _ = tokio::time::sleep_until(
-                connection.paused_until.unwrap_or_else(tokio::time::Instant::now)
-            ), if connection.paused_until.is_some() => {
-                connection.paused_until = None;
+                connection.session.paused_until.unwrap_or_else(tokio::time::Instant::now)
+            ), if connection.session.paused_until.is_some() => {
+                connection.session.paused_until = None;
                 None
             }
-            message = stream.next(), if connection.paused_until.is_none() => match message {
+            message = stream.next(), if connection.session.paused_until.is_none() => match message {
                 Some(Ok(Message::Text(text))) => {
                     connection.request(text.as_str()).await;
                     None
@@ -239,9 +244,9 @@ pub async fn serve(
         }
     };
     let subs: Vec<Arc<Subscription>> = connection.subs.drain().map(|(_, s)| s).collect();
-    connection.broker.unsubscribe_all(&connection.routes, &subs);
+    connection.session.close(&subs);
     connection.broker.mqtt_acks().remove(id);
-    connection.outbox.close();
+    connection.session.outbox.close();
     connection
         .broker
         .metrics()
@@ -260,11 +265,8 @@ struct Connection {
     id: u64,
     context: Arc<WsContext>,
     broker: Arc<Broker>,
-    routes: Arc<crate::broker::TenantRoutes>,
-    /// Over its tenant's publish rate: nothing more is read until then.
-    paused_until: Option<tokio::time::Instant>,
-    principal: Principal,
-    outbox: Arc<Outbox>,
+    /// Principal, tenant, outbox, quotas and publishes: what every front end shares.
+    session: Session,
     acks: Arc<AckInbox>,
     subs: HashMap<u32, Arc<Subscription>>,
     next_sid: u32,
@@ -278,8 +280,6 @@ struct Connection {
     /// Live deliveries of those subscriptions, held until their history is sent.
     held: HashMap<u32, Vec<envelope::Envelope>>,
     held_bytes: usize,
-    scratch: RouteScratch,
-    wakes: Wakes,
     /// The buffer the outbox's bytes are swapped into, kept between batches.
     spare: BytesMut,
 }
@@ -356,7 +356,7 @@ impl Connection {
                 Some(sid) => {
                     match self.subs.remove(&sid) {
                         Some(sub) => {
-                            self.broker.unsubscribe(&self.routes, &sub);
+                            self.session.unsubscribe(&sub);
                             self.reply(id, json!({"op": "ok"}));
                         }
                         None => self.reply_error(
@@ -443,22 +443,6 @@ impl Connection {
             }
         };
         let native = pattern.to_string();
-        if let Err(denied) =
-            self.broker
-                .authorizer()
-                .authorize(&self.principal, Action::Subscribe, &native)
-        {
-            self.reply_error(id, refusal("forbidden", denied.to_string()));
-            return;
-        }
-        if let Err(exceeded) = self
-            .routes
-            .quota
-            .admit_subscription(self.routes.subscription_count())
-        {
-            self.reply_error(id, refusal("quota_exceeded", exceeded.to_string()));
-            return;
-        }
         if from_snapshot && !pattern.is_literal() {
             self.reply_error(
                 id,
@@ -469,11 +453,17 @@ impl Connection {
             );
             return;
         }
+        if let Err(refused) = self.session.admit_subscription(&native, &pattern, false) {
+            let code = match refused {
+                SubscribeRefusal::Denied(_) | SubscribeRefusal::InboxTaken(_) => "forbidden",
+                SubscribeRefusal::OverQuota(_) | SubscribeRefusal::TooMany(_) => "quota_exceeded",
+            };
+            self.reply_error(id, refusal(code, refused.to_string()));
+            return;
+        }
         let sid = self.next_sid;
         self.next_sid = self.next_sid.wrapping_add(1).max(1);
-        let sub = self.broker.subscribe_as(
-            &self.routes,
-            &self.outbox,
+        let sub = self.session.subscribe(
             Bytes::new(),
             pattern,
             None,
@@ -497,7 +487,10 @@ impl Connection {
         // so the history read next misses nothing; live messages wait meanwhile.
         let _ = store.durable_barrier().await;
         if from_snapshot {
-            match store.snapshot(&self.routes.name, &native, None).await {
+            match store
+                .snapshot(&self.session.routes().name, &native, None)
+                .await
+            {
                 Ok(Some(snapshot)) => {
                     let out = SnapshotOut {
                         op: "snapshot",
@@ -546,7 +539,7 @@ impl Connection {
             self.catchups.clear();
             return false;
         };
-        let tenant = Arc::clone(&self.routes.name);
+        let tenant = Arc::clone(&self.session.routes().name);
         let page = match &catchup.target {
             History::Subject(subject) => {
                 store
@@ -629,16 +622,6 @@ impl Connection {
     ) -> Result<(), Refusal> {
         let subject = self.subject(subject)?;
         let subject = subject.as_str();
-        if subject.starts_with('$') {
-            return Err(refusal(
-                "forbidden",
-                format!("{subject} is reserved for the server"),
-            ));
-        }
-        self.broker
-            .authorizer()
-            .authorize(&self.principal, Action::Publish, subject)
-            .map_err(|denied| refusal("forbidden", denied.to_string()))?;
         let mut map = HeaderMap::new();
         let (payload, json_inline) = payload_of(data, data_b64.as_deref())?;
         self.broker.metrics().count_in(1, payload.len() as u64);
@@ -661,73 +644,45 @@ impl Connection {
             map.encode(&mut block);
             block.freeze()
         };
-        let size = payload.len() + block.len();
-        if let Err(exceeded) = self.routes.quota.admit_publish(size) {
-            self.paused_until = exceeded
-                .wait()
-                .map(|wait| tokio::time::Instant::now() + wait);
-            return Err(refusal("quota_exceeded", exceeded.to_string()));
-        }
-        self.routes.quota.count_admitted(1, size as u64);
-        let broker = Arc::clone(&self.broker);
-        let Some(policy) = broker.store_policy(subject) else {
-            let message = Routed {
-                subject,
-                headers: (!block.is_empty()).then_some(&block[..]),
-                payload: &payload,
-                origin: self.id,
-                ..Routed::default()
-            };
-            broker.route(
-                &self.routes,
-                None,
-                &message,
-                &mut self.scratch,
-                &mut self.wakes,
-            );
-            self.wakes.wake_all();
-            self.reply(id.as_deref(), json!({"op": "ok", "stored": false}));
-            return Ok(());
-        };
-        let request = if block.is_empty() {
-            StoreRequest::default()
-        } else {
-            StoreRequest::from_headers(&block).map_err(|bad| refusal("bad_request", bad.0))?
-        };
         if self.pending_acks.len() >= usize::from(u16::MAX) - 1 {
             return Err(refusal("busy", "too many publishes waiting for the store"));
         }
         let ack = self.next_ack;
-        self.next_ack = self.next_ack.wrapping_add(1).max(1);
-        self.pending_acks.insert(ack, id);
-        let message = NewMessage {
+        let publish = Publish {
             headers: block,
-            payload,
-            flags: 0,
+            ack: AskAck::To(AckTo {
+                address: envelope::ack_address(self.id, ack),
+                flags: ACK_MQTT,
+            }),
+            ..Publish::new(subject, payload)
         };
-        let ack = AckTo {
-            address: envelope::ack_address(self.id, ack),
-            flags: ACK_MQTT,
-        };
-        let route = RouteTag {
-            origin: self.id,
-            flags: 0,
-            reply: None,
-        };
-        let append = append_one(
-            policy,
-            &self.routes.name,
-            subject,
-            message,
-            request,
-            Some(ack),
-            route,
-        );
-        let store = self.store()?;
-        store
-            .append(append)
-            .await
-            .map_err(|_| refusal("unavailable", "the store is closing"))
+        let published = self.session.publish(publish).map_err(|refused| {
+            let code = match &refused {
+                session::Refusal::InvalidSubject(_) => "invalid_subject",
+                session::Refusal::Reserved(_) | session::Refusal::Denied(_) => "forbidden",
+                session::Refusal::TooLarge { .. } => "too_large",
+                session::Refusal::OverQuota(_) => "quota_exceeded",
+                session::Refusal::BadHeader(_) => "bad_request",
+            };
+            refusal(code, refused.to_string())
+        })?;
+        self.session.end_batch();
+        match published {
+            session::Published::Stored { .. } => {
+                self.next_ack = self.next_ack.wrapping_add(1).max(1);
+                self.pending_acks.insert(ack, id);
+                if self.session.send_appends().await {
+                    Ok(())
+                } else {
+                    self.pending_acks.remove(&ack);
+                    Err(refusal("unavailable", "the store is closing"))
+                }
+            }
+            _ => {
+                self.reply(id.as_deref(), json!({"op": "ok", "stored": false}));
+                Ok(())
+            }
+        }
     }
 
     async fn get(
@@ -740,7 +695,7 @@ impl Connection {
         self.may_read(subject.as_str())?;
         let store = self.store()?;
         let found = store
-            .get(&self.routes.name, subject.as_str(), version)
+            .get(&self.session.routes().name, subject.as_str(), version)
             .await
             .map_err(|e| refusal("unavailable", e.to_string()))?;
         let Some(message) = found else {
@@ -768,7 +723,7 @@ impl Connection {
         self.may_read(subject.as_str())?;
         let store = self.store()?;
         let Some(snapshot) = store
-            .snapshot(&self.routes.name, subject.as_str(), version)
+            .snapshot(&self.session.routes().name, subject.as_str(), version)
             .await
             .map_err(|e| refusal("unavailable", e.to_string()))?
         else {
@@ -792,12 +747,18 @@ impl Connection {
         let subject = self.subject(subject)?;
         self.broker
             .authorizer()
-            .authorize(&self.principal, Action::Publish, subject.as_str())
+            .authorize(self.session.principal(), Action::Publish, subject.as_str())
             .map_err(|denied| refusal("forbidden", denied.to_string()))?;
         let (payload, json) = payload_of(request.data, request.data_b64.as_deref())?;
         let store = self.store()?;
         store
-            .put_snapshot(&self.routes.name, subject.as_str(), version, &payload, json)
+            .put_snapshot(
+                &self.session.routes().name,
+                subject.as_str(),
+                version,
+                &payload,
+                json,
+            )
             .await
             .map_err(|e| match e {
                 crate::store::StoreError::Refused(reason) => refusal("conflict", reason),
@@ -840,7 +801,7 @@ impl Connection {
             (None, None, Some(v)) => ReplayFrom::Version(v),
             (None, None, None) => ReplayFrom::Start,
         };
-        let tenant = Arc::clone(&self.routes.name);
+        let tenant = Arc::clone(&self.session.routes().name);
         let page = match (&request.subject, &request.pattern) {
             (Some(subject), None) => {
                 let subject = self.subject(subject)?;
@@ -890,7 +851,12 @@ impl Connection {
         self.may_read(&pattern.to_string())?;
         let max = request.max.unwrap_or(100).clamp(1, 1000);
         let page = store
-            .subjects(&self.routes.name, &pattern, request.after.as_deref(), max)
+            .subjects(
+                &self.session.routes().name,
+                &pattern,
+                request.after.as_deref(),
+                max,
+            )
             .await
             .map_err(|e| refusal("unavailable", e.to_string()))?;
         let authz = self.broker.authorizer();
@@ -919,7 +885,7 @@ impl Connection {
     fn may_read(&self, pattern: &str) -> Result<(), Refusal> {
         self.broker
             .authorizer()
-            .authorize(&self.principal, Action::Subscribe, pattern)
+            .authorize(self.session.principal(), Action::Subscribe, pattern)
             .map_err(|denied| refusal("forbidden", denied.to_string()))
     }
 
@@ -928,7 +894,7 @@ impl Connection {
         // The outbox gets the spare buffer's capacity, so routing does not grow a
         // fresh buffer for every batch.
         let mut taken = std::mem::take(&mut self.spare);
-        self.outbox.take(&mut taken);
+        self.session.outbox.take(&mut taken);
         let whole = taken.freeze();
         let mut taken = whole.clone();
         while let Some(delivery) = envelope::decode(&mut taken) {

@@ -88,6 +88,17 @@ impl Acl {
     pub fn may_subscribe(&self, pattern: &str) -> bool {
         self.subscribe.allows(pattern, overlaps)
     }
+
+    /// A subscription under the connection's own inbox (`_INBOX.<owner>.…`, which
+    /// only that connection can hold) needs no allow rule; only a deny rule naming
+    /// `_INBOX` itself refuses it (wildcards never reach inboxes).
+    pub fn may_subscribe_own_inbox(&self, pattern: &str) -> bool {
+        !self.subscribe.deny_all
+            && !self.subscribe.deny.iter().any(|d| {
+                matches!(d.tokens().first(), Some(PatternToken::Literal(t)) if &**t == canopy_subjects::INBOX_TOKEN)
+                    && overlaps(d, pattern)
+            })
+    }
 }
 
 impl Compiled {

@@ -51,9 +51,10 @@ impl Principal {
     }
 }
 
+/// Connecting is decided by the login (`tenancy::login`) and the tenant's
+/// connection quota, not here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    Connect,
     Publish,
     /// Subscribing to a subject or pattern.
     Subscribe,
@@ -65,8 +66,6 @@ pub enum Denied {
     Publish(String),
     #[error("Permissions Violation for Subscription to \"{0}\"")]
     Subscribe(String),
-    #[error("Authorization Violation")]
-    Connect,
 }
 
 /// Decides every operation. Cheap to share: it is immutable once built.
@@ -97,7 +96,6 @@ impl Authorizer {
     ) -> Result<(), Denied> {
         let acl = principal.acl.as_deref();
         match action {
-            Action::Connect => Ok(()),
             Action::Publish => {
                 if self.deny_publish.iter().any(|d| covers(d, subject))
                     || acl.is_some_and(|acl| !acl.may_publish(subject))
@@ -120,6 +118,21 @@ impl Authorizer {
                     Ok(())
                 }
             }
+        }
+    }
+
+    /// May `principal` subscribe to `pattern` under an inbox its connection holds?
+    /// No allow rule is needed: the inbox is the connection's own.
+    pub fn authorize_own_inbox(&self, principal: &Principal, pattern: &str) -> Result<(), Denied> {
+        if self.deny_subscribe.iter().any(|d| covers(d, pattern))
+            || principal
+                .acl
+                .as_deref()
+                .is_some_and(|acl| !acl.may_subscribe_own_inbox(pattern))
+        {
+            Err(Denied::Subscribe(pattern.to_owned()))
+        } else {
+            Ok(())
         }
     }
 
@@ -249,7 +262,6 @@ mod tests {
     fn no_deny_list_allows_everything() {
         let a = Authorizer::default();
         let p = Principal::anonymous("t");
-        assert!(a.authorize(&p, Action::Connect, "").is_ok());
         assert!(a.authorize(&p, Action::Publish, "a.b").is_ok());
         assert!(a.authorize(&p, Action::Subscribe, ">").is_ok());
         assert!(a.may_deliver("anything"));

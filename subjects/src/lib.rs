@@ -17,3 +17,16 @@ pub use pattern::{Pattern, PatternToken};
 pub use shared::SharedTrie;
 pub use subject::{Limits, MQTT_MAX_LEN, Subject, validate_native_subject};
 pub use trie::{QueueGroup, Trie};
+
+/// The first token of a reply inbox subject.
+pub const INBOX_TOKEN: &str = "_INBOX";
+
+/// For an inbox subject (`_INBOX` or `_INBOX.…`), what follows `_INBOX.` (`None`
+/// when nothing does); `None` for every other subject.
+pub fn inbox_rest(subject: &str) -> Option<Option<&str>> {
+    let rest = subject.strip_prefix(INBOX_TOKEN)?;
+    if rest.is_empty() {
+        return Some(None);
+    }
+    rest.strip_prefix('.').map(Some)
+}

@@ -157,6 +157,9 @@ impl Pattern {
         if subject.is_system() && self.tokens.first().is_some_and(PatternToken::is_wildcard) {
             return false;
         }
+        if subject.is_inbox() && self.tokens.iter().take(2).any(PatternToken::is_wildcard) {
+            return false;
+        }
         let tokens: Vec<&str> = subject.tokens().collect();
         match_tokens(&self.tokens, &tokens)
     }

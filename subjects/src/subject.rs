@@ -220,6 +220,12 @@ impl Subject {
     pub fn is_system(&self) -> bool {
         self.native.starts_with('$')
     }
+
+    /// Is this a reply inbox (`_INBOX.<owner>.…`)? Only patterns that name the owner
+    /// token literally match these: no wildcard stands for `_INBOX` or the owner.
+    pub fn is_inbox(&self) -> bool {
+        crate::inbox_rest(&self.native).is_some()
+    }
 }
 
 impl fmt::Display for Subject {

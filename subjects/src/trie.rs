@@ -495,6 +495,19 @@ impl<T: Clone + PartialEq> Trie<T> {
     /// subscribers and its queue groups. `subject` must be a valid native subject (an invalid
     /// one matches nothing sensible but is safe). Allocates nothing.
     pub fn for_each_match(&self, subject: &str, visit: &mut impl FnMut(&[T], &[QueueGroup<T>])) {
+        if let Some(rest) = crate::inbox_rest(subject) {
+            // An inbox is matched only by patterns naming its owner token literally:
+            // no wildcard at the root or in place of the owner token.
+            let Some(inbox) = self
+                .nodes
+                .get(self.root)
+                .and_then(|root| root.children.get(crate::INBOX_TOKEN))
+            else {
+                return;
+            };
+            self.walk(inbox, rest, false, visit);
+            return;
+        }
         let system = subject.starts_with('$');
         self.walk(self.root, Some(subject), !system, visit);
     }
@@ -590,6 +603,33 @@ mod tests {
         assert_eq!(matches(&t, "$SYS.bar"), Vec::<u32>::new());
         t.insert(&p("$SYS.>"), None, 8);
         assert_eq!(matches(&t, "$SYS.bar"), vec![8]);
+    }
+
+    #[test]
+    fn inboxes_match_only_their_owner_token() {
+        let mut t = Trie::new();
+        for (i, s) in [
+            ">",
+            "*.>",
+            "_INBOX.>",
+            "_INBOX.*.x",
+            "_INBOX.abc.*",
+            "_INBOX.abc.>",
+        ]
+        .iter()
+        .enumerate()
+        {
+            t.insert(&p(s), None, i as u32);
+        }
+        t.insert(&m("#"), None, 10);
+        t.insert(&m("_INBOX/#"), None, 11);
+        t.insert(&m("_INBOX/abc/#"), None, 12);
+        t.insert(&p("*.abc.x"), None, 13);
+        assert_eq!(matches(&t, "_INBOX.abc.x"), vec![4, 5, 12]);
+        assert_eq!(matches(&t, "_INBOX.other.x"), Vec::<u32>::new());
+        assert_eq!(matches(&t, "_INBOX"), Vec::<u32>::new());
+        assert_eq!(matches(&t, "_INBOX.abc"), vec![12]);
+        assert_eq!(matches(&t, "_INBOXES.abc.x"), vec![0, 1, 10, 13]);
     }
 
     #[test]

@@ -31,17 +31,14 @@ use super::session::{
 };
 use super::translate;
 use super::transport::Inbound;
-use crate::broker::durable::{ACK_MQTT, StoreRequest, append_one};
+use crate::broker::durable::ACK_MQTT;
 use crate::broker::envelope::{
     self, AckInbox, Envelope, MqttOptions, StoreAck, mqtt_flags, qos_cap,
 };
-use crate::broker::{Broker, Message, Outbox, RouteScratch, Subscription, TenantRoutes, Wakes};
-use crate::store::{
-    AckTo, AppendOutcome, AppendRequest, Expectation, NewMessage, ReplayFrom, RouteTag, Store,
-    now_ms,
-};
-use crate::tenancy::quota::ConnectionSlot;
-use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
+use crate::broker::{Broker, Outbox, Subscription};
+use crate::session::{self, Admission, AskAck, Publisher, Refusal, Session, SubscribeRefusal};
+use crate::store::{AckTo, AppendOutcome, Expectation, ReplayFrom, Store, now_ms};
+use crate::tenancy::{Action, Principal};
 
 /// Bytes read from the socket at a time.
 const READ_CHUNK: usize = 16 * 1024;
@@ -303,13 +300,12 @@ struct Connection {
     context: Arc<MqttContext>,
     broker: Arc<Broker>,
     store: Option<Arc<Store>>,
-    routes: Arc<TenantRoutes>,
-    principal: Principal,
+    /// Principal, tenant, outbox, quotas and publishes: what every front end shares.
+    session: Session,
     level: Level,
     key: SessionKey,
     claim: Claim,
     decoder: Decoder,
-    outbox: Arc<Outbox>,
     acks: Arc<AckInbox>,
     keep_alive: Option<Duration>,
     last_read: Instant,
@@ -322,8 +318,6 @@ struct Connection {
     // From the client.
     aliases: HashMap<u16, Bytes>,
     inbound: HashMap<u16, InboundState>,
-    /// Publishes for the store from the last batch of packets.
-    appends: Vec<AppendRequest>,
 
     // To the client.
     window: usize,
@@ -349,8 +343,6 @@ struct Connection {
     saved_record: bool,
 
     control: BytesMut,
-    scratch: RouteScratch,
-    wakes: Wakes,
     store_acks: Vec<StoreAck>,
     /// Scratch for a delivery's properties, made on first use.
     properties: Option<Box<Properties>>,
@@ -366,12 +358,6 @@ struct Connection {
     /// Open requests: inbox number, response subject, correlation data.
     requests: VecDeque<(u64, Bytes, Bytes)>,
     next_request: u64,
-    /// The connection's place in its tenant's connection quota.
-    _slot: ConnectionSlot,
-    /// Over its tenant's publish rate: nothing more is read until then.
-    paused_until: Option<Instant>,
-    /// Publishes (messages, bytes) admitted in this inbound batch, counted once.
-    admitted: (u64, u64),
 }
 
 /// Logs an MQTT client in with its CONNECT's user name (`name@tenant`, or `name`) and
@@ -478,33 +464,22 @@ impl Connection {
         } else {
             Principal::anonymous(client_id.as_str())
         };
-        if broker
-            .authorizer()
-            .authorize(&principal, Action::Connect, "")
-            .is_err()
-        {
-            let out = refuse(
-                reason::NOT_AUTHORIZED,
-                reason::V3_NOT_AUTHORIZED,
-                "not authorized",
-            );
-            let _ = writer.write_all(&out).await;
-            return None;
-        }
         if let Some(will) = &connect.will {
-            let allowed = Subject::parse_mqtt_with(&will.topic, &context.subject_limits)
-                .ok()
-                .filter(|s| {
-                    broker
-                        .authorizer()
-                        .authorize(&principal, Action::Publish, s.as_str())
-                        .is_ok()
-                });
-            if allowed.is_none() {
+            let publisher = Publisher::new(
+                Arc::clone(&broker),
+                broker.tenant(&principal.tenant),
+                principal.clone(),
+                Arc::clone(&context.session_limits),
+                id,
+            );
+            let checked = Subject::parse_mqtt_with(&will.topic, &context.subject_limits)
+                .map_err(|e| Refusal::InvalidSubject(e.to_string()))
+                .and_then(|s| publisher.check_target(s.as_str()));
+            if let Err(refused) = checked {
                 let out = refuse(
-                    reason::TOPIC_NAME_INVALID,
+                    mqtt_code(&refused),
                     reason::V3_NOT_AUTHORIZED,
-                    "the will topic cannot be used",
+                    &format!("the will topic cannot be used: {refused}"),
                 );
                 let _ = writer.write_all(&out).await;
                 return None;
@@ -617,19 +592,25 @@ impl Connection {
                 .min(config.max_inflight.max(1)),
         );
         let routes = broker.tenant(&principal.tenant);
+        let mut session = Session::new(
+            Arc::clone(&broker),
+            routes,
+            principal,
+            outbox,
+            Arc::clone(&context.session_limits),
+        );
+        session.hold_slot(slot);
         let mut connection = Connection {
             id,
             peer,
             context: Arc::clone(context),
             broker,
             store,
-            routes,
-            principal,
+            session,
             level,
             key,
             claim,
             decoder,
-            outbox,
             acks,
             keep_alive: (keep_alive > 0).then(|| Duration::from_secs(u64::from(keep_alive))),
             last_read: Instant::now(),
@@ -638,7 +619,6 @@ impl Connection {
             will: connect.will.clone().map(Box::new),
             aliases: HashMap::new(),
             inbound: HashMap::new(),
-            appends: Vec::new(),
             window: window.max(1),
             client_max_packet: props
                 .maximum_packet_size
@@ -658,8 +638,6 @@ impl Connection {
             saved_high: 0,
             saved_record: false,
             control: BytesMut::new(),
-            scratch: RouteScratch::default(),
-            wakes: Wakes::default(),
             store_acks: Vec::new(),
             properties: None,
             topic: String::new(),
@@ -668,9 +646,6 @@ impl Connection {
                 .unwrap_or(0)
                 .min(config.topic_alias_maximum),
             out_aliases: None,
-            _slot: slot,
-            paused_until: None,
-            admitted: (0, 0),
             reply_inbox: None,
             requests: VecDeque::new(),
             next_request: 1,
@@ -718,7 +693,10 @@ impl Connection {
     /// The tenant's next offset: where a new session's cursor starts.
     async fn next_offset(&self) -> u64 {
         match &self.store {
-            Some(store) => store.next_offset(&self.routes.name).await.unwrap_or(1),
+            Some(store) => store
+                .next_offset(&self.session.routes().name)
+                .await
+                .unwrap_or(1),
             None => 1,
         }
     }
@@ -738,7 +716,7 @@ impl Connection {
             if self
                 .broker
                 .authorizer()
-                .authorize(&self.principal, Action::Subscribe, &saved.subject)
+                .authorize(self.session.principal(), Action::Subscribe, &saved.subject)
                 .is_err()
             {
                 // Not this user's to receive: the delivery is forgotten.
@@ -785,7 +763,7 @@ impl Connection {
             let matches = |subject: &str| matcher.matches(subject);
             match store
                 .backlog_start(
-                    &self.routes.name,
+                    &self.session.routes().name,
                     &matches,
                     record.cursor.max(1),
                     min_time,
@@ -851,13 +829,15 @@ impl Connection {
         }
         loop {
             if written >= out.len() {
-                if out.capacity() > WRITE_BATCH * 2 || (written > 0 && self.outbox.is_empty()) {
+                if out.capacity() > WRITE_BATCH * 2
+                    || (written > 0 && self.session.outbox.is_empty())
+                {
                     out = BytesMut::new();
                 } else {
                     out.clear();
                 }
                 written = 0;
-                if self.outbox.is_slow() {
+                if self.session.outbox.is_slow() {
                     return Close::protocol(
                         reason::QUOTA_EXCEEDED,
                         "slow consumer: the client does not read its messages fast enough",
@@ -880,7 +860,7 @@ impl Connection {
                 biased;
                 _ = shutdown.cancelled() => Err(Close::Shutdown),
                 () = handoff.taken_over() => Err(Close::TakenOver),
-                () = self.routes.deleted.cancelled() => {
+                () = self.session.routes().deleted.cancelled() => {
                     Err(Close::protocol(reason::ADMINISTRATIVE_ACTION, "the tenant was deleted"))
                 }
                 result = crate::server::tls::write_or_flush(writer, out.get(written..).unwrap_or_default()), if writing || unflushed => match result {
@@ -897,16 +877,16 @@ impl Connection {
                         Ok(())
                     }
                 },
-                _ = self.outbox.woken(), if !writing => Ok(()),
+                _ = self.session.outbox.woken(), if !writing => Ok(()),
                 _ = tokio::time::sleep_until(
-                    self.paused_until.unwrap_or_else(Instant::now)
-                ), if self.paused_until.is_some() => {
-                    self.paused_until = None;
+                    self.session.paused_until.unwrap_or_else(Instant::now)
+                ), if self.session.paused_until.is_some() => {
+                    self.session.paused_until = None;
                     // The client was not silent; we were not reading.
                     self.last_read = Instant::now();
                     self.process(&mut rbuf)
                 }
-                ready = reader.ready(), if self.paused_until.is_none() => match ready {
+                ready = reader.ready(), if self.session.paused_until.is_none() => match ready {
                     Err(_) => Err(Close::Gone),
                     Ok(()) => {
                         if rbuf.capacity() - rbuf.len() < 1024 {
@@ -931,7 +911,7 @@ impl Connection {
                 () = &mut timer => {
                     let now = Instant::now();
                     if writing && progress + deadline <= now {
-                        self.outbox.mark_slow();
+                        self.session.outbox.mark_slow();
                         Err(Close::protocol(reason::QUOTA_EXCEEDED, "slow consumer: writes are blocked"))
                     } else if self.keep_alive_due().is_some_and(|due| due <= now) {
                         Err(Close::protocol(reason::KEEP_ALIVE_TIMEOUT, "keep alive timeout"))
@@ -957,7 +937,7 @@ impl Connection {
 
     /// Whether [`Connection::catch_up`] has anything to do.
     fn has_store_work(&self) -> bool {
-        !self.appends.is_empty()
+        !self.session.appends.is_empty()
             || self.session_dirty
             || self.session_stale()
             || (self.queued_bytes < self.context.config.mqtt.max_queued_bytes
@@ -992,20 +972,11 @@ impl Connection {
     /// Asynchronous work the last step left: appends for the store, store acks,
     /// retained messages and backlog pages, a session save.
     async fn catch_up(&mut self) -> Result<(), Close> {
-        if !self.appends.is_empty() {
-            match self.store.clone() {
-                Some(store) => {
-                    for request in std::mem::take(&mut self.appends) {
-                        if store.append(request).await.is_err() {
-                            return Err(Close::protocol(
-                                reason::SERVER_SHUTTING_DOWN,
-                                "the store is closing",
-                            ));
-                        }
-                    }
-                }
-                None => self.appends.clear(),
-            }
+        if !self.session.appends.is_empty() && !self.session.send_appends().await {
+            return Err(Close::protocol(
+                reason::SERVER_SHUTTING_DOWN,
+                "the store is closing",
+            ));
         }
         self.take_store_acks()?;
         let room = self.queued_bytes < self.context.config.mqtt.max_queued_bytes;
@@ -1013,7 +984,7 @@ impl Connection {
             if let Some(job) = self.retained_jobs.front_mut() {
                 let page = store
                     .retained(
-                        &self.routes.name,
+                        &self.session.routes().name,
                         &job.pattern,
                         job.after.as_deref(),
                         STORE_PAGE,
@@ -1057,7 +1028,7 @@ impl Connection {
                         self.retained_jobs.pop_front();
                     }
                 }
-                self.outbox.wake();
+                self.session.outbox.wake();
             } else if let Some(backlog) = self.backlog.as_ref().filter(|b| !b.done) {
                 let from = backlog.next;
                 let matcher = self.matcher();
@@ -1066,7 +1037,7 @@ impl Connection {
                     |subject: &str| matcher.matches(subject) && authz.may_deliver(subject);
                 let page = store
                     .replay_matching(
-                        &self.routes.name,
+                        &self.session.routes().name,
                         &matches,
                         ReplayFrom::Offset(from),
                         STORE_PAGE,
@@ -1118,7 +1089,7 @@ impl Connection {
                         }
                     }
                 }
-                self.outbox.wake();
+                self.session.outbox.wake();
             }
         }
         if self.session_dirty || self.session_stale() {
@@ -1150,11 +1121,11 @@ impl Connection {
             }
             // Live deliveries wait while the backlog is read, so order holds.
             let live = self.backlog.as_ref().is_none_or(|b| b.done);
-            if !live || self.queued_bytes >= max_queued || self.outbox.is_empty() {
+            if !live || self.queued_bytes >= max_queued || self.session.outbox.is_empty() {
                 break;
             }
             let mut taken = BytesMut::new();
-            self.outbox.take(&mut taken);
+            self.session.outbox.take(&mut taken);
             let mut taken = taken.freeze();
             while let Some(envelope) = envelope::decode(&mut taken) {
                 if self.forward_reply(&envelope) {
@@ -1334,7 +1305,7 @@ impl Connection {
                     if let Err(close) = self.handle(packet) {
                         break Err(close);
                     }
-                    if self.paused_until.is_some() {
+                    if self.session.paused_until.is_some() {
                         break Ok(());
                     }
                 }
@@ -1348,9 +1319,7 @@ impl Connection {
         if msgs > 0 {
             self.broker.metrics().count_in(msgs, bytes);
         }
-        let (admitted, admitted_bytes) = std::mem::take(&mut self.admitted);
-        self.routes.quota.count_admitted(admitted, admitted_bytes);
-        self.wakes.wake_all();
+        self.session.end_batch();
         result
     }
 
@@ -1434,7 +1403,7 @@ impl Connection {
             .position(|i| i.packet_id == packet_id && i.stage == stage && i.delivery.qos == qos)
         {
             self.inflight.remove(at);
-            self.outbox.wake();
+            self.session.outbox.wake();
         }
     }
 
@@ -1457,7 +1426,7 @@ impl Connection {
             // The client refused it: the flow ends here.
             let id = ack.packet_id;
             self.inflight.retain(|i| i.packet_id != id);
-            self.outbox.wake();
+            self.session.outbox.wake();
             return;
         }
         entry.stage = Stage::Released;
@@ -1521,25 +1490,6 @@ impl Connection {
                 );
             }
         };
-        let subject_text = subject.as_str();
-        if subject_text.starts_with("$CANOPY.")
-            || subject_text.starts_with("$SYS.")
-            || subject_text == "$SYS"
-        {
-            return self.refuse_publish(
-                qos,
-                packet_id,
-                reason::NOT_AUTHORIZED,
-                format!("{topic_text} is reserved for the server"),
-            );
-        }
-        if let Err(denied) =
-            self.broker
-                .authorizer()
-                .authorize(&self.principal, Action::Publish, subject_text)
-        {
-            return self.refuse_publish(qos, packet_id, reason::NOT_AUTHORIZED, denied.to_string());
-        }
         let parts = if self.level == Level::V5 {
             match translate::inbound(
                 &publish.properties,
@@ -1567,139 +1517,120 @@ impl Connection {
         } else {
             translate::NativeParts::default()
         };
-        let flags = mqtt_flags(qos, publish.retain);
         let mut parts = parts;
-        // MQTT 5 refuses an acknowledged publish over the rate with 0x97; anything
-        // else cannot be refused without being lost or acked falsely, so it is taken
-        // and the client is held back instead.
-        // Headers count: a v5 publish's properties become the header block.
-        let size = publish.payload.len() + parts.headers.len();
-        if self.level == Level::V5 && qos > 0 {
-            if let Err(exceeded) = self.routes.quota.admit_publish(size) {
-                self.paused_until = exceeded.wait().map(|wait| Instant::now() + wait);
+        if let Some(response) = parts
+            .reply
+            .as_deref()
+            .and_then(|r| std::str::from_utf8(r).ok())
+        {
+            // Answers are published to the response topic on this client's behalf: it
+            // must be a topic the client could publish to itself.
+            if let Err(refused) = self.session.publisher.check_target(response) {
+                let code = mqtt_code(&refused);
                 return self.refuse_publish(
                     qos,
                     packet_id,
-                    reason::QUOTA_EXCEEDED,
-                    exceeded.to_string(),
+                    code,
+                    format!("response topic: {refused}"),
                 );
             }
-        } else if let Some(wait) = self.routes.quota.throttle_publish(size) {
-            let until = Instant::now() + wait;
-            self.paused_until = Some(until);
-            // Keep-alive counts from the end of a pause the server chose.
-            self.last_read = self.last_read.max(until);
         }
-        self.admitted.0 += 1;
-        self.admitted.1 += size as u64;
         if let (Some(reply), Some(correlation)) =
             (&parts.reply, &publish.properties.correlation_data)
         {
             // A request: the responder answers the inbox, and the answer is passed on
             // to the response topic with the correlation data, so services that do
-            // not copy headers still answer MQTT requesters correctly.
-            parts.reply = Some(self.remember_request(reply.clone(), correlation.clone()));
+            // not copy headers still answer MQTT requesters correctly. MQTT
+            // receivers get the response topic itself (`translate::outbound`).
+            if let Some(inbox) = self.remember_request(reply.clone(), correlation.clone()) {
+                parts.reply = Some(inbox);
+            }
         }
-        let broker = Arc::clone(&self.broker);
-        if let Some(policy) = broker.store_policy(subject_text) {
-            let request = if parts.headers.is_empty() {
-                StoreRequest::default()
-            } else {
-                match StoreRequest::from_headers(&parts.headers) {
-                    Ok(request) => request,
-                    Err(bad) => {
-                        return self.refuse_publish(
-                            qos,
-                            packet_id,
-                            reason::IMPLEMENTATION_SPECIFIC_ERROR,
-                            bad.0,
-                        );
-                    }
-                }
-            };
-            let ack = (qos > 0).then(|| AckTo {
+        let ack = if qos > 0 {
+            AskAck::To(AckTo {
                 address: envelope::ack_address(self.id, packet_id),
                 flags: ACK_MQTT,
-            });
-            if qos > 0 {
-                self.inbound.insert(packet_id, InboundState::Storing(qos));
-            }
-            let message = NewMessage {
-                headers: parts.headers,
-                payload: publish.payload,
-                flags,
-            };
-            let route = RouteTag {
-                origin: self.id,
-                flags: 0,
-                reply: parts.reply,
-            };
-            let mut append = append_one(
-                policy,
-                &self.routes.name,
-                subject_text,
-                message,
-                request,
-                ack,
-                route,
-            );
-            append.retain = publish.retain;
-            self.appends.push(append);
-            return Ok(());
-        }
-        // Not stored: routed now, acknowledged now.
-        let message = Message {
-            subject: subject_text,
-            reply: parts.reply.as_deref(),
-            headers: (!parts.headers.is_empty()).then_some(&parts.headers[..]),
-            payload: &publish.payload,
-            origin: self.id,
-            flags,
-            ..Message::default()
+            })
+        } else {
+            AskAck::Nobody
         };
-        let delivered = self.broker.route(
-            &self.routes,
-            None,
-            &message,
-            &mut self.scratch,
-            &mut self.wakes,
-        );
-        if delivered > 0 {
-            self.broker.metrics().count_out(
-                delivered as u64,
-                (delivered * (publish.payload.len() + parts.headers.len())) as u64,
-            );
+        // MQTT 5 refuses an acknowledged publish over the rate with 0x97; anything
+        // else cannot be refused without being lost or acked falsely, so it is taken
+        // and the client is held back instead.
+        let admission = if self.level == Level::V5 && qos > 0 {
+            Admission::Refusable
+        } else {
+            Admission::Throttled
+        };
+        let message = session::Publish {
+            reply: parts.reply,
+            headers: parts.headers,
+            flags: mqtt_flags(qos, publish.retain),
+            retain: publish.retain,
+            ack,
+            admission,
+            ..session::Publish::new(subject.as_str(), publish.payload)
+        };
+        let published = self.session.publish(message);
+        if let Some(until) = self.session.paused_until {
+            // Keep-alive counts from the end of a pause the server chose.
+            self.last_read = self.last_read.max(until);
         }
-        match qos {
-            1 => self.put_control(&Packet::PubAck(Ack::new(packet_id))),
-            2 => {
-                self.inbound.insert(packet_id, InboundState::Received);
-                self.put_control(&Packet::PubRec(Ack::new(packet_id)));
+        match published {
+            Err(refused) => {
+                let code = mqtt_code(&refused);
+                self.refuse_publish(qos, packet_id, code, refused.to_string())
             }
-            _ => {}
+            Ok(session::Published::Stored { .. }) => {
+                if qos > 0 {
+                    self.inbound.insert(packet_id, InboundState::Storing(qos));
+                }
+                Ok(())
+            }
+            // Not stored: routed now, acknowledged now.
+            Ok(_) => {
+                match qos {
+                    1 => self.put_control(&Packet::PubAck(Ack::new(packet_id))),
+                    2 => {
+                        self.inbound.insert(packet_id, InboundState::Received);
+                        self.put_control(&Packet::PubRec(Ack::new(packet_id)));
+                    }
+                    _ => {}
+                }
+                Ok(())
+            }
         }
-        Ok(())
     }
 
     /// Records a request's response topic and correlation data under a fresh inbox
-    /// subject of this connection, which it then subscribes to (once).
-    fn remember_request(&mut self, response: Bytes, correlation: Bytes) -> Bytes {
+    /// subject of this connection, which it then subscribes to (once). `None` when
+    /// the connection may not hold an inbox (its subscription limits).
+    fn remember_request(&mut self, response: Bytes, correlation: Bytes) -> Option<Bytes> {
         if self.reply_inbox.is_none() {
-            let prefix = format!("_INBOX.mqtt-{}", self.id);
-            if let Ok(pattern) = Pattern::parse_native(&format!("{prefix}.*")) {
-                let sub = self.broker.subscribe_as(
-                    &self.routes,
-                    &self.outbox,
-                    Bytes::from_static(b"$reply"),
-                    pattern,
-                    None,
-                    Some(MqttOptions {
-                        qos: 2,
-                        ..MqttOptions::default()
-                    }),
-                );
-                self.reply_inbox = Some((format!("{prefix}."), sub));
+            // The owner token is random: inboxes are claimed by their first
+            // subscriber, so a predictable one could be taken first.
+            let mut token = [0u8; 16];
+            getrandom::fill(&mut token).ok()?;
+            let mut prefix = String::from("_INBOX.mqtt");
+            for byte in token {
+                prefix.push_str(&format!("{byte:02x}"));
             }
+            let text = format!("{prefix}.*");
+            let pattern = Pattern::parse_native(&text).ok()?;
+            self.session
+                .admit_subscription(&text, &pattern, false)
+                .ok()?;
+            let sub = self.session.subscribe(
+                Bytes::from_static(b"$reply"),
+                pattern,
+                None,
+                Some(MqttOptions {
+                    qos: 2,
+                    ..MqttOptions::default()
+                }),
+            );
+            prefix.push('.');
+            self.reply_inbox = Some((prefix, sub));
         }
         let seq = self.next_request;
         self.next_request += 1;
@@ -1708,12 +1639,13 @@ impl Connection {
             self.requests.pop_front();
         }
         let prefix = self.reply_inbox.as_ref().map_or("", |(p, _)| p.as_str());
-        Bytes::from(format!("{prefix}{seq}"))
+        Some(Bytes::from(format!("{prefix}{seq}")))
     }
 
     /// Passes an answer that arrived on this connection's request inbox on to the
-    /// request's response topic, with its correlation data; true when `envelope` was
-    /// such an answer.
+    /// request's response topic, with its correlation data, published as this
+    /// client (its rules, its tenant's quota); true when `envelope` was such an
+    /// answer.
     fn forward_reply(&mut self, envelope: &Envelope) -> bool {
         let Some((prefix, _)) = &self.reply_inbox else {
             return false;
@@ -1736,43 +1668,23 @@ impl Connection {
         let Ok(subject) = std::str::from_utf8(&response) else {
             return true;
         };
-        let headers = translate::with_correlation(&envelope.headers, &correlation);
-        let flags = mqtt_flags(envelope.qos, false);
-        let broker = Arc::clone(&self.broker);
-        if let Some(policy) = broker.store_policy(subject) {
-            let message = NewMessage {
-                headers,
-                payload: envelope.payload.clone(),
-                flags,
-            };
-            self.appends.push(append_one(
-                policy,
-                &self.routes.name,
-                subject,
-                message,
-                StoreRequest::default(),
-                None,
-                RouteTag::default(),
-            ));
-            // The append goes out in the next catch-up.
-            self.outbox.wake();
-        } else {
-            let message = Message {
-                subject,
-                headers: Some(&headers[..]),
-                payload: &envelope.payload,
-                flags,
-                ..Message::default()
-            };
-            broker.route(
-                &self.routes,
-                None,
-                &message,
-                &mut self.scratch,
-                &mut self.wakes,
-            );
-            self.wakes.wake_all();
+        let answer = session::Publish {
+            headers: translate::with_correlation(&envelope.headers, &correlation),
+            flags: mqtt_flags(envelope.qos, false),
+            admission: Admission::Throttled,
+            ..session::Publish::new(subject, envelope.payload.clone())
+        };
+        match self.session.publish(answer) {
+            Ok(session::Published::Stored { .. }) => {
+                // The append goes out in the next catch-up.
+                self.session.outbox.wake();
+            }
+            Ok(_) => {}
+            Err(refused) => {
+                tracing::debug!(conn = self.id, %refused, "an answer to an mqtt request was dropped");
+            }
         }
+        self.session.end_batch();
         true
     }
 
@@ -1809,8 +1721,10 @@ impl Connection {
         Ok(topic)
     }
 
-    /// Answers a publish that cannot be taken: a v5 error reason on its ack; a 3.x
-    /// QoS 1/2 publish is acknowledged and dropped, as 3.x has no way to refuse one.
+    /// Answers a publish that cannot be taken: a v5 error reason on its ack. MQTT
+    /// 3.x has no way to refuse a QoS 1 or 2 publish, and acking one that was
+    /// dropped would lose it, so the connection closes without an ack instead (the
+    /// client learns nothing was taken). A refused QoS 0 publish is dropped.
     fn refuse_publish(
         &mut self,
         qos: u8,
@@ -1819,22 +1733,25 @@ impl Connection {
         why: String,
     ) -> Result<(), Close> {
         tracing::debug!(conn = self.id, code, why, "mqtt publish refused");
-        let v5 = self.level == Level::V5;
+        if self.level != Level::V5 {
+            if qos > 0 {
+                return Err(Close::Server {
+                    code,
+                    reason: format!("publish refused: {why}"),
+                });
+            }
+            return Ok(());
+        }
         let ack = Ack {
             packet_id,
-            reason: if v5 { code } else { reason::SUCCESS },
+            reason: code,
             properties: self.ack_properties(Some(why.clone())),
         };
         match qos {
             1 => self.put_control(&Packet::PubAck(ack)),
-            2 => {
-                if !v5 {
-                    self.inbound.insert(packet_id, InboundState::Received);
-                }
-                self.put_control(&Packet::PubRec(ack));
-            }
+            2 => self.put_control(&Packet::PubRec(ack)),
             // QoS 0 has no ack: MQTT 5 says why on DISCONNECT for a bad topic.
-            _ if v5 && code == reason::TOPIC_NAME_INVALID => {
+            _ if code == reason::TOPIC_NAME_INVALID => {
                 return Err(Close::protocol(code, why));
             }
             _ => {}
@@ -1918,7 +1835,7 @@ impl Connection {
             }
         }
         if !self.control.is_empty() {
-            self.outbox.wake();
+            self.session.outbox.wake();
         }
         Ok(())
     }
@@ -2012,29 +1929,21 @@ impl Connection {
         let pattern = Pattern::parse_mqtt_with(filter, &self.context.subject_limits)
             .map_err(|_| reason::TOPIC_FILTER_INVALID)?;
         let native = pattern.to_string();
-        if check {
-            if let Err(denied) =
-                self.broker
-                    .authorizer()
-                    .authorize(&self.principal, Action::Subscribe, &native)
-            {
-                tracing::debug!(conn = self.id, %denied, "mqtt subscription refused");
-                return Err(reason::NOT_AUTHORIZED);
-            }
-            let max = self.context.config.mqtt.max_subscriptions;
-            let new = !self.subs.contains_key(&saved.filter);
-            if max > 0 && self.subs.len() >= max && new {
-                return Err(reason::QUOTA_EXCEEDED);
-            }
-            if new
-                && let Err(exceeded) = self
-                    .routes
-                    .quota
-                    .admit_subscription(self.routes.subscription_count())
-            {
-                tracing::debug!(conn = self.id, %exceeded, "mqtt subscription refused");
-                return Err(reason::QUOTA_EXCEEDED);
-            }
+        let replacing = self.subs.contains_key(&saved.filter);
+        if check
+            && let Err(refused) = self
+                .session
+                .admit_subscription(&native, &pattern, replacing)
+        {
+            tracing::debug!(conn = self.id, %refused, "mqtt subscription refused");
+            return Err(match refused {
+                SubscribeRefusal::Denied(_) | SubscribeRefusal::InboxTaken(_) => {
+                    reason::NOT_AUTHORIZED
+                }
+                SubscribeRefusal::OverQuota(_) | SubscribeRefusal::TooMany(_) => {
+                    reason::QUOTA_EXCEEDED
+                }
+            });
         }
         let options = MqttOptions {
             qos: saved.qos.min(2),
@@ -2044,11 +1953,9 @@ impl Connection {
         };
         let previous = self.subs.remove(&saved.filter);
         if let Some(old) = &previous {
-            self.broker.unsubscribe(&self.routes, &old.sub);
+            self.session.unsubscribe(&old.sub);
         }
-        let sub = self.broker.subscribe_as(
-            &self.routes,
-            &self.outbox,
+        let sub = self.session.subscribe(
             Bytes::copy_from_slice(saved.filter.as_bytes()),
             pattern.clone(),
             group,
@@ -2072,7 +1979,7 @@ impl Connection {
         for filter in &unsubscribe.filters {
             let code = match self.subs.remove(filter) {
                 Some(entry) => {
-                    self.broker.unsubscribe(&self.routes, &entry.sub);
+                    self.session.unsubscribe(&entry.sub);
                     reason::SUCCESS
                 }
                 None => reason::NO_SUBSCRIPTION_EXISTED,
@@ -2169,7 +2076,7 @@ impl Connection {
             .map(|s| Arc::clone(&s.sub))
             .chain(self.reply_inbox.as_ref().map(|(_, sub)| Arc::clone(sub)))
             .collect();
-        self.broker.unsubscribe_all(&self.routes, &subs);
+        self.session.close(&subs);
         let deadline = Duration::from_secs(self.context.config.mqtt.write_deadline_secs.max(1));
         // Publishes already decoded still go to the store; their acks may not
         // reach this client any more, and it will send them again. Retained
@@ -2204,7 +2111,7 @@ impl Connection {
             }
         }
         self.broker.mqtt_acks().remove(self.id);
-        self.outbox.close();
+        self.session.outbox.close();
         if self.persistent() || self.saved_record {
             self.save_session(true).await;
         }
@@ -2230,15 +2137,16 @@ impl Connection {
             let key = self.key.clone();
             let generation = self.claim.generation;
             let level = self.level;
-            let origin = self.id;
+            let publisher = (*self.session.publisher).clone();
+            let limits = context.subject_limits;
             if delay == 0 {
-                publish_will(&context, &will, level, origin).await;
+                publish_will(&publisher, &will, level, &limits).await;
             } else {
                 let tracker = context.tracker.clone();
                 tracker.spawn(async move {
                     tokio::time::sleep(Duration::from_secs(u64::from(delay))).await;
                     if context.sessions.will_due(&key, generation) {
-                        publish_will(&context, &will, level, origin).await;
+                        publish_will(&publisher, &will, level, &limits).await;
                     }
                 });
             }
@@ -2301,60 +2209,43 @@ fn ids(subscription_id: u32) -> Vec<u32> {
     }
 }
 
-/// Publishes a will as its client would have.
-async fn publish_will(context: &MqttContext, will: &Will, level: Level, origin: u64) {
-    let broker = &context.broker;
-    let Ok(subject) = Subject::parse_mqtt_with(&will.topic, &context.subject_limits) else {
+/// Publishes a will as its client would have: under its principal, in its tenant,
+/// through the same decision as its own publishes.
+async fn publish_will(
+    publisher: &Publisher,
+    will: &Will,
+    level: Level,
+    limits: &canopy_subjects::Limits,
+) {
+    let Ok(subject) = Subject::parse_mqtt_with(&will.topic, limits) else {
         return;
     };
     let parts = if level == Level::V5 {
-        translate::inbound(&will.properties, &will.payload, &context.subject_limits)
-            .unwrap_or_default()
+        translate::inbound(&will.properties, &will.payload, limits).unwrap_or_default()
     } else {
         translate::NativeParts::default()
     };
-    let flags = mqtt_flags(will.qos as u8, will.retain);
-    let routes = broker.tenant(DEFAULT_TENANT);
-    if let Some(policy) = broker.store_policy(subject.as_str())
-        && let Some(store) = broker.store()
-    {
-        let message = NewMessage {
-            headers: parts.headers,
-            payload: will.payload.clone(),
-            flags,
-        };
-        let route = RouteTag {
-            origin,
-            flags: 0,
-            reply: parts.reply,
-        };
-        let mut request = append_one(
-            policy,
-            &routes.name,
-            subject.as_str(),
-            message,
-            StoreRequest::default(),
-            None,
-            route,
-        );
-        request.retain = will.retain;
-        if store.append(request).await.is_err() {
-            tracing::warn!(topic = %will.topic, "the will could not be stored: the store is closing");
-        }
-        return;
-    }
-    let message = Message {
-        subject: subject.as_str(),
-        reply: parts.reply.as_deref(),
-        headers: (!parts.headers.is_empty()).then_some(&parts.headers[..]),
-        payload: &will.payload,
-        origin,
-        flags,
-        ..Message::default()
+    let message = session::Publish {
+        reply: parts.reply,
+        headers: parts.headers,
+        flags: mqtt_flags(will.qos as u8, will.retain),
+        retain: will.retain,
+        admission: Admission::Throttled,
+        ..session::Publish::new(subject.as_str(), will.payload.clone())
     };
-    let mut scratch = RouteScratch::default();
-    let mut wakes = Wakes::default();
-    broker.route(&routes, None, &message, &mut scratch, &mut wakes);
+    if let Err(refused) = publisher.publish_detached(message).await {
+        tracing::debug!(topic = %will.topic, %refused, "a will was not published");
+    }
+}
+
+/// The MQTT 5 reason code for a refused publish.
+fn mqtt_code(refused: &Refusal) -> u8 {
+    match refused {
+        Refusal::InvalidSubject(_) => reason::TOPIC_NAME_INVALID,
+        Refusal::Reserved(_) | Refusal::Denied(_) => reason::NOT_AUTHORIZED,
+        Refusal::OverQuota(_) => reason::QUOTA_EXCEEDED,
+        Refusal::TooLarge { .. } | Refusal::BadHeader(_) => reason::IMPLEMENTATION_SPECIFIC_ERROR,
+    }
 }
 
 #[cfg(test)]

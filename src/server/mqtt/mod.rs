@@ -31,6 +31,8 @@ pub struct MqttContext {
     config: Arc<Config>,
     broker: Arc<Broker>,
     subject_limits: SubjectLimits,
+    /// The limits every front end shares (`max_payload` among them).
+    session_limits: Arc<crate::session::SessionLimits>,
     sessions: session::Sessions,
     /// Wills waiting for their delay; the server waits for none of them at shutdown.
     tracker: TaskTracker,
@@ -49,10 +51,16 @@ impl MqttContext {
             max_len: config.limits.max_subject_len,
             max_tokens: config.limits.max_subject_tokens,
         };
+        let session_limits = Arc::new(crate::session::SessionLimits {
+            subjects: subject_limits,
+            max_payload: config.native.max_payload,
+            max_subscriptions: config.mqtt.max_subscriptions,
+        });
         Self {
             config,
             broker,
             subject_limits,
+            session_limits,
             sessions: session::Sessions::default(),
             tracker: TaskTracker::new(),
             tls,

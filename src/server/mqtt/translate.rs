@@ -145,10 +145,12 @@ pub fn outbound(
                 }
             }
             PAYLOAD_FORMAT if value.trim() == "utf-8" => out.payload_format_indicator = Some(1),
+            // The requester's own response topic wins over the server inbox in the
+            // reply subject: an MQTT receiver answers the requester directly, as
+            // between two MQTT clients anywhere else; the inbox is for NATS
+            // services, which answer replies rather than headers.
             RESPONSE_TOPIC => {
-                if out.response_topic.is_none()
-                    && let Ok(subject) = Subject::parse_native(value.trim())
-                {
+                if let Ok(subject) = Subject::parse_native(value.trim()) {
                     out.response_topic = Some(subject.to_mqtt());
                 }
             }

@@ -1,0 +1,104 @@
+//! Reply inboxes belong to the connection that asked.
+//!
+//! A subject `_INBOX.<owner>.…` is an inbox; its second token is the owner token.
+//! The trie never matches an inbox through a wildcard standing for `_INBOX` or the
+//! owner token (`canopy_subjects::Trie`), so `>` or `_INBOX.>` see no replies; and
+//! the first live connection to subscribe under an owner token claims it in its
+//! tenant, so no other connection can subscribe under it literally either until the
+//! owner lets go. Owner tokens are random (NATS clients use a NUID), so knowing one
+//! takes seeing a request, and then the claim still stands in the way.
+//! This module keeps the claims; it must never route.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use canopy_subjects::{INBOX_TOKEN, Pattern, PatternToken};
+use parking_lot::Mutex;
+
+pub const INBOX_PREFIX: &str = "_INBOX.";
+
+/// The owner token of an inbox subject.
+pub fn inbox_owner(subject: &str) -> Option<&str> {
+    let rest = canopy_subjects::inbox_rest(subject)??;
+    Some(rest.split('.').next().unwrap_or(rest))
+}
+
+/// The owner token a pattern subscribes under, when it names one literally.
+pub(super) fn pattern_owner(pattern: &Pattern) -> Option<String> {
+    match pattern.tokens() {
+        [
+            PatternToken::Literal(first),
+            PatternToken::Literal(owner),
+            ..,
+        ] if &**first == INBOX_TOKEN => Some(owner.to_string()),
+        _ => None,
+    }
+}
+
+/// Which connection holds each owner token of one tenant.
+#[derive(Debug, Default)]
+pub struct InboxClaims {
+    owners: Mutex<HashMap<Arc<str>, u64>>,
+}
+
+impl InboxClaims {
+    /// Claims `token` for `conn`; false when another connection holds it.
+    pub fn try_claim(&self, token: &str, conn: u64) -> bool {
+        let mut owners = self.owners.lock();
+        match owners.get(token) {
+            Some(&owner) => owner == conn,
+            None => {
+                owners.insert(Arc::from(token), conn);
+                true
+            }
+        }
+    }
+
+    /// Gives `token` back, if `conn` holds it.
+    pub fn release(&self, token: &str, conn: u64) {
+        let mut owners = self.owners.lock();
+        if owners.get(token) == Some(&conn) {
+            owners.remove(token);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.owners.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_owner_token_has_one_holder_at_a_time() {
+        let claims = InboxClaims::default();
+        assert!(claims.try_claim("abc", 1));
+        assert!(claims.try_claim("abc", 1));
+        assert!(!claims.try_claim("abc", 2));
+        claims.release("abc", 2);
+        assert!(!claims.try_claim("abc", 2));
+        claims.release("abc", 1);
+        assert!(claims.try_claim("abc", 2));
+        assert_eq!(claims.len(), 1);
+    }
+
+    #[test]
+    fn owners_of_subjects_and_patterns() {
+        assert_eq!(inbox_owner("_INBOX.abc.1"), Some("abc"));
+        assert_eq!(inbox_owner("_INBOX.abc"), Some("abc"));
+        assert_eq!(inbox_owner("_INBOX"), None);
+        assert_eq!(inbox_owner("_INBOXES.abc"), None);
+        let owner = |s: &str| pattern_owner(&Pattern::parse_native(s).expect("pattern"));
+        assert_eq!(owner("_INBOX.abc.*").as_deref(), Some("abc"));
+        assert_eq!(owner("_INBOX.abc").as_deref(), Some("abc"));
+        assert_eq!(owner("_INBOX.*.x"), None);
+        assert_eq!(owner("_INBOX.>"), None);
+        assert_eq!(owner(">"), None);
+    }
+}

@@ -1,0 +1,350 @@
+//! The client core: what every connection has, whatever protocol it speaks.
+//!
+//! A front end (`server/native.rs`, `server/mqtt/`, `server/websocket.rs`) decodes
+//! its frames and calls a [`Session`]: `publish`, `subscribe`, `unsubscribe`,
+//! `end_batch`, `close`. The session owns the connection's principal and tenant,
+//! its routes, outbox, publishes waiting for the sequencer, quota slot and the
+//! pause a rate quota imposes, and decides every publish in one place
+//! ([`Publisher::decide`]): the subject, the reserved namespaces, the user's rules,
+//! the size limit, the quotas and the store policy. Messages published on a
+//! client's behalf after the fact (an MQTT will, an answer forwarded to an MQTT 5
+//! response topic) go through the same decision with the same principal.
+//!
+//! Refusals are typed ([`Refusal`]); each front end renders them in its own
+//! protocol. This module must never touch a socket or know a wire format.
+
+mod inbox;
+mod publish;
+mod reserved;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use canopy_subjects::{Limits, Pattern};
+
+use crate::broker::envelope::MqttOptions;
+use crate::broker::{Broker, Outbox, RouteScratch, Subscription, TenantRoutes, Wakes};
+use crate::store::AppendRequest;
+use crate::tenancy::quota::{ConnectionSlot, Exceeded};
+use crate::tenancy::{Action, Denied, Principal};
+
+pub use inbox::{INBOX_PREFIX, InboxClaims, inbox_owner};
+pub use publish::{Admission, AskAck, Decision, Publish, Published, Publisher, Refusal};
+pub use reserved::{is_api_call, is_reserved};
+
+/// The limits every front end applies the same way.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionLimits {
+    pub subjects: Limits,
+    /// A message's header bytes plus payload bytes, on every front end.
+    pub max_payload: usize,
+    /// Subscriptions one connection may hold (0: no limit besides the tenant's).
+    pub max_subscriptions: usize,
+}
+
+/// Why a subscription was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubscribeRefusal {
+    #[error("{0}")]
+    Denied(Denied),
+    /// Another connection holds the inbox the pattern is under.
+    #[error("Permissions Violation for Subscription to \"{0}\"")]
+    InboxTaken(String),
+    #[error("{0}")]
+    OverQuota(Exceeded),
+    #[error("maximum subscriptions exceeded: a connection may hold {0}")]
+    TooMany(usize),
+}
+
+/// One connection's share of the server.
+pub struct Session {
+    /// Boxed: it is cloned for wills, and an idle connection's task stays small.
+    pub publisher: Box<Publisher>,
+    pub outbox: Arc<Outbox>,
+    pub scratch: RouteScratch,
+    pub wakes: Wakes,
+    /// Publishes to stored subjects from this inbound batch, for the sequencer.
+    pub appends: Vec<AppendRequest>,
+    /// Publishes (messages, bytes) admitted this batch, counted once per batch.
+    admitted: (u64, u64),
+    /// Deliveries (messages, bytes) this batch made, counted once per batch.
+    delivered: (u64, u64),
+    /// Over its tenant's publish rate: the front end reads nothing until then.
+    pub paused_until: Option<tokio::time::Instant>,
+    slot: Option<ConnectionSlot>,
+    /// Subscriptions held, for the per-connection cap.
+    subscriptions: usize,
+    /// Inbox owner tokens this connection holds, with how many subscriptions each.
+    inboxes: Vec<(Arc<str>, usize)>,
+}
+
+impl Session {
+    pub fn new(
+        broker: Arc<Broker>,
+        routes: Arc<TenantRoutes>,
+        principal: Principal,
+        outbox: Arc<Outbox>,
+        limits: Arc<SessionLimits>,
+    ) -> Self {
+        Self {
+            publisher: Box::new(Publisher::new(
+                broker,
+                routes,
+                principal,
+                limits,
+                outbox.conn_id,
+            )),
+            outbox,
+            scratch: RouteScratch::default(),
+            wakes: Wakes::default(),
+            appends: Vec::new(),
+            admitted: (0, 0),
+            delivered: (0, 0),
+            paused_until: None,
+            slot: None,
+            subscriptions: 0,
+            inboxes: Vec::new(),
+        }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.outbox.conn_id
+    }
+
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.publisher.broker
+    }
+
+    pub fn routes(&self) -> &Arc<TenantRoutes> {
+        &self.publisher.routes
+    }
+
+    pub fn principal(&self) -> &Principal {
+        &self.publisher.principal
+    }
+
+    pub fn limits(&self) -> &SessionLimits {
+        &self.publisher.limits
+    }
+
+    /// Puts the connection in its logged-in principal's tenant (before anything
+    /// else happened on it).
+    pub fn log_in(&mut self, principal: Principal) {
+        let routes = self.publisher.broker.tenant(&principal.tenant);
+        self.publisher.routes = routes;
+        self.publisher.principal = principal;
+    }
+
+    /// Names the client (NATS CONNECT's `name`), for logs and `{client_id}` rules.
+    pub fn set_client_name(&mut self, name: &str) {
+        self.publisher.principal.client = Arc::from(name);
+    }
+
+    /// Takes the connection's place in its tenant's connection quota.
+    pub fn take_slot(&mut self) -> Result<(), Exceeded> {
+        let slot = self.publisher.routes.quota.connect()?;
+        self.slot = Some(slot);
+        Ok(())
+    }
+
+    /// Adopts a slot taken before the session existed (MQTT takes it after a
+    /// takeover).
+    pub fn hold_slot(&mut self, slot: ConnectionSlot) {
+        self.slot = Some(slot);
+    }
+
+    /// Decides a publish and carries it out: routed now, queued for the sequencer
+    /// (sent by [`Session::send_appends`]), or an API call.
+    pub fn publish(&mut self, publish: Publish<'_>) -> Result<Published, Refusal> {
+        let size = publish.size() as u64;
+        let decision = match self.publisher.decide(&publish) {
+            Ok(decision) => decision,
+            Err(refusal) => {
+                if let Some(wait) = refusal.wait() {
+                    pause(&mut self.paused_until, wait);
+                }
+                return Err(refusal);
+            }
+        };
+        if let Some(wait) = decision.throttled {
+            pause(&mut self.paused_until, wait);
+        }
+        if decision.charged {
+            self.admitted.0 += 1;
+            self.admitted.1 += size;
+        }
+        let published = self.publisher.carry_out(
+            decision,
+            publish,
+            Some(&self.outbox),
+            &mut self.scratch,
+            &mut self.wakes,
+            &mut self.appends,
+        );
+        if let Published::Routed { delivered } = published {
+            self.delivered.0 += delivered as u64;
+            self.delivered.1 += delivered as u64 * size;
+        }
+        Ok(published)
+    }
+
+    /// Counts what this inbound batch admitted and delivered, and wakes every
+    /// subscriber it touched, once.
+    pub fn end_batch(&mut self) {
+        let (admitted, admitted_bytes) = std::mem::take(&mut self.admitted);
+        if admitted > 0 {
+            self.publisher
+                .routes
+                .quota
+                .count_admitted(admitted, admitted_bytes);
+        }
+        let (delivered, delivered_bytes) = std::mem::take(&mut self.delivered);
+        if delivered > 0 {
+            self.publisher
+                .broker
+                .metrics()
+                .count_out(delivered, delivered_bytes);
+        }
+        self.wakes.wake_all();
+    }
+
+    /// Counts deliveries a front end made itself (a server status to a requester).
+    pub fn count_delivered(&mut self, msgs: usize, bytes: usize) {
+        self.delivered.0 += msgs as u64;
+        self.delivered.1 += bytes as u64;
+    }
+
+    /// Sends the publishes this batch made to stored subjects; waits only while the
+    /// sequencer's queue is full, which holds this publisher back and no one else.
+    /// False when the store is closing (what was not taken was never acked).
+    pub async fn send_appends(&mut self) -> bool {
+        let Some(store) = self.publisher.broker.store().cloned() else {
+            self.appends.clear();
+            return true;
+        };
+        let mut appends = std::mem::take(&mut self.appends);
+        let mut taken = true;
+        for request in appends.drain(..) {
+            if store.append(request).await.is_err() {
+                taken = false;
+                break;
+            }
+        }
+        appends.clear();
+        // Keeps the allocation for the next batch.
+        self.appends = appends;
+        taken
+    }
+
+    /// Checks a subscription (the user's rules, inbox ownership, the connection's
+    /// and tenant's caps) before a front end adds it with [`Session::subscribe`];
+    /// `native` is the pattern in native syntax (MQTT's `a/#` as `a.#`), `replacing`
+    /// when it replaces one the connection holds. An inbox it is under is claimed
+    /// for this connection when it passes.
+    pub fn admit_subscription(
+        &mut self,
+        native: &str,
+        pattern: &Pattern,
+        replacing: bool,
+    ) -> Result<(), SubscribeRefusal> {
+        let owner = inbox::pattern_owner(pattern);
+        let authz = self.publisher.broker.authorizer();
+        let checked = match &owner {
+            Some(_) => authz.authorize_own_inbox(self.principal(), native),
+            None => authz.authorize(self.principal(), Action::Subscribe, native),
+        };
+        checked.map_err(SubscribeRefusal::Denied)?;
+        if !replacing {
+            let max = self.publisher.limits.max_subscriptions;
+            if max > 0 && self.subscriptions >= max {
+                return Err(SubscribeRefusal::TooMany(max));
+            }
+            self.publisher
+                .routes
+                .quota
+                .admit_subscription(self.publisher.routes.subscription_count())
+                .map_err(SubscribeRefusal::OverQuota)?;
+        }
+        if let Some(token) = owner {
+            let id = self.id();
+            match self.inboxes.iter_mut().find(|(t, _)| **t == *token) {
+                Some((_, count)) => *count += 1,
+                None => {
+                    if !self.publisher.routes.inboxes.try_claim(&token, id) {
+                        return Err(SubscribeRefusal::InboxTaken(native.to_owned()));
+                    }
+                    self.inboxes.push((Arc::from(token), 1));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a subscription that [`Session::admit_subscription`] allowed.
+    pub fn subscribe(
+        &mut self,
+        sid: Bytes,
+        pattern: Pattern,
+        queue: Option<&str>,
+        mqtt: Option<MqttOptions>,
+    ) -> Arc<Subscription> {
+        self.subscriptions += 1;
+        let Publisher { broker, routes, .. } = &*self.publisher;
+        broker.subscribe_as(routes, &self.outbox, sid, pattern, queue, mqtt)
+    }
+
+    /// Removes a subscription; false when it was already gone (spent).
+    pub fn unsubscribe(&mut self, sub: &Arc<Subscription>) -> bool {
+        self.forget(sub);
+        let Publisher { broker, routes, .. } = &*self.publisher;
+        broker.unsubscribe(routes, sub)
+    }
+
+    /// Records that a subscription ended by itself (an UNSUB maximum reached during
+    /// routing), so the connection's counts stay true.
+    pub fn forget(&mut self, sub: &Subscription) {
+        self.subscriptions = self.subscriptions.saturating_sub(1);
+        if let Some(token) = inbox::pattern_owner(&sub.pattern) {
+            self.release_inbox(&token);
+        }
+    }
+
+    fn release_inbox(&mut self, token: &str) {
+        let Some(at) = self.inboxes.iter().position(|(t, _)| &**t == token) else {
+            return;
+        };
+        self.inboxes[at].1 -= 1;
+        if self.inboxes[at].1 == 0 {
+            let (token, _) = self.inboxes.swap_remove(at);
+            self.publisher.routes.inboxes.release(&token, self.id());
+        }
+    }
+
+    /// Removes every subscription the connection holds and gives back its inboxes
+    /// (its slot goes with the session).
+    pub fn close(&mut self, subs: &[Arc<Subscription>]) {
+        let Publisher { broker, routes, .. } = &*self.publisher;
+        broker.unsubscribe_all(routes, subs);
+        for (token, _) in self.inboxes.drain(..) {
+            routes.inboxes.release(&token, self.outbox.conn_id);
+        }
+        self.subscriptions = 0;
+    }
+}
+
+/// Holds the reader back until `wait` has passed (the later of two pauses).
+fn pause(paused_until: &mut Option<tokio::time::Instant>, wait: std::time::Duration) {
+    let until = tokio::time::Instant::now() + wait;
+    *paused_until = Some(paused_until.map_or(until, |u| u.max(until)));
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        for (token, _) in self.inboxes.drain(..) {
+            self.publisher
+                .routes
+                .inboxes
+                .release(&token, self.outbox.conn_id);
+        }
+    }
+}

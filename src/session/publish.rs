@@ -1,0 +1,402 @@
+//! The one decision every publish goes through, whoever sends it: a client's frame,
+//! an MQTT will, an answer forwarded to an MQTT 5 response topic.
+//!
+//! Order matters and is the same everywhere: the subject's syntax and limits, the
+//! API prefix (native calls only), the server's namespaces, the user's rules, the
+//! size limit (headers plus payload), the store policy and its headers, the stored
+//! bytes limit, then the rate quotas (last, so a refused publish spends no token).
+//! This module decides and hands over; it must never touch a socket.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use canopy_subjects::validate_native_subject;
+
+use crate::api;
+use crate::broker::durable::{StoreRequest, append_one};
+use crate::broker::{Broker, Message, Outbox, RouteScratch, TenantRoutes, Wakes};
+use crate::config::StorePolicy;
+use crate::store::{AckTo, AppendRequest, NewMessage, RouteTag};
+use crate::tenancy::quota::Exceeded;
+use crate::tenancy::{Action, Denied, Principal};
+
+use super::SessionLimits;
+use super::reserved::{is_api_call, is_reserved};
+
+/// How a refusal can reach the publisher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// The protocol can say no (an error, an error ack, a reason code).
+    Refusable,
+    /// It cannot refuse without losing the message or acking it falsely (MQTT 3.x,
+    /// QoS 0, a will): a rate quota takes it into debt and holds the client back.
+    Throttled,
+}
+
+/// Who hears from the store about a stored publish.
+#[derive(Debug, Clone)]
+pub enum AskAck {
+    /// No one.
+    Nobody,
+    /// The reply subject, when the policy or the headers ask for an ack (NATS and
+    /// JetStream); otherwise the reply stays a plain reply subscribers may answer.
+    Reply,
+    /// This address, always (MQTT QoS 1 and 2, `/ws`).
+    To(AckTo),
+}
+
+/// One publish, in native terms.
+#[derive(Debug, Clone)]
+pub struct Publish<'a> {
+    /// Native rendering; validated here.
+    pub subject: &'a str,
+    pub reply: Option<Bytes>,
+    /// The NATS header block; empty for none.
+    pub headers: Bytes,
+    pub payload: Bytes,
+    /// Envelope flags: the MQTT QoS and RETAIN the message keeps.
+    pub flags: u8,
+    /// Keep as the subject's retained message (MQTT).
+    pub retain: bool,
+    pub ack: AskAck,
+    pub admission: Admission,
+    /// A `$CANOPY.<op>` publish is an API call (the native protocol only).
+    pub api_calls: bool,
+    /// Routing flags of the store's route tag (no echo, no responders).
+    pub route_flags: u32,
+}
+
+impl<'a> Publish<'a> {
+    /// A message with nothing but a subject and a payload, refusable, no ack.
+    pub fn new(subject: &'a str, payload: Bytes) -> Self {
+        Self {
+            subject,
+            reply: None,
+            headers: Bytes::new(),
+            payload,
+            flags: 0,
+            retain: false,
+            ack: AskAck::Nobody,
+            admission: Admission::Refusable,
+            api_calls: false,
+            route_flags: 0,
+        }
+    }
+
+    /// Header and payload bytes: what every limit and quota counts.
+    pub fn size(&self) -> usize {
+        self.headers.len() + self.payload.len()
+    }
+}
+
+/// Why a publish was not taken. Nothing refused was routed or stored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("invalid subject: {0}")]
+    InvalidSubject(String),
+    #[error("{0} is reserved for the server")]
+    Reserved(String),
+    #[error("{0}")]
+    Denied(Denied),
+    #[error("message too large: {size} bytes of headers and payload, the limit is {limit}")]
+    TooLarge { size: usize, limit: usize },
+    /// A rate quota, or the stored bytes limit.
+    #[error("{0}")]
+    OverQuota(Exceeded),
+    #[error("invalid Canopy header: {0}")]
+    BadHeader(String),
+}
+
+impl Refusal {
+    /// How long the publisher should be held back, for a rate quota.
+    pub fn wait(&self) -> Option<Duration> {
+        match self {
+            Refusal::OverQuota(exceeded) => exceeded.wait(),
+            _ => None,
+        }
+    }
+
+    /// The NATS `-ERR` text for this refusal.
+    pub fn nats_text(&self) -> String {
+        match self {
+            Refusal::InvalidSubject(_) => "Invalid Publish Subject".to_owned(),
+            Refusal::Reserved(subject) => Denied::Publish(subject.clone()).to_string(),
+            Refusal::Denied(denied) => denied.to_string(),
+            Refusal::TooLarge { .. } => "Maximum Payload Violation".to_owned(),
+            Refusal::OverQuota(exceeded) => format!("Quota Exceeded: {exceeded}"),
+            Refusal::BadHeader(why) => format!("Invalid Canopy Header: {why}"),
+        }
+    }
+}
+
+/// What [`Publisher::decide`] found: where the publish goes, and what it costs.
+pub struct Decision<'p> {
+    route: Route<'p>,
+    /// Counted against the tenant's rates (API calls are not).
+    pub charged: bool,
+    /// Throttled: the client waits this long before the next read.
+    pub throttled: Option<Duration>,
+}
+
+enum Route<'p> {
+    Call,
+    Live,
+    Store {
+        policy: &'p StorePolicy,
+        request: StoreRequest,
+    },
+}
+
+/// What became of a publish that was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    /// An API call, answered on its reply subject.
+    Call,
+    /// Not stored: delivered now to this many subscriptions.
+    Routed { delivered: usize },
+    /// Queued for the sequencer, which routes it; `acked` when the store will
+    /// answer the ack address.
+    Stored { acked: bool },
+}
+
+/// Who publishes and under what rules: what a connection's publishes share with the
+/// messages published on its behalf after it is gone (a delayed will).
+#[derive(Clone)]
+pub struct Publisher {
+    pub broker: Arc<Broker>,
+    pub routes: Arc<TenantRoutes>,
+    pub principal: Principal,
+    pub limits: Arc<SessionLimits>,
+    /// The publishing connection (for no-local and no-echo).
+    pub origin: u64,
+}
+
+impl Publisher {
+    pub fn new(
+        broker: Arc<Broker>,
+        routes: Arc<TenantRoutes>,
+        principal: Principal,
+        limits: Arc<SessionLimits>,
+        origin: u64,
+    ) -> Self {
+        Self {
+            broker,
+            routes,
+            principal,
+            limits,
+            origin,
+        }
+    }
+
+    /// Whether this principal may publish to `subject` at all (its syntax, the
+    /// server's namespaces, the rules): what a will topic or a response topic is
+    /// held to before anything is published there on the client's behalf.
+    pub fn check_target(&self, subject: &str) -> Result<(), Refusal> {
+        validate_native_subject(subject, &self.limits.subjects)
+            .map_err(|e| Refusal::InvalidSubject(e.to_string()))?;
+        if is_reserved(subject) {
+            return Err(Refusal::Reserved(subject.to_owned()));
+        }
+        self.broker
+            .authorizer()
+            .authorize(&self.principal, Action::Publish, subject)
+            .map_err(Refusal::Denied)
+    }
+
+    /// Decides `publish` without carrying it out.
+    pub fn decide(&self, publish: &Publish<'_>) -> Result<Decision<'_>, Refusal> {
+        let subject = publish.subject;
+        validate_native_subject(subject, &self.limits.subjects)
+            .map_err(|e| Refusal::InvalidSubject(e.to_string()))?;
+        let authz = self.broker.authorizer();
+        if publish.api_calls && is_api_call(subject).is_some() {
+            authz
+                .authorize(&self.principal, Action::Publish, subject)
+                .map_err(Refusal::Denied)?;
+            return Ok(Decision {
+                route: Route::Call,
+                charged: false,
+                throttled: None,
+            });
+        }
+        if is_reserved(subject) {
+            return Err(Refusal::Reserved(subject.to_owned()));
+        }
+        authz
+            .authorize(&self.principal, Action::Publish, subject)
+            .map_err(Refusal::Denied)?;
+        let size = publish.size();
+        if size > self.limits.max_payload {
+            return Err(Refusal::TooLarge {
+                size,
+                limit: self.limits.max_payload,
+            });
+        }
+        let route = match self.broker.store_policy(subject) {
+            None => Route::Live,
+            Some(policy) => {
+                let request = if publish.headers.is_empty() {
+                    StoreRequest::default()
+                } else {
+                    StoreRequest::from_headers(&publish.headers)
+                        .map_err(|bad| Refusal::BadHeader(bad.0))?
+                };
+                if self
+                    .broker
+                    .store()
+                    .is_some_and(|store| store.at_bytes_limit(&self.routes.name))
+                {
+                    return Err(Refusal::OverQuota(
+                        self.routes.quota.stored_bytes_exceeded(),
+                    ));
+                }
+                Route::Store { policy, request }
+            }
+        };
+        let throttled = match publish.admission {
+            Admission::Refusable => {
+                self.routes
+                    .quota
+                    .admit_publish(size)
+                    .map_err(Refusal::OverQuota)?;
+                None
+            }
+            Admission::Throttled => self.routes.quota.throttle_publish(size),
+        };
+        Ok(Decision {
+            route,
+            charged: true,
+            throttled,
+        })
+    }
+
+    /// Carries out a decision: spawns the call, routes now, or queues the append in
+    /// `appends`. `outbox` is the publisher's (for no-echo), `None` when it is gone.
+    #[allow(clippy::too_many_arguments)]
+    pub fn carry_out(
+        &self,
+        decision: Decision<'_>,
+        publish: Publish<'_>,
+        outbox: Option<&Outbox>,
+        scratch: &mut RouteScratch,
+        wakes: &mut Wakes,
+        appends: &mut Vec<AppendRequest>,
+    ) -> Published {
+        match decision.route {
+            Route::Call => {
+                let operation = is_api_call(publish.subject).unwrap_or_default();
+                let call = api::ApiCall {
+                    principal: self.principal.clone(),
+                    routes: Arc::clone(&self.routes),
+                    operation: operation.to_owned(),
+                    reply: publish
+                        .reply
+                        .as_deref()
+                        .and_then(|r| std::str::from_utf8(r).ok())
+                        .map(str::to_owned),
+                    body: publish.payload,
+                };
+                api::spawn(Arc::clone(&self.broker), call);
+                Published::Call
+            }
+            Route::Live => {
+                let message = Message {
+                    subject: publish.subject,
+                    reply: publish.reply.as_deref(),
+                    headers: (!publish.headers.is_empty()).then_some(&publish.headers[..]),
+                    payload: &publish.payload,
+                    origin: self.origin,
+                    flags: publish.flags,
+                    ..Message::default()
+                };
+                let skip = outbox.filter(|o| !o.echo()).map(|o| o.conn_id);
+                let delivered = self
+                    .broker
+                    .route(&self.routes, skip, &message, scratch, wakes);
+                Published::Routed { delivered }
+            }
+            Route::Store { policy, request } => {
+                let to_reply = matches!(publish.ack, AskAck::Reply);
+                let ack = match publish.ack {
+                    AskAck::Nobody => None,
+                    AskAck::To(to) => Some(to),
+                    AskAck::Reply => publish
+                        .reply
+                        .as_ref()
+                        .filter(|_| request.wants_ack(policy))
+                        .map(|address| AckTo {
+                            address: address.clone(),
+                            flags: if request.jetstream {
+                                crate::broker::durable::ACK_JETSTREAM
+                            } else {
+                                0
+                            },
+                        }),
+                };
+                let acked = ack.is_some();
+                // The reply belongs to the ack when the store answers; otherwise it
+                // is a plain request that subscribers may answer.
+                let reply = if to_reply && acked {
+                    None
+                } else {
+                    publish.reply
+                };
+                let route = RouteTag {
+                    origin: self.origin,
+                    flags: publish.route_flags,
+                    reply,
+                };
+                let message = NewMessage {
+                    headers: publish.headers,
+                    payload: publish.payload,
+                    flags: publish.flags,
+                };
+                let mut append = append_one(
+                    policy,
+                    &self.routes.name,
+                    publish.subject,
+                    message,
+                    request,
+                    ack,
+                    route,
+                );
+                append.retain = publish.retain;
+                appends.push(append);
+                Published::Stored { acked }
+            }
+        }
+    }
+
+    /// Decides and carries out a publish made on the client's behalf once its
+    /// connection is gone (a will): routed, or handed to the sequencer now.
+    pub async fn publish_detached(&self, publish: Publish<'_>) -> Result<Published, Refusal> {
+        let size = publish.size() as u64;
+        let decision = self.decide(&publish)?;
+        if decision.charged {
+            self.routes.quota.count_admitted(1, size);
+        }
+        let mut scratch = RouteScratch::default();
+        let mut wakes = Wakes::default();
+        let mut appends = Vec::new();
+        let published = self.carry_out(
+            decision,
+            publish,
+            None,
+            &mut scratch,
+            &mut wakes,
+            &mut appends,
+        );
+        wakes.wake_all();
+        if let Some(store) = self.broker.store() {
+            for append in appends {
+                if store.append(append).await.is_err() {
+                    tracing::warn!(
+                        "a message published for a closed connection was not stored: the store is closing"
+                    );
+                }
+            }
+        }
+        Ok(published)
+    }
+}
