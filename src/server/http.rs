@@ -3,7 +3,10 @@
 //! next (issue 6).
 //!
 //! Handlers only read counters and states that other parts keep; they must never
-//! block on a connection, route a message or write to the store.
+//! block on a connection, route a message or write to the store. With logins
+//! required, every route but health, readiness, `/api/login` and the static files
+//! wants one (`/mqtt` in MQTT's CONNECT), and `/metrics` shows a user of a tenant
+//! other than `default` only that tenant's lines.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -468,9 +471,53 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+/// What a caller of `/metrics` is shown.
+pub enum MetricsScope {
+    /// Every line: without required logins, or to a user of the default tenant.
+    Everything,
+    /// Only the lines of this tenant (`tenant="…"`): no server-wide totals, no
+    /// other tenant's name.
+    Tenant(Arc<str>),
+}
+
+impl MetricsScope {
+    /// With logins required, a user of the default tenant sees everything and a
+    /// user of another tenant its own lines; a guest (no credentials, let in under
+    /// anonymous rules) sees nothing (`None`), like a caller without a token.
+    fn of(state: &HttpState, principal: &Principal) -> Option<MetricsScope> {
+        if !state.require_login {
+            return Some(MetricsScope::Everything);
+        }
+        if principal.is_guest() {
+            return None;
+        }
+        Some(if &*principal.tenant == DEFAULT_TENANT {
+            MetricsScope::Everything
+        } else {
+            MetricsScope::Tenant(Arc::clone(&principal.tenant))
+        })
+    }
+
+    /// The tenant whose subjects are counted.
+    fn subjects_tenant(&self) -> &str {
+        match self {
+            MetricsScope::Everything => DEFAULT_TENANT,
+            MetricsScope::Tenant(name) => name,
+        }
+    }
+}
+
+async fn metrics(State(state): State<HttpState>, Caller(principal): Caller) -> Response {
+    let Some(scope) = MetricsScope::of(&state, &principal) else {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "metrics need a user's login\n",
+        )
+            .into_response();
+    };
     let subjects = match state.broker.store() {
-        Some(store) => store.subject_count(DEFAULT_TENANT).await.ok(),
+        Some(store) => store.subject_count(scope.subjects_tenant()).await.ok(),
         None => None,
     };
     (
@@ -478,22 +525,45 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        render(&state, subjects),
+        render(&state, &scope, subjects),
     )
+        .into_response()
 }
 
-/// The Prometheus text exposition of every counter; `subjects` is the default
-/// tenant's subject count when the store could tell.
-pub fn render(state: &HttpState, subjects: Option<u64>) -> String {
+/// The Prometheus text exposition of the counters `scope` shows; `subjects` is the
+/// subject count of the scope's tenant (the default tenant for everything) when the
+/// store could tell.
+pub fn render(state: &HttpState, scope: &MetricsScope, subjects: Option<u64>) -> String {
+    let mut out = String::with_capacity(4096);
+    let only = match scope {
+        MetricsScope::Everything => {
+            render_server_wide(&mut out, state);
+            None
+        }
+        MetricsScope::Tenant(name) => Some(&**name),
+    };
+    render_tenants(&mut out, state, only, subjects);
+    if only.is_none() {
+        render_mqtt_and_store(&mut out, state);
+    }
+    out
+}
+
+/// Appends one metric: its help, its type and its lines (labels, value).
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, lines: &[(String, f64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, value) in lines {
+        let _ = writeln!(out, "{name}{labels} {value}");
+    }
+}
+
+/// Totals of the whole server, every tenant's included.
+fn render_server_wide(out: &mut String, state: &HttpState) {
     let metrics = state.broker.metrics();
     let snap = metrics.snapshot();
-    let mut out = String::with_capacity(4096);
     let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, f64)]| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (labels, value) in lines {
-            let _ = writeln!(out, "{name}{labels} {value}");
-        }
+        metric(out, name, kind, help, lines)
     };
     let plain = |v: u64| vec![(String::new(), v as f64)];
     metric(
@@ -566,10 +636,18 @@ pub fn render(state: &HttpState, subjects: Option<u64>) -> String {
         "Live subscriptions of every protocol, all tenants.",
         &plain(state.broker.subscription_count() as u64),
     );
+}
+
+/// The lines by tenant: every tenant's, or `only` that one's.
+fn render_tenants(out: &mut String, state: &HttpState, only: Option<&str>, subjects: Option<u64>) {
+    let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, f64)]| {
+        metric(out, name, kind, help, lines)
+    };
     let tenants = state.broker.live_tenants();
     let by_tenant = |value: &dyn Fn(&crate::tenancy::quota::LiveUsage, usize) -> u64| {
         tenants
             .iter()
+            .filter(|(name, ..)| only.is_none_or(|only| **name == *only))
             .map(|(name, quota, subs)| {
                 (
                     format!("{{tenant=\"{name}\"}}"),
@@ -615,37 +693,42 @@ pub fn render(state: &HttpState, subjects: Option<u64>) -> String {
         &by_tenant(&|u, _| u.throttled),
     );
     if let Some(subjects) = subjects {
+        let tenant = only.unwrap_or(DEFAULT_TENANT);
         metric(
             "canopy_subjects",
             "gauge",
             "Stored subjects, by tenant.",
-            &[(format!("{{tenant=\"{DEFAULT_TENANT}\"}}"), subjects as f64)],
+            &[(format!("{{tenant=\"{tenant}\"}}"), subjects as f64)],
         );
     }
+}
+
+/// MQTT sessions and the store's latencies: the whole server's.
+fn render_mqtt_and_store(out: &mut String, state: &HttpState) {
     if let Some(mqtt) = &state.mqtt {
         metric(
+            out,
             "canopy_mqtt_sessions",
             "gauge",
             "MQTT client ids connected or waiting for a delayed will.",
-            &plain(mqtt.live_sessions() as u64),
+            &[(String::new(), mqtt.live_sessions() as f64)],
         );
     }
     if let Some(store) = state.broker.store() {
         let stats = store.stats();
         histogram(
-            &mut out,
+            out,
             "canopy_store_write_seconds",
             "Time to hand one group commit to the storage engine.",
             &stats.write,
         );
         histogram(
-            &mut out,
+            out,
             "canopy_store_durable_seconds",
             "Time from a group commit's write to its durability (WAL flushed).",
             &stats.durable,
         );
     }
-    out
 }
 
 fn histogram(out: &mut String, name: &str, help: &str, latency: &Latency) {

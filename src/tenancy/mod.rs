@@ -7,6 +7,7 @@
 
 pub mod acl;
 pub mod credentials;
+mod hash_memory;
 pub mod login;
 pub mod quota;
 mod registry;

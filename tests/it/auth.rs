@@ -836,3 +836,95 @@ async fn deleting_a_tenant_closes_its_connections() {
     assert_eq!(closed, Some(1008));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn metrics_need_a_login_and_show_a_tenant_only_its_own_lines() {
+    let (server, url, admin) = server_with_admin().await;
+    for tenant in ["acme", "globex"] {
+        api(&admin, "tenant.create", json!({"name": tenant})).await;
+        api(
+            &admin,
+            "user.create",
+            json!({"tenant": tenant, "name": "dev", "password": "pw"}),
+        )
+        .await;
+    }
+    let admin_token = crate::common::issue_token(&admin, "default", "admin").await;
+    let acme_token = crate::common::issue_token(&admin, "acme", "dev").await;
+    // A connection in each tenant, so each has lines (a flush: `log_in` may return
+    // before the connection is made).
+    let mut clients = Vec::new();
+    for user in ["dev@acme", "dev@globex"] {
+        let options = async_nats::ConnectOptions::with_user_and_password(user.into(), "pw".into());
+        let client = log_in(&url, options).await.expect("logs in");
+        tokio::time::timeout(WAIT, client.flush())
+            .await
+            .expect("connected in time")
+            .expect("flush");
+        clients.push(client);
+    }
+
+    let http = server.http_addr.expect("http on");
+    let get = |path: &'static str, token: Option<String>| async move {
+        let header = token.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = header
+            .iter()
+            .map(|h| ("Authorization", h.as_str()))
+            .collect();
+        crate::common::http_request(http, "GET", path, &headers, "").await
+    };
+    assert_eq!(get("/healthz", None).await.0, 200, "health stays open");
+    assert_eq!(get("/readyz", None).await.0, 200, "readiness stays open");
+    assert_eq!(get("/metrics", None).await.0, 401);
+    assert_eq!(
+        get("/metrics", Some(format!("{acme_token}x"))).await.0,
+        401,
+        "a bad token"
+    );
+
+    // The default tenant's admin: everything, every tenant.
+    let (status, page) = get("/metrics", Some(admin_token)).await;
+    assert_eq!(status, 200, "{page}");
+    for line in [
+        "canopy_connections{protocol=\"native\"}",
+        "canopy_messages_in_total ",
+        "canopy_tenant_connections{tenant=\"acme\"} 1",
+        "canopy_tenant_connections{tenant=\"globex\"} 1",
+        "canopy_subjects{tenant=\"default\"}",
+        "canopy_store_write_seconds_count",
+    ] {
+        assert!(page.contains(line), "{line} missing:\n{page}");
+    }
+
+    // acme's user: acme's lines, nothing server-wide, no other tenant's name.
+    let (status, page) = get("/metrics", Some(acme_token)).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("canopy_tenant_connections{tenant=\"acme\"} 1"),
+        "{page}"
+    );
+    assert!(
+        page.contains("canopy_subjects{tenant=\"acme\"} 0"),
+        "{page}"
+    );
+    let samples: Vec<&str> = page.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(samples.len() >= 7, "{page}");
+    for line in samples {
+        assert!(line.contains("{tenant=\"acme\"}"), "not acme's: {line}");
+    }
+    for name in ["globex", "default"] {
+        assert!(!page.contains(name), "{name} shown to acme:\n{page}");
+    }
+
+    // A guest (no credentials, let in under the default tenant's anonymous rules)
+    // is no user: refused as without a token.
+    let (status, body) = crate::common::api(
+        &admin,
+        "tenant.update",
+        json!({"name": "default", "anonymous": {"subscribe": {"allow": ["telemetry.>"]}}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(get("/metrics", None).await.0, 401, "a guest");
+    server.stop().await;
+}

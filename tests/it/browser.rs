@@ -319,6 +319,11 @@ async fn the_console_asks_for_a_token_when_logins_are_required() {
     let path = script.expect("screenshot console-login ").await;
     assert_png(Path::new(&path));
     script.expect("subscribed").await;
+    // The overview reads /metrics with the token: acme's lines only.
+    assert_eq!(
+        script.expect("metrics").await,
+        "200 tenants=acme server-wide=0"
+    );
     // Published in acme by a logged-in native client: the console, logged in as
     // acme's user, sees it.
     let acme = async_nats::ConnectOptions::with_user_and_password("web@acme".into(), "pw".into())

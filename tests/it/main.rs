@@ -17,6 +17,7 @@ mod format;
 mod http;
 mod isolation;
 mod js;
+mod login_memory;
 mod mqtt;
 mod mqtt_native;
 mod nats_client;

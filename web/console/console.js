@@ -68,10 +68,14 @@ const status = $("status");
 /** The bearer token this tab logged in with (kept for the tab's life only). */
 const token = () => sessionStorage.getItem("canopy-token") ?? undefined;
 
+/** Whether the server requires logins, once it has said. */
+let loginRequired;
+
 /** Whether the server wants a token this tab does not have yet: then the form shows. */
 async function needsLogin() {
   try {
     const rules = await (await fetch("/api/login", { cache: "no-store" })).json();
+    loginRequired = rules.required;
     return rules.required && !token();
   } catch {
     return false;
@@ -691,7 +695,13 @@ const overview = {
   async sample() {
     let now;
     try {
-      const response = await fetch("/metrics", { cache: "no-store" });
+      // With logins required, /metrics wants the token too (a tenant's user sees
+      // only its tenant's lines); until there is one, there is nothing to ask.
+      if (loginRequired === undefined) await needsLogin();
+      if (loginRequired && token() === undefined) return;
+      const headers = token() === undefined ? {} : { Authorization: `Bearer ${token()}` };
+      const response = await fetch("/metrics", { cache: "no-store", headers });
+      if (!response.ok) return;
       now = parseMetrics(await response.text());
     } catch {
       return;
@@ -736,7 +746,8 @@ const overview = {
     }
     $("ov-drops").textContent = `${number(now.get("canopy_slow_consumers_total") ?? 0)} slow · ${number(now.get("canopy_dropped_total") ?? 0)} dropped`;
     const facts = [
-      ["subjects", now.get('canopy_subjects{tenant="default"}')],
+      // The default tenant's, or to a tenant's user that tenant's.
+      ["subjects", [...now].find(([key]) => key.startsWith("canopy_subjects{"))?.[1]],
       ["subscriptions", now.get("canopy_subscriptions")],
       ["MQTT sessions", now.get("canopy_mqtt_sessions")],
       ["connections since start", now.get("canopy_connections_total")],
