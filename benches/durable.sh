@@ -32,7 +32,8 @@ RSS_SUBJECTS=$((${RSS_SUBJECTS:-1000000} / SCALE))
 out=${OUT:-target/bench-durable}
 
 [[ -x $NATS_SERVER ]] || { echo "durable.sh: nats-server not found" >&2; exit 1; }
-cargo build --release --quiet
+# `canopy bench` runs canopy-bench, built beside canopy.
+cargo build --release --quiet -p canopy -p canopy-bench
 canopy=${CARGO_TARGET_DIR:-target}/release/canopy
 mkdir -p "$out"
 # APPEND=1 keeps the runs of an earlier invocation (e.g. PHASES="rss live" after the rest).

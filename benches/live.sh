@@ -26,7 +26,8 @@ RUNS=(
 )
 
 command -v "$NATS_SERVER" >/dev/null || { echo "live.sh: $NATS_SERVER not found" >&2; exit 1; }
-cargo build --release --quiet
+# `canopy bench` runs canopy-bench, built beside canopy.
+cargo build --release --quiet -p canopy -p canopy-bench
 canopy=${CARGO_TARGET_DIR:-target}/release/canopy
 out=target/bench-live
 mkdir -p "$out"

@@ -49,7 +49,8 @@ RUNS=(
 
 [[ -x $MOSQUITTO ]] || { echo "mqtt.sh: $MOSQUITTO not found (Debian: apt-get install mosquitto)" >&2; exit 1; }
 (( HOLD_SECS >= 2 )) || { echo "mqtt.sh: HOLD_SECS must be at least 2 (RSS is read 1 s into the hold)" >&2; exit 1; }
-cargo build --release --quiet
+# `canopy bench` runs canopy-bench, built beside canopy.
+cargo build --release --quiet -p canopy -p canopy-bench
 canopy=${CARGO_TARGET_DIR:-target}/release/canopy
 out=target/bench-mqtt
 mkdir -p "$out"

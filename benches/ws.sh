@@ -61,7 +61,8 @@ command -v "$NATS_SERVER" >/dev/null || {
   echo "ws.sh: ulimit -n is $(ulimit -n), below $SUBSCRIBERS connections" >&2
   exit 1
 }
-cargo build --release --quiet
+# `canopy bench` runs canopy-bench, built beside canopy.
+cargo build --release --quiet -p canopy -p canopy-bench
 canopy=${CARGO_TARGET_DIR:-target}/release/canopy
 out=target/bench-ws
 mkdir -p "$out"

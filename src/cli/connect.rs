@@ -100,8 +100,8 @@ impl ConnectArgs {
     }
 }
 
-/// Where `canopy bench` connects: only an address, since its own clients take no
-/// credentials.
+/// Where a command connects: the address part of [`ConnectArgs`] (`canopy-bench` has its
+/// own copy, since its clients take no credentials).
 #[derive(Debug, Clone, Args)]
 pub struct ServerArgs {
     /// Server to talk to.

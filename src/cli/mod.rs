@@ -1,7 +1,9 @@
 //! Subcommands of the `canopy` binary that talk to a running server beyond plain
 //! pub/sub. Presentation only: every operation is a request to the server's
-//! `$CANOPY.` API, so this code never reaches into the store.
+//! `$CANOPY.` API, so this code never reaches into the store. `bench` is the exception:
+//! it only runs the `canopy-bench` executable.
 
+pub mod bench;
 pub mod connect;
 pub mod streams;
 pub mod tenants;

@@ -2,21 +2,14 @@
 //! shape finishes at a tiny size, exits 0 and reports exactly the messages, acks or
 //! connections it should have (no timing assertions); broken setups fail with a message.
 
-use tokio::process::Command;
-
+use crate::bench::canopy_bench;
 use crate::common::{WAIT, start_default};
-
-const BIN: &str = env!("CARGO_BIN_EXE_canopy");
 
 /// Runs `canopy bench` and returns its exit status, stdout and stderr.
 async fn run(args: &[&str]) -> (bool, String, String) {
     let output = tokio::time::timeout(
         WAIT * 3,
-        Command::new(BIN)
-            .arg("bench")
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
+        canopy_bench().args(args).kill_on_drop(true).output(),
     )
     .await
     .expect("bench finishes")

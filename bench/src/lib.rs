@@ -1,5 +1,7 @@
-//! `canopy bench`: a live load generator for any NATS-protocol server, so Canopy and
-//! nats-server can be measured with the same client on the same machine.
+//! `canopy bench` (the `canopy-bench` executable, which `canopy bench` runs): a live
+//! load generator for any NATS-protocol server, so Canopy and nats-server can be
+//! measured with the same client on the same machine. A crate of its own so that the
+//! server binary carries no WebSocket client and no load generator.
 //!
 //! Four live shapes ([`Shape`]), 128-byte payloads by default, each message stamped with
 //! its send time so subscribers in this process measure latency. Throughput is messages
@@ -18,9 +20,11 @@
 //! Owns: the options of a run ([`Options`]), running one shape against one server and
 //! reporting it ([`run`], [`Outcome`]).
 //!
-//! Must never: be used inside the server, count a slow-consumer disconnect or a stall as
-//! a finished run (they are errors), or panic on anything the network does.
+//! Must never: be used inside the server (it depends on the wire codecs of
+//! `canopy-protocols`, never on the `canopy` crate), count a slow-consumer disconnect or
+//! a stall as a finished run (they are errors), or panic on anything the network does.
 
+mod address;
 mod clock;
 mod conn;
 mod durable;
@@ -410,7 +414,7 @@ async fn run_nats(options: &Options) -> Result<Report, BenchError> {
     }
     // Fix the epoch before any stamp.
     clock::now_ns();
-    let addr = canopy::client::address_of(&options.server);
+    let addr = crate::address::address_of(&options.server);
     match options.shape {
         Shape::PubSub => shapes::pubsub(&addr, options).await,
         Shape::FanIn => shapes::fanin(&addr, options).await,
