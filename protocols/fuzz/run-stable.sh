@@ -2,10 +2,10 @@
 # Coverage-guided fuzzing on stable Rust (no cargo-fuzz, no nightly): builds the targets with
 # LLVM's SanitizerCoverage passes, which are stable codegen options, and runs libFuzzer.
 # No AddressSanitizer (that needs nightly); safe Rust does not need it for memory safety.
-# Usage: protocols/fuzz/run-stable.sh native_client|native_server|mqtt_client|mqtt_server [seconds]
+# Usage: protocols/fuzz/run-stable.sh native_client|native_server|mqtt_client|mqtt_server|ws_client [seconds]
 # New inputs go to a scratch corpus outside the repo; the committed corpus is only read.
 set -euo pipefail
-target=${1:?native_client, native_server, mqtt_client or mqtt_server}
+target=${1:?native_client, native_server, mqtt_client, mqtt_server or ws_client}
 secs=${2:-60}
 here=$(cd "$(dirname "$0")" && pwd)
 triple=$(rustc -vV | sed -n 's/^host: //p')

@@ -1,8 +1,8 @@
 //! Canopy's wire codecs, kept free of I/O.
 //!
 //! Owns: turning bytes into protocol frames and frames into bytes, for every front end Canopy
-//! speaks: the NATS-compatible native protocol in [`native`], and MQTT 3.1, 3.1.1 and 5.0 in
-//! [`mqtt`].
+//! speaks: the NATS-compatible native protocol in [`native`], MQTT 3.1, 3.1.1 and 5.0 in
+//! [`mqtt`], and the JSON messages of the `/ws` WebSocket API in [`ws`].
 //!
 //! Must never: do I/O, depend on tokio or on any client library, allocate without bound for
 //! input it has not validated, or panic on any input bytes.
@@ -19,3 +19,4 @@
 
 pub mod mqtt;
 pub mod native;
+pub mod ws;
