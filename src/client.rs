@@ -30,6 +30,10 @@ use tokio_rustls::client::TlsStream;
 /// Writes are sent once this many bytes are buffered.
 const WRITE_BATCH: usize = 64 * 1024;
 
+/// Room for the metadata headers of an API answer beyond `max_payload` (the subject,
+/// at most the server's subject limit, plus a few numbers).
+const REPLY_METADATA: usize = 64 * 1024;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     // `reason`, not `source`: the message shows it, so it is not a cause to repeat.
@@ -362,7 +366,12 @@ impl Client {
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(ClientError::Timeout(timeout)),
         };
-        client.decoder.set_max_payload(info.max_payload.max(1));
+        // `max_payload` bounds what clients send and every message; an API answer
+        // (get, replay) is a message at up to that size plus its metadata headers
+        // (subject, version, offset, time), so it may be that much larger.
+        client
+            .decoder
+            .set_max_payload(info.max_payload.max(1).saturating_add(REPLY_METADATA));
         client.info = *info;
         let secure = client.info.tls_required;
         match (tls, secure) {

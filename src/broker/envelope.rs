@@ -57,17 +57,29 @@ pub struct MqttOptions {
     pub subscription_id: u32,
 }
 
-const FIXED: usize = 4 + 1 + 1 + 4 + 8 + 8 + 2 + 2 + 4;
+const FIXED: usize = 4 + 1 + 1 + 4 + 2 + 8 + 8 + 2 + 2 + 4;
 
 /// Appends the envelope of `msg` for a subscription with `options`.
 pub fn encode(out: &mut BytesMut, msg: &Message<'_>, options: &MqttOptions) {
+    encode_merged(out, msg, options, &[]);
+}
+
+/// Appends one envelope of `msg` for several subscriptions of one connection, merged
+/// into `options`, carrying every subscription identifier in `ids` (the first one
+/// stands in `subscription_id` when `ids` is empty).
+pub fn encode_merged(out: &mut BytesMut, msg: &Message<'_>, options: &MqttOptions, ids: &[u32]) {
     let retain = options.retain_as_published && msg.flags & FLAG_RETAIN != 0;
+    let (first, extra) = match ids.split_first() {
+        Some((first, extra)) => (*first, extra),
+        None => (options.subscription_id, &[][..]),
+    };
     encode_parts(
         out,
         &EnvelopeParts {
             qos: options.qos.min(qos_cap(msg.flags)),
             retain,
-            subscription_id: options.subscription_id,
+            subscription_id: first,
+            extra_ids: extra,
             version: msg.version,
             offset: msg.offset,
             subject: msg.subject.as_bytes(),
@@ -84,6 +96,8 @@ struct EnvelopeParts<'a> {
     pub qos: u8,
     pub retain: bool,
     pub subscription_id: u32,
+    /// More subscription identifiers of a merged delivery (at most `u16::MAX`).
+    pub extra_ids: &'a [u32],
     pub version: u64,
     pub offset: u64,
     pub subject: &'a [u8],
@@ -101,12 +115,25 @@ fn encode_parts(out: &mut BytesMut, parts: &EnvelopeParts<'_>) {
         .reply
         .get(..usize::from(u16::MAX))
         .unwrap_or(parts.reply);
-    let len = FIXED - 4 + subject.len() + reply.len() + parts.headers.len() + parts.payload.len();
+    let extra = parts
+        .extra_ids
+        .get(..usize::from(u16::MAX))
+        .unwrap_or(parts.extra_ids);
+    let len = FIXED - 4
+        + 4 * extra.len()
+        + subject.len()
+        + reply.len()
+        + parts.headers.len()
+        + parts.payload.len();
     out.reserve(len + 4);
     out.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
     out.put_u8(parts.qos);
     out.put_u8(u8::from(parts.retain));
     out.put_u32(parts.subscription_id);
+    out.put_u16(u16::try_from(extra.len()).unwrap_or(u16::MAX));
+    for id in extra {
+        out.put_u32(*id);
+    }
     out.put_u64(parts.version);
     out.put_u64(parts.offset);
     out.put_u16(u16::try_from(subject.len()).unwrap_or(u16::MAX));
@@ -124,6 +151,9 @@ pub struct Envelope {
     pub qos: u8,
     pub retain: bool,
     pub subscription_id: u32,
+    /// More subscription identifiers, for a delivery merged from overlapping
+    /// subscriptions of one MQTT connection.
+    pub extra_ids: Vec<u32>,
     pub version: u64,
     /// The tenant offset of a stored message; 0 when it was not stored.
     pub offset: u64,
@@ -149,6 +179,12 @@ pub fn decode(buf: &mut Bytes) -> Option<Envelope> {
     let qos = body.get_u8();
     let retain = body.get_u8() != 0;
     let subscription_id = body.get_u32();
+    let extra = usize::from(body.get_u16());
+    if body.len() < 4 * extra + 8 + 8 + 2 + 2 + 4 {
+        buf.clear();
+        return None;
+    }
+    let extra_ids = (0..extra).map(|_| body.get_u32()).collect();
     let version = body.get_u64();
     let offset = body.get_u64();
     let subject = take_sized(&mut body, 2)?;
@@ -158,6 +194,7 @@ pub fn decode(buf: &mut Bytes) -> Option<Envelope> {
         qos,
         retain,
         subscription_id,
+        extra_ids,
         version,
         offset,
         subject,

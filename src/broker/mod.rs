@@ -41,6 +41,9 @@ pub struct Subscription {
     pub mqtt: Option<envelope::MqttOptions>,
     pub pattern: Pattern,
     pub queue: Option<Arc<str>>,
+    /// Another MQTT subscription of the same connection may match the same subjects:
+    /// routing then merges their deliveries into one (MQTT's one copy per message).
+    pub overlapping: std::sync::atomic::AtomicBool,
     /// Deliveries after which the subscription ends (UNSUB with a maximum); 0 = none.
     max_msgs: AtomicU64,
     delivered: AtomicU64,
@@ -119,6 +122,8 @@ pub struct Message<'a> {
 pub struct RouteScratch {
     queue_picks: Vec<QueuePick>,
     spent: Vec<Arc<Subscription>>,
+    /// Overlapping MQTT subscriptions that matched, delivered merged after the walk.
+    merged: Vec<Arc<Subscription>>,
 }
 
 struct QueuePick {
@@ -336,6 +341,7 @@ impl Broker {
             mqtt,
             pattern,
             queue: queue.map(Arc::from),
+            overlapping: std::sync::atomic::AtomicBool::new(false),
             max_msgs: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
         });
@@ -396,13 +402,22 @@ impl Broker {
             return 0;
         }
         let mut delivered = 0usize;
-        let RouteScratch { queue_picks, spent } = scratch;
+        let RouteScratch {
+            queue_picks,
+            spent,
+            merged,
+        } = scratch;
         queue_picks.clear();
         routes
             .trie
             .for_each_match(msg.subject, &mut |plain, groups| {
                 for sub in plain {
-                    if Some(sub.outbox.conn_id) != skip_conn && deliver(sub, msg, spent, wakes) {
+                    if Some(sub.outbox.conn_id) == skip_conn {
+                        continue;
+                    }
+                    if sub.overlapping.load(Ordering::Relaxed) {
+                        merged.push(Arc::clone(sub));
+                    } else if deliver(sub, msg, spent, wakes) {
                         delivered += 1;
                     }
                 }
@@ -414,6 +429,9 @@ impl Broker {
             if deliver(&pick.chosen, msg, spent, wakes) {
                 delivered += 1;
             }
+        }
+        if !merged.is_empty() {
+            delivered += deliver_merged(merged, msg, wakes);
         }
         self.remove_spent(routes, spent);
         delivered
@@ -450,6 +468,43 @@ impl Broker {
             self.unsubscribe(routes, &sub);
         }
     }
+}
+
+/// Delivers one envelope per connection for overlapping MQTT subscriptions that
+/// matched: the highest QoS any grants (capped by the publish's), every subscription
+/// identifier, RETAIN kept if any keeps it. Returns how many connections got it.
+fn deliver_merged(merged: &mut Vec<Arc<Subscription>>, msg: &Message<'_>, wakes: &mut Wakes) -> usize {
+    merged.sort_by_key(|sub| sub.outbox.conn_id);
+    let mut delivered = 0;
+    let mut ids = Vec::new();
+    for group in merged.chunk_by(|a, b| a.outbox.conn_id == b.outbox.conn_id) {
+        let mut options: Option<envelope::MqttOptions> = None;
+        ids.clear();
+        for sub in group {
+            let Some(mine) = &sub.mqtt else { continue };
+            if mine.no_local && msg.origin == sub.outbox.conn_id {
+                continue;
+            }
+            if mine.subscription_id != 0 && !ids.contains(&mine.subscription_id) {
+                ids.push(mine.subscription_id);
+            }
+            let merged = options.get_or_insert(*mine);
+            merged.qos = merged.qos.max(mine.qos);
+            merged.retain_as_published |= mine.retain_as_published;
+        }
+        let (Some(options), Some(first)) = (options, group.first()) else {
+            continue;
+        };
+        let queued = first
+            .outbox
+            .push(|out| envelope::encode_merged(out, msg, &options, &ids));
+        if queued.is_ok() {
+            wakes.add(&first.outbox);
+            delivered += 1;
+        }
+    }
+    merged.clear();
+    delivered
 }
 
 /// Chooses one member of a queue group uniformly across every matching node, by

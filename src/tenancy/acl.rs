@@ -114,6 +114,11 @@ impl Compiled {
     }
 }
 
+/// Whether some subject may match both patterns (errs towards yes).
+pub fn patterns_overlap(a: &Pattern, b: &Pattern) -> bool {
+    overlaps(a, &b.to_string()) || overlaps(b, &a.to_string())
+}
+
 /// Whether some subject matches both `rule` and `pattern` (native syntax).
 fn overlaps(rule: &Pattern, pattern: &str) -> bool {
     let mut tokens = pattern.split('.');
@@ -126,8 +131,9 @@ fn overlaps(rule: &Pattern, pattern: &str) -> bool {
         let Some(token) = tokens.next() else {
             return false;
         };
-        if token == ">" {
-            // One or more tokens: this one and whatever the rule still needs.
+        if token == ">" || token == "#" {
+            // One or more (or, MQTT's `#`, zero or more) tokens: this one and
+            // whatever the rule still needs.
             return true;
         }
         if let PatternToken::Literal(literal) = r
@@ -137,7 +143,8 @@ fn overlaps(rule: &Pattern, pattern: &str) -> bool {
             return false;
         }
     }
-    tokens.next().is_none()
+    // MQTT's `#` also matches the parent itself.
+    matches!(tokens.next(), None | Some("#"))
 }
 
 #[cfg(test)]
@@ -206,6 +213,16 @@ mod tests {
         let acl = Acl::compile(&permissions, "u", "a.>");
         assert!(!acl.may_publish("cmd.a.b"));
         assert!(!acl.may_subscribe("anything"));
+    }
+
+    #[test]
+    fn overlapping_mqtt_filters_are_found() {
+        let m = |s: &str| Pattern::parse_mqtt(s).expect("filter");
+        assert!(patterns_overlap(&m("t/a"), &m("t/a/#")));
+        assert!(patterns_overlap(&m("t/+"), &m("t/a")));
+        assert!(patterns_overlap(&m("#"), &m("x/y")));
+        assert!(!patterns_overlap(&m("t/a"), &m("t/b")));
+        assert!(!patterns_overlap(&m("t/a/+"), &m("t/a")));
     }
 
     #[test]

@@ -307,11 +307,14 @@ fn native_stored(
     if let Err(e) = compare(what, cell, &m.payload, m.header(PAD).as_deref()) {
         wrong.push(e);
     }
-    if m.size() > max_payload {
+    // A get or replay answer is the stored message plus the metadata the API adds
+    // (`Canopy-Subject`, `-Version`, `-Offset`, `-Time`), as JetStream's direct get
+    // adds its `Nats-*` headers: the message itself stays within `max_payload`.
+    let own = message_size_without_metadata(m);
+    if own > max_payload {
         wrong.push(format!(
-            "{what}: {} bytes of headers + payload, above the max_payload of {max_payload} \
-             that INFO announced",
-            m.size()
+            "{what}: {own} bytes of the message's own headers + payload, above the \
+             max_payload of {max_payload} that INFO announced"
         ));
     }
     if wrong.is_empty() {
@@ -319,6 +322,32 @@ fn native_stored(
     } else {
         Err(wrong.join("; "))
     }
+}
+
+/// Header and payload bytes of a stored message as it was published: the answer's
+/// header block without the lines the API adds, counted as the block the publisher
+/// sent (an empty block when only metadata is left).
+fn message_size_without_metadata(m: &NatsMsg) -> usize {
+    const METADATA: [&str; 4] = ["Canopy-Subject", "Canopy-Version", "Canopy-Offset", "Canopy-Time"];
+    let Some(block) = m.headers.as_deref() else {
+        return m.payload.len();
+    };
+    let text = String::from_utf8_lossy(block);
+    let own: Vec<&str> = text
+        .split("\r\n")
+        .skip(1)
+        .filter(|line| !line.is_empty())
+        .filter(|line| {
+            let name = line.split(':').next().unwrap_or_default();
+            !METADATA.contains(&name)
+        })
+        .collect();
+    if own.is_empty() {
+        return m.payload.len();
+    }
+    // `NATS/1.0\r\n`, each line with its `\r\n`, and the blank line.
+    let block_len = 10 + own.iter().map(|l| l.len() + 2).sum::<usize>() + 2;
+    block_len + m.payload.len()
 }
 
 /// The read paths a taken message must come back through.

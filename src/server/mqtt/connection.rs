@@ -12,6 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -237,10 +238,12 @@ impl Delivery {
         Delivery {
             qos: envelope.qos,
             retain: envelope.retain,
-            subscription_ids: if envelope.subscription_id == 0 {
-                Vec::new()
-            } else {
-                vec![envelope.subscription_id]
+            subscription_ids: {
+                let mut ids = envelope.extra_ids;
+                if envelope.subscription_id != 0 {
+                    ids.insert(0, envelope.subscription_id);
+                }
+                ids
             },
             version: envelope.version,
             offset: envelope.offset,
@@ -1962,6 +1965,16 @@ impl Connection {
             Some(options),
         );
         let shared = group.is_some();
+        if !shared {
+            // One copy per message for overlapping filters: routing merges the
+            // deliveries of subscriptions marked as overlapping.
+            for other in self.subs.values().filter(|o| !o.shared) {
+                if crate::tenancy::acl::patterns_overlap(&other.pattern, &pattern) {
+                    other.sub.overlapping.store(true, Ordering::Relaxed);
+                    sub.overlapping.store(true, Ordering::Relaxed);
+                }
+            }
+        }
         self.subs.insert(
             saved.filter.clone(),
             SubEntry {
