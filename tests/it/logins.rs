@@ -132,11 +132,18 @@ impl Logins {
         Ws::open(self.http_addr(), self.token(who)).await
     }
 
-    /// The value of the metric line `series` (`name{labels}`) in `/metrics`; 0 when
-    /// the series is not there yet.
+    /// The value of the metric line `series` (`name{labels}`) in `/metrics`, read as
+    /// the administrator; 0 when the series is not there yet.
     pub async fn metric(&self, series: &str) -> u64 {
-        let (status, text) =
-            crate::common::http_request(self.http_addr(), "GET", "/metrics", &[], "").await;
+        let bearer = format!("Bearer {}", self.token("admin@default"));
+        let (status, text) = crate::common::http_request(
+            self.http_addr(),
+            "GET",
+            "/metrics",
+            &[("Authorization", &bearer)],
+            "",
+        )
+        .await;
         assert_eq!(status, 200, "/metrics: {text}");
         text.lines()
             .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
