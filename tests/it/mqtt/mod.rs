@@ -13,6 +13,7 @@
 //! The tools come from scripts/test-all.sh (a venv under target/ with paho-mqtt, and
 //! Debian's mosquitto-clients); a missing tool fails the test and says so, never a skip.
 
+mod exchanges;
 mod mosquitto_cli;
 mod paho;
 mod rumqttc_client;
