@@ -473,7 +473,11 @@ impl Broker {
 /// Delivers one envelope per connection for overlapping MQTT subscriptions that
 /// matched: the highest QoS any grants (capped by the publish's), every subscription
 /// identifier, RETAIN kept if any keeps it. Returns how many connections got it.
-fn deliver_merged(merged: &mut Vec<Arc<Subscription>>, msg: &Message<'_>, wakes: &mut Wakes) -> usize {
+fn deliver_merged(
+    merged: &mut Vec<Arc<Subscription>>,
+    msg: &Message<'_>,
+    wakes: &mut Wakes,
+) -> usize {
     merged.sort_by_key(|sub| sub.outbox.conn_id);
     let mut delivered = 0;
     let mut ids = Vec::new();

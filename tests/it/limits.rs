@@ -328,7 +328,12 @@ fn native_stored(
 /// header block without the lines the API adds, counted as the block the publisher
 /// sent (an empty block when only metadata is left).
 fn message_size_without_metadata(m: &NatsMsg) -> usize {
-    const METADATA: [&str; 4] = ["Canopy-Subject", "Canopy-Version", "Canopy-Offset", "Canopy-Time"];
+    const METADATA: [&str; 4] = [
+        "Canopy-Subject",
+        "Canopy-Version",
+        "Canopy-Offset",
+        "Canopy-Time",
+    ];
     let Some(block) = m.headers.as_deref() else {
         return m.payload.len();
     };

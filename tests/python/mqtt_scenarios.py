@@ -491,6 +491,8 @@ class Client:
             ("suback", mid, [code.value for code in codes], props))
         self.c.on_disconnect = lambda _c, _u, flags, rc, props: self.events.put(
             ("disconnect", rc.value if rc is not None else None, props))
+        self.c.on_publish = lambda _c, _u, mid, rc, props: self.events.put(
+            ("puback", mid, rc.value if rc is not None else 0, props))
         if will:
             will_props = None
             if self.v5 and will.get("delay") is not None:
@@ -555,12 +557,25 @@ class Client:
         check(info.rc == mqtt.MQTT_ERR_SUCCESS, f"publish to {topic}: {mqtt.error_string(info.rc)}")
         info.wait_for_publish(WAIT)
         check(info.is_published(), f"publish to {topic} (QoS {qos}) not completed within {WAIT} s")
+        if self.v5 and qos > 0:
+            # A refused publish is completed too: its reason code says it was refused.
+            _, _, code, props = self.event("puback", lambda e: e[1] == info.mid)
+            reason = getattr(props, "ReasonString", None) if props is not None else None
+            check(code < 0x80, f"publish to {topic} refused: reason {code:#x} {reason or ''}")
 
     def next(self, timeout=WAIT, what="a message"):
         try:
             return self.messages.get(timeout=timeout)
         except queue.Empty:
-            raise Fail(f"no {what} within {timeout} s") from None
+            # Say whether the server closed the connection meanwhile.
+            closed = [e for e in self.pending if e[0] == "disconnect"]
+            while not self.events.empty():
+                e = self.events.get_nowait()
+                self.pending.append(e)
+                if e[0] == "disconnect":
+                    closed.append(e)
+            why = f" (disconnected, reason {closed[0][1]})" if closed else ""
+            raise Fail(f"no {what} within {timeout} s{why}") from None
 
     def quiet(self, duration=QUIET, what="no message"):
         try:
