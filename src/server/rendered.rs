@@ -139,6 +139,7 @@ mod tests {
             qos: 0,
             retain: false,
             subscription_id: 7,
+            extra_ids: Vec::new(),
             version: offset,
             offset,
             subject: Bytes::from_static(subject.as_bytes()),
