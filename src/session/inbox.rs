@@ -71,6 +71,50 @@ impl InboxClaims {
     }
 }
 
+/// The owner tokens one connection holds, with how many of its subscriptions are
+/// under each. Nothing is allocated until the first one: most connections hold none.
+#[derive(Debug, Default)]
+pub(super) struct Held(Option<Box<Vec<(Arc<str>, usize)>>>);
+
+impl Held {
+    /// Counts one more subscription under `token`; false when it is not held.
+    pub(super) fn add(&mut self, token: &str) -> bool {
+        let found = self
+            .0
+            .as_mut()
+            .and_then(|held| held.iter_mut().find(|(t, _)| &**t == token));
+        match found {
+            Some((_, count)) => {
+                *count += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Holds a newly claimed token, with its first subscription.
+    pub(super) fn hold(&mut self, token: Arc<str>) {
+        self.0.get_or_insert_with(Box::default).push((token, 1));
+    }
+
+    /// Counts one subscription less under `token`; the token when none is left, to
+    /// give back.
+    pub(super) fn remove(&mut self, token: &str) -> Option<Arc<str>> {
+        let held = self.0.as_mut()?;
+        let at = held.iter().position(|(t, _)| &**t == token)?;
+        held[at].1 -= 1;
+        (held[at].1 == 0).then(|| held.swap_remove(at).0)
+    }
+
+    /// Every token held, to give back; holds none after.
+    pub(super) fn take(&mut self) -> impl Iterator<Item = Arc<str>> {
+        self.0
+            .take()
+            .into_iter()
+            .flat_map(|held| held.into_iter().map(|(token, _)| token))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

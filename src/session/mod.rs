@@ -75,7 +75,7 @@ pub struct Session {
     /// Subscriptions held, for the per-connection cap.
     subscriptions: usize,
     /// Inbox owner tokens this connection holds, with how many subscriptions each.
-    inboxes: Vec<(Arc<str>, usize)>,
+    inboxes: inbox::Held,
 }
 
 impl Session {
@@ -103,7 +103,7 @@ impl Session {
             paused_until: None,
             slot: None,
             subscriptions: 0,
-            inboxes: Vec::new(),
+            inboxes: inbox::Held::default(),
         }
     }
 
@@ -267,14 +267,11 @@ impl Session {
         }
         if let Some(token) = owner {
             let id = self.id();
-            match self.inboxes.iter_mut().find(|(t, _)| **t == *token) {
-                Some((_, count)) => *count += 1,
-                None => {
-                    if !self.publisher.routes.inboxes.try_claim(&token, id) {
-                        return Err(SubscribeRefusal::InboxTaken(native.to_owned()));
-                    }
-                    self.inboxes.push((Arc::from(token), 1));
+            if !self.inboxes.add(&token) {
+                if !self.publisher.routes.inboxes.try_claim(&token, id) {
+                    return Err(SubscribeRefusal::InboxTaken(native.to_owned()));
                 }
+                self.inboxes.hold(Arc::from(token));
             }
         }
         Ok(())
@@ -310,12 +307,7 @@ impl Session {
     }
 
     fn release_inbox(&mut self, token: &str) {
-        let Some(at) = self.inboxes.iter().position(|(t, _)| &**t == token) else {
-            return;
-        };
-        self.inboxes[at].1 -= 1;
-        if self.inboxes[at].1 == 0 {
-            let (token, _) = self.inboxes.swap_remove(at);
+        if let Some(token) = self.inboxes.remove(token) {
             self.publisher.routes.inboxes.release(&token, self.id());
         }
     }
@@ -325,7 +317,7 @@ impl Session {
     pub fn close(&mut self, subs: &[Arc<Subscription>]) {
         let Publisher { broker, routes, .. } = &*self.publisher;
         broker.unsubscribe_all(routes, subs);
-        for (token, _) in self.inboxes.drain(..) {
+        for token in self.inboxes.take() {
             routes.inboxes.release(&token, self.outbox.conn_id);
         }
         self.subscriptions = 0;
@@ -340,7 +332,7 @@ fn pause(paused_until: &mut Option<tokio::time::Instant>, wait: std::time::Durat
 
 impl Drop for Session {
     fn drop(&mut self) {
-        for (token, _) in self.inboxes.drain(..) {
+        for token in self.inboxes.take() {
             self.publisher
                 .routes
                 .inboxes
