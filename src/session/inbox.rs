@@ -74,7 +74,10 @@ impl InboxClaims {
 /// The owner tokens one connection holds, with how many of its subscriptions are
 /// under each. Nothing is allocated until the first one: most connections hold none.
 #[derive(Debug, Default)]
-pub(super) struct Held(Option<Box<Vec<(Arc<str>, usize)>>>);
+pub(super) struct Held(Option<Box<Vec<HeldToken>>>);
+
+/// An owner token and how many subscriptions are under it.
+type HeldToken = (Arc<str>, usize);
 
 impl Held {
     /// Counts one more subscription under `token`; false when it is not held.
