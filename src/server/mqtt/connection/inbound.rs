@@ -1,0 +1,566 @@
+//! Packets from the client: publishes through the client core (`session`),
+//! their acks from the store, QoS 2 state, request/response forwarding, and the
+//! other control packets. Never writes to the socket itself.
+
+use super::*;
+
+impl Connection {
+    /// Handles every complete packet in `rbuf`, then wakes each touched subscriber.
+    pub(super) fn process(&mut self, rbuf: &mut BytesMut) -> Result<(), Close> {
+        let mut msgs = 0u64;
+        let mut bytes = 0u64;
+        let result = loop {
+            match self.decoder.decode(rbuf) {
+                Ok(Some(packet)) => {
+                    if let Packet::Publish(p) = &packet {
+                        msgs += 1;
+                        bytes += p.payload.len() as u64;
+                    }
+                    if let Err(close) = self.handle(packet) {
+                        break Err(close);
+                    }
+                    if self.session.paused_until.is_some() {
+                        break Ok(());
+                    }
+                }
+                Ok(None) => break Ok(()),
+                Err(error) => {
+                    tracing::debug!(conn = self.id, %error, "mqtt protocol error");
+                    break Err(Close::protocol(error.code, error.message));
+                }
+            }
+        };
+        if msgs > 0 {
+            self.broker.metrics().count_in(msgs, bytes);
+        }
+        self.session.end_batch();
+        result
+    }
+
+    pub(super) fn handle(&mut self, packet: Packet) -> Result<(), Close> {
+        match packet {
+            Packet::Publish(publish) => self.publish(publish),
+            Packet::PubAck(ack) => {
+                self.complete(ack.packet_id, Stage::Published, 1);
+                Ok(())
+            }
+            Packet::PubRec(ack) => {
+                self.pubrec(&ack);
+                Ok(())
+            }
+            Packet::PubRel(ack) => {
+                let code = match self.inbound.get(&ack.packet_id) {
+                    Some(InboundState::Received) => {
+                        self.inbound.remove(&ack.packet_id);
+                        reason::SUCCESS
+                    }
+                    // The ack from the store is not back yet: PUBREC was not sent, so
+                    // a PUBREL is out of order.
+                    Some(InboundState::Storing(_)) => {
+                        return Err(Close::protocol(
+                            reason::PROTOCOL_ERROR,
+                            "PUBREL before PUBREC",
+                        ));
+                    }
+                    None => reason::PACKET_IDENTIFIER_NOT_FOUND,
+                };
+                let code = if self.level == Level::V5 {
+                    code
+                } else {
+                    reason::SUCCESS
+                };
+                self.put_control(&Packet::PubComp(Ack {
+                    packet_id: ack.packet_id,
+                    reason: code,
+                    properties: Properties::default(),
+                }));
+                Ok(())
+            }
+            Packet::PubComp(ack) => {
+                self.complete(ack.packet_id, Stage::Released, 2);
+                Ok(())
+            }
+            Packet::Subscribe(subscribe) => self.subscribe(subscribe),
+            Packet::Unsubscribe(unsubscribe) => {
+                self.unsubscribe(unsubscribe);
+                Ok(())
+            }
+            Packet::PingReq => {
+                self.put_control(&Packet::PingResp);
+                Ok(())
+            }
+            Packet::Disconnect(disconnect) => self.disconnect(&disconnect),
+            Packet::Connect(_) => Err(Close::protocol(
+                reason::PROTOCOL_ERROR,
+                "a second CONNECT on one connection",
+            )),
+            Packet::Auth(_) => Err(Close::protocol(
+                reason::PROTOCOL_ERROR,
+                "AUTH without an authentication method",
+            )),
+            other => Err(Close::protocol(
+                reason::PROTOCOL_ERROR,
+                format!("{} is not sent by clients", other.name()),
+            )),
+        }
+    }
+
+    /// A PUBACK (QoS 1) or PUBCOMP (QoS 2) from the client frees a window slot.
+    pub(super) fn complete(&mut self, packet_id: u16, stage: Stage, qos: u8) {
+        if let Some(at) = self
+            .inflight
+            .iter()
+            .position(|i| i.packet_id == packet_id && i.stage == stage && i.delivery.qos == qos)
+        {
+            self.inflight.remove(at);
+            self.session.outbox.wake();
+        }
+    }
+
+    pub(super) fn pubrec(&mut self, ack: &Ack) {
+        let Some(entry) = self
+            .inflight
+            .iter_mut()
+            .find(|i| i.packet_id == ack.packet_id && i.delivery.qos == 2)
+        else {
+            if self.level == Level::V5 {
+                self.put_control(&Packet::PubRel(Ack {
+                    packet_id: ack.packet_id,
+                    reason: reason::PACKET_IDENTIFIER_NOT_FOUND,
+                    properties: Properties::default(),
+                }));
+            }
+            return;
+        };
+        if ack.reason >= 0x80 {
+            // The client refused it: the flow ends here.
+            let id = ack.packet_id;
+            self.inflight.retain(|i| i.packet_id != id);
+            self.session.outbox.wake();
+            return;
+        }
+        entry.stage = Stage::Released;
+        self.put_control(&Packet::PubRel(Ack::new(ack.packet_id)));
+    }
+
+    pub(super) fn disconnect(&mut self, disconnect: &Disconnect) -> Result<(), Close> {
+        if let Some(expiry) = disconnect.properties.session_expiry_interval {
+            if self.session_expiry == 0 && expiry > 0 {
+                return Err(Close::protocol(
+                    reason::PROTOCOL_ERROR,
+                    "session expiry cannot be set at DISCONNECT when it was 0 at CONNECT",
+                ));
+            }
+            self.session_expiry = expiry.min(self.context.config.mqtt.max_session_expiry_secs);
+        }
+        Err(Close::Disconnected {
+            with_will: disconnect.reason == reason::DISCONNECT_WITH_WILL,
+        })
+    }
+
+    pub(super) fn publish(&mut self, publish: Publish) -> Result<(), Close> {
+        let qos = publish.qos as u8;
+        let packet_id = publish.packet_id.unwrap_or(0);
+        if qos > 0 {
+            if let Some(state) = self.inbound.get(&packet_id) {
+                // A resend of a publish we still hold: answered once, stored once.
+                if *state == InboundState::Received && qos == 2 {
+                    self.put_control(&Packet::PubRec(Ack::new(packet_id)));
+                }
+                return Ok(());
+            }
+            if self.inbound.len() >= usize::from(self.context.config.mqtt.receive_maximum) {
+                return Err(Close::protocol(
+                    reason::RECEIVE_MAXIMUM_EXCEEDED,
+                    "more unacknowledged QoS 1 and 2 publishes than the Receive Maximum",
+                ));
+            }
+        }
+        if !publish.properties.subscription_identifiers.is_empty() {
+            return Err(Close::protocol(
+                reason::PROTOCOL_ERROR,
+                "a client PUBLISH must not carry a subscription identifier",
+            ));
+        }
+        let topic = self.resolve_topic(&publish)?;
+        let Ok(topic_text) = std::str::from_utf8(&topic) else {
+            return Err(Close::protocol(
+                reason::MALFORMED_PACKET,
+                "topic is not UTF-8",
+            ));
+        };
+        let subject = match Subject::parse_mqtt_with(topic_text, &self.context.subject_limits) {
+            Ok(subject) => subject,
+            Err(error) => {
+                return self.refuse_publish(
+                    qos,
+                    packet_id,
+                    reason::TOPIC_NAME_INVALID,
+                    error.to_string(),
+                );
+            }
+        };
+        let parts = if self.level == Level::V5 {
+            match translate::inbound(
+                &publish.properties,
+                &publish.payload,
+                &self.context.subject_limits,
+            ) {
+                Ok(parts) => parts,
+                Err(translate::Unmappable::PayloadNotUtf8) => {
+                    return self.refuse_publish(
+                        qos,
+                        packet_id,
+                        reason::PAYLOAD_FORMAT_INVALID,
+                        "the payload format indicator says UTF-8 and the payload is not".into(),
+                    );
+                }
+                Err(translate::Unmappable::ResponseTopic(why)) => {
+                    return self.refuse_publish(
+                        qos,
+                        packet_id,
+                        reason::TOPIC_NAME_INVALID,
+                        format!("response topic: {why}"),
+                    );
+                }
+            }
+        } else {
+            translate::NativeParts::default()
+        };
+        let mut parts = parts;
+        if let Some(response) = parts
+            .reply
+            .as_deref()
+            .and_then(|r| std::str::from_utf8(r).ok())
+        {
+            // Answers are published to the response topic on this client's behalf: it
+            // must be a topic the client could publish to itself.
+            if let Err(refused) = self.session.publisher.check_target(response) {
+                let code = mqtt_code(&refused);
+                return self.refuse_publish(
+                    qos,
+                    packet_id,
+                    code,
+                    format!("response topic: {refused}"),
+                );
+            }
+        }
+        if let (Some(reply), Some(correlation)) =
+            (&parts.reply, &publish.properties.correlation_data)
+        {
+            // A request: the responder answers the inbox, and the answer is passed on
+            // to the response topic with the correlation data, so services that do
+            // not copy headers still answer MQTT requesters correctly. MQTT
+            // receivers get the response topic itself (`translate::outbound`).
+            if let Some(inbox) = self.remember_request(reply.clone(), correlation.clone()) {
+                parts.reply = Some(inbox);
+            }
+        }
+        let ack = if qos > 0 {
+            AskAck::To(AckTo {
+                address: envelope::ack_address(self.id, packet_id),
+                flags: ACK_MQTT,
+            })
+        } else {
+            AskAck::Nobody
+        };
+        // MQTT 5 refuses an acknowledged publish over the rate with 0x97; anything
+        // else cannot be refused without being lost or acked falsely, so it is taken
+        // and the client is held back instead.
+        let admission = if self.level == Level::V5 && qos > 0 {
+            Admission::Refusable
+        } else {
+            Admission::Throttled
+        };
+        let message = session::Publish {
+            reply: parts.reply,
+            headers: parts.headers,
+            flags: mqtt_flags(qos, publish.retain),
+            retain: publish.retain,
+            ack,
+            admission,
+            ..session::Publish::new(subject.as_str(), publish.payload)
+        };
+        let published = self.session.publish(message);
+        if let Some(until) = self.session.paused_until {
+            // Keep-alive counts from the end of a pause the server chose.
+            self.last_read = self.last_read.max(until);
+        }
+        match published {
+            Err(refused) => {
+                let code = mqtt_code(&refused);
+                self.refuse_publish(qos, packet_id, code, refused.to_string())
+            }
+            Ok(session::Published::Stored { .. }) => {
+                if qos > 0 {
+                    self.inbound.insert(packet_id, InboundState::Storing(qos));
+                }
+                Ok(())
+            }
+            // Not stored: routed now, acknowledged now.
+            Ok(_) => {
+                match qos {
+                    1 => self.put_control(&Packet::PubAck(Ack::new(packet_id))),
+                    2 => {
+                        self.inbound.insert(packet_id, InboundState::Received);
+                        self.put_control(&Packet::PubRec(Ack::new(packet_id)));
+                    }
+                    _ => {}
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Records a request's response topic and correlation data under a fresh inbox
+    /// subject of this connection, which it then subscribes to (once). `None` when
+    /// the connection may not hold an inbox (its subscription limits).
+    pub(super) fn remember_request(
+        &mut self,
+        response: Bytes,
+        correlation: Bytes,
+    ) -> Option<Bytes> {
+        if self.reply_inbox.is_none() {
+            // The owner token is random: inboxes are claimed by their first
+            // subscriber, so a predictable one could be taken first.
+            let mut token = [0u8; 16];
+            getrandom::fill(&mut token).ok()?;
+            let mut prefix = String::from("_INBOX.mqtt");
+            for byte in token {
+                prefix.push_str(&format!("{byte:02x}"));
+            }
+            let text = format!("{prefix}.*");
+            let pattern = Pattern::parse_native(&text).ok()?;
+            self.session
+                .admit_subscription(&text, &pattern, false)
+                .ok()?;
+            let sub = self.session.subscribe(
+                Bytes::from_static(b"$reply"),
+                pattern,
+                None,
+                Some(MqttOptions {
+                    qos: 2,
+                    ..MqttOptions::default()
+                }),
+            );
+            prefix.push('.');
+            self.reply_inbox = Some((prefix, sub));
+        }
+        let seq = self.next_request;
+        self.next_request += 1;
+        self.requests.push_back((seq, response, correlation));
+        while self.requests.len() > MAX_OPEN_REQUESTS {
+            self.requests.pop_front();
+        }
+        let prefix = self.reply_inbox.as_ref().map_or("", |(p, _)| p.as_str());
+        Some(Bytes::from(format!("{prefix}{seq}")))
+    }
+
+    /// Passes an answer that arrived on this connection's request inbox on to the
+    /// request's response topic, with its correlation data, published as this
+    /// client (its rules, its tenant's quota); true when `envelope` was such an
+    /// answer.
+    pub(super) fn forward_reply(&mut self, envelope: &Envelope) -> bool {
+        let Some((prefix, _)) = &self.reply_inbox else {
+            return false;
+        };
+        let Some(seq) = envelope
+            .subject
+            .strip_prefix(prefix.as_bytes())
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            return false;
+        };
+        let Some(at) = self.requests.iter().position(|(n, _, _)| *n == seq) else {
+            // An answer to a forgotten request (or a second answer): dropped.
+            return true;
+        };
+        let Some((_, response, correlation)) = self.requests.remove(at) else {
+            return true;
+        };
+        let Ok(subject) = std::str::from_utf8(&response) else {
+            return true;
+        };
+        let answer = session::Publish {
+            headers: translate::with_correlation(&envelope.headers, &correlation),
+            flags: mqtt_flags(envelope.qos, false),
+            admission: Admission::Throttled,
+            ..session::Publish::new(subject, envelope.payload.clone())
+        };
+        match self.session.publish(answer) {
+            Ok(session::Published::Stored { .. }) => {
+                // The append goes out in the next catch-up.
+                self.session.outbox.wake();
+            }
+            Ok(_) => {}
+            Err(refused) => {
+                tracing::debug!(conn = self.id, %refused, "an answer to an mqtt request was dropped");
+            }
+        }
+        self.session.end_batch();
+        true
+    }
+
+    /// The topic of a publish, through its v5 topic alias when it has one.
+    pub(super) fn resolve_topic(&mut self, publish: &Publish) -> Result<Bytes, Close> {
+        let Some(alias) = publish.properties.topic_alias else {
+            if publish.topic.is_empty() {
+                return Err(Close::protocol(
+                    reason::PROTOCOL_ERROR,
+                    "PUBLISH without a topic or a topic alias",
+                ));
+            }
+            return Ok(publish.topic.as_bytes().clone());
+        };
+        if alias == 0 || alias > self.context.config.mqtt.topic_alias_maximum {
+            return Err(Close::protocol(
+                reason::TOPIC_ALIAS_INVALID,
+                format!(
+                    "topic alias {alias} is outside 1..={}",
+                    self.context.config.mqtt.topic_alias_maximum
+                ),
+            ));
+        }
+        if publish.topic.is_empty() {
+            return self.aliases.get(&alias).cloned().ok_or_else(|| {
+                Close::protocol(
+                    reason::PROTOCOL_ERROR,
+                    format!("topic alias {alias} was never defined"),
+                )
+            });
+        }
+        let topic = Bytes::copy_from_slice(publish.topic.as_bytes());
+        self.aliases.insert(alias, topic.clone());
+        Ok(topic)
+    }
+
+    /// Answers a publish that cannot be taken: a v5 error reason on its ack. MQTT
+    /// 3.x has no way to refuse a QoS 1 or 2 publish, and acking one that was
+    /// dropped would lose it, so the connection closes without an ack instead (the
+    /// client learns nothing was taken). A refused QoS 0 publish is dropped.
+    pub(super) fn refuse_publish(
+        &mut self,
+        qos: u8,
+        packet_id: u16,
+        code: u8,
+        why: String,
+    ) -> Result<(), Close> {
+        tracing::debug!(conn = self.id, code, why, "mqtt publish refused");
+        if self.level != Level::V5 {
+            if qos > 0 {
+                return Err(Close::Server {
+                    code,
+                    reason: format!("publish refused: {why}"),
+                });
+            }
+            return Ok(());
+        }
+        let ack = Ack {
+            packet_id,
+            reason: code,
+            properties: self.ack_properties(Some(why.clone())),
+        };
+        match qos {
+            1 => self.put_control(&Packet::PubAck(ack)),
+            2 => self.put_control(&Packet::PubRec(ack)),
+            // QoS 0 has no ack: MQTT 5 says why on DISCONNECT for a bad topic.
+            _ if code == reason::TOPIC_NAME_INVALID => {
+                return Err(Close::protocol(code, why));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Turns the store's answers into PUBACK and PUBREC.
+    pub(super) fn take_store_acks(&mut self) -> Result<(), Close> {
+        self.acks.take(&mut self.store_acks);
+        if self.store_acks.is_empty() {
+            return Ok(());
+        }
+        let v5 = self.level == Level::V5;
+        for StoreAck { packet_id, outcome } in std::mem::take(&mut self.store_acks) {
+            let Some(InboundState::Storing(qos)) = self.inbound.get(&packet_id).copied() else {
+                continue;
+            };
+            let (code, why, current) = match &outcome {
+                AppendOutcome::Stored { .. } | AppendOutcome::Duplicate { .. } => {
+                    (reason::SUCCESS, None, None)
+                }
+                AppendOutcome::Conflict {
+                    subject,
+                    expected,
+                    current_version,
+                    ..
+                } => {
+                    let expected = match expected {
+                        Expectation::Version(v) | Expectation::LastOffset(v) => *v,
+                    };
+                    (
+                        reason::IMPLEMENTATION_SPECIFIC_ERROR,
+                        Some(format!(
+                            "wrong expected version {expected}: {subject} is at version {current_version}"
+                        )),
+                        Some(*current_version),
+                    )
+                }
+                AppendOutcome::QuotaExceeded { reason: why } => {
+                    if !v5 {
+                        return Err(Close::Server {
+                            code: reason::QUOTA_EXCEEDED,
+                            reason: format!("quota exceeded: {why}"),
+                        });
+                    }
+                    (reason::QUOTA_EXCEEDED, Some(why.clone()), None)
+                }
+                AppendOutcome::Failed { reason: why } => {
+                    if !v5 {
+                        // 3.x cannot be told: no ack, so the client sends it again.
+                        return Err(Close::Server {
+                            code: reason::UNSPECIFIED_ERROR,
+                            reason: format!("the store refused a publish: {why}"),
+                        });
+                    }
+                    (reason::UNSPECIFIED_ERROR, Some(why.clone()), None)
+                }
+            };
+            let mut properties = self.ack_properties(why);
+            if let Some(version) = current.filter(|_| v5) {
+                properties
+                    .user_properties
+                    .push(("Canopy-Current-Version".into(), version.to_string()));
+            }
+            let ack = Ack {
+                packet_id,
+                reason: if v5 { code } else { reason::SUCCESS },
+                properties,
+            };
+            if qos == 2 {
+                if code >= 0x80 {
+                    self.inbound.remove(&packet_id);
+                } else {
+                    self.inbound.insert(packet_id, InboundState::Received);
+                }
+                self.put_control(&Packet::PubRec(ack));
+            } else {
+                self.inbound.remove(&packet_id);
+                self.put_control(&Packet::PubAck(ack));
+            }
+        }
+        if !self.control.is_empty() {
+            self.session.outbox.wake();
+        }
+        Ok(())
+    }
+}
+
+/// The MQTT 5 reason code for a refused publish.
+pub(super) fn mqtt_code(refused: &Refusal) -> u8 {
+    match refused {
+        Refusal::InvalidSubject(_) => reason::TOPIC_NAME_INVALID,
+        Refusal::Reserved(_) | Refusal::Denied(_) => reason::NOT_AUTHORIZED,
+        Refusal::OverQuota(_) => reason::QUOTA_EXCEEDED,
+        Refusal::TooLarge { .. } | Refusal::BadHeader(_) => reason::IMPLEMENTATION_SPECIFIC_ERROR,
+    }
+}

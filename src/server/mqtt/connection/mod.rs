@@ -1,0 +1,597 @@
+//! One MQTT connection: CONNECT, then one `select!` over shutdown, takeover, the
+//! socket (both ways), the outbox wake-up and the keep-alive deadline.
+//!
+//! Deliveries reach the task as envelopes in its outbox. The task turns them into
+//! PUBLISH packets itself, because only it knows the client's level, its in-flight
+//! window (Receive Maximum), its packet identifiers and its Maximum Packet Size. QoS
+//! 1 and 2 deliveries beyond the window wait in a bounded queue; past that bound the
+//! outbox fills and the client is dropped as a slow consumer, to resume from its
+//! session cursor. Publishes to stored subjects are acknowledged (PUBACK, PUBREC)
+//! only once the store says they hold, through the connection's ack inbox.
+
+mod admission;
+mod backlog;
+mod closing;
+mod inbound;
+mod outbound;
+mod subscriptions;
+
+#[cfg(test)]
+use backlog::SessionMatcher;
+use inbound::mqtt_code;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use canopy_protocols::mqtt::{
+    Ack, ConnAck, Connect, Decoder, Disconnect, Level, Packet, Properties, Publish, QoS, SubAck,
+    Subscribe, UnsubAck, Unsubscribe, Will, encode, encode_publish, reason,
+};
+use canopy_subjects::{Pattern, Subject, Trie};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::MqttContext;
+use super::session::{
+    Claim, RECORD_VERSION, SavedInflight, SavedSubscription, SessionKey, SessionRecord, Stage,
+};
+use super::translate;
+use super::transport::Inbound;
+use crate::broker::durable::ACK_MQTT;
+use crate::broker::envelope::{
+    self, AckInbox, Envelope, MqttOptions, StoreAck, mqtt_flags, qos_cap,
+};
+use crate::broker::{Broker, Outbox, Subscription};
+use crate::session::{self, Admission, AskAck, Publisher, Refusal, Session, SubscribeRefusal};
+use crate::store::{AckTo, AppendOutcome, Expectation, ReplayFrom, Store, now_ms};
+use crate::tenancy::{Action, Principal};
+
+/// Bytes read from the socket at a time.
+const READ_CHUNK: usize = 16 * 1024;
+/// Deliveries are encoded into the write buffer until it holds this much.
+const WRITE_BATCH: usize = 64 * 1024;
+/// How often a persistent session's moving cursor is saved while connected.
+const SESSION_SAVE_EVERY: Duration = Duration::from_secs(5);
+/// Requests with correlation data one connection may have open; the oldest is
+/// forgotten beyond this.
+const MAX_OPEN_REQUESTS: usize = 1024;
+/// Retained messages and backlog read from the store per step.
+const STORE_PAGE: usize = 4096;
+const STORE_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Serves one MQTT connection on a TCP socket until it ends.
+pub(super) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    context: Arc<MqttContext>,
+    shutdown: CancellationToken,
+) {
+    let Some(tls) = context.tls.clone() else {
+        let (reader, writer) = stream.into_split();
+        return serve_on(reader, writer, peer, context, None, shutdown).await;
+    };
+    // Boxed: a TLS stream is large, and plain connections should not pay for it.
+    Box::pin(serve_tls(stream, tls, peer, context, shutdown)).await;
+}
+
+/// Serves one MQTT connection after its TLS handshake.
+async fn serve_tls(
+    stream: TcpStream,
+    tls: crate::server::tls::Tls,
+    peer: SocketAddr,
+    context: Arc<MqttContext>,
+    shutdown: CancellationToken,
+) {
+    let accepted = tokio::select! {
+        _ = shutdown.cancelled() => return,
+        accepted = tls.accept(stream) => accepted,
+    };
+    match accepted {
+        Ok(accepted) => {
+            let (reader, writer) = tokio::io::split(accepted.stream);
+            let reader = super::transport::StreamInbound::new(reader);
+            serve_on(reader, writer, peer, context, accepted.certified, shutdown).await;
+        }
+        Err(error) => tracing::debug!(%peer, %error, "mqtt TLS handshake failed"),
+    }
+}
+
+/// Serves one MQTT connection on any transport until it ends.
+/// `certified` is the user a TLS client certificate names.
+pub async fn serve_on<R: Inbound, W: AsyncWrite + Unpin + Send>(
+    mut reader: R,
+    mut writer: W,
+    peer: SocketAddr,
+    context: Arc<MqttContext>,
+    certified: Option<String>,
+    shutdown: CancellationToken,
+) {
+    let mut rbuf = BytesMut::with_capacity(1024);
+    let mut decoder = Decoder::new(context.config.mqtt.max_packet_size);
+    let wait = Duration::from_secs(context.config.mqtt.connect_timeout_secs.max(1));
+    let first = tokio::select! {
+        _ = shutdown.cancelled() => return,
+        first = tokio::time::timeout(wait, read_connect(&mut reader, &mut rbuf, &mut decoder)) => first,
+    };
+    let connect = match first {
+        Err(_) => {
+            tracing::debug!(%peer, "mqtt client sent no CONNECT in time");
+            return;
+        }
+        Ok(Err(refusal)) => {
+            if let Some(answer) = refusal {
+                let _ = writer.write_all(&answer).await;
+                let _ = writer.shutdown().await;
+            }
+            return;
+        }
+        Ok(Ok(connect)) => connect,
+    };
+    let Some(mut connection) =
+        // Boxed, like every rare step with store reads in it: a task's memory is the
+        // size of its largest state, and an idle connection should not pay for them.
+        Box::pin(Connection::accept(connect, peer, &context, certified, decoder, &mut writer)).await
+    else {
+        return;
+    };
+    let metrics = Arc::clone(context.broker.metrics());
+    metrics.connection_opened(crate::broker::metrics::Protocol::Mqtt);
+    let close = connection
+        .run(&mut reader, &mut writer, rbuf, &shutdown)
+        .await;
+    Box::pin(connection.finish(close, &mut writer)).await;
+    metrics.connection_closed(crate::broker::metrics::Protocol::Mqtt);
+}
+
+/// Reads until the first packet, which must be CONNECT. An error carries the bytes to
+/// send before closing, when the client can be told.
+async fn read_connect<R: Inbound>(
+    reader: &mut R,
+    rbuf: &mut BytesMut,
+    decoder: &mut Decoder,
+) -> Result<Box<Connect>, Option<BytesMut>> {
+    loop {
+        match decoder.decode(rbuf) {
+            Ok(Some(Packet::Connect(connect))) => return Ok(connect),
+            Ok(Some(other)) => {
+                tracing::debug!(
+                    packet = other.name(),
+                    "mqtt client did not start with CONNECT"
+                );
+                return Err(None);
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::debug!(%error, "mqtt CONNECT refused");
+                let mut out = BytesMut::new();
+                let (level, code) = match (error.level, error.code) {
+                    (Some(Level::V5), code) => (Level::V5, code),
+                    (_, reason::UNSUPPORTED_PROTOCOL_VERSION) => {
+                        (Level::V311, reason::V3_UNACCEPTABLE_PROTOCOL_VERSION)
+                    }
+                    // A malformed 3.x CONNECT is answered by closing.
+                    _ => return Err(None),
+                };
+                let mut properties = Properties::default();
+                if level == Level::V5 {
+                    properties.reason_string = Some(error.message.clone());
+                }
+                let connack = Packet::ConnAck(ConnAck {
+                    session_present: false,
+                    code,
+                    properties,
+                });
+                let _ = encode(&connack, level, &mut out);
+                return Err(Some(out));
+            }
+        }
+        if reader.ready().await.is_err() {
+            return Err(None);
+        }
+        rbuf.reserve(1024);
+        match reader.try_read(rbuf) {
+            Ok(0) => return Err(None),
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return Err(None),
+        }
+    }
+}
+
+/// Why a connection ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Close {
+    /// The client sent DISCONNECT; `with_will` for v5 reason 0x04.
+    Disconnected { with_will: bool },
+    /// The socket closed or failed without DISCONNECT.
+    Gone,
+    /// The server ends it: the v5 reason code and a sentence.
+    Server { code: u8, reason: String },
+    /// Another connection took the client id.
+    TakenOver,
+    /// The server is shutting down.
+    Shutdown,
+}
+
+impl Close {
+    fn protocol(code: u8, reason: impl Into<String>) -> Close {
+        Close::Server {
+            code,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// One message on its way to the client.
+#[derive(Debug, Clone)]
+struct Delivery {
+    qos: u8,
+    retain: bool,
+    subscription_ids: Vec<u32>,
+    version: u64,
+    offset: u64,
+    /// When it was stored (ms), for counting message expiry down; 0 when live.
+    time_ms: u64,
+    subject: Bytes,
+    reply: Bytes,
+    headers: Bytes,
+    payload: Bytes,
+}
+
+impl Delivery {
+    fn from_envelope(envelope: Envelope) -> Delivery {
+        Delivery {
+            qos: envelope.qos,
+            retain: envelope.retain,
+            subscription_ids: {
+                let mut ids = envelope.extra_ids;
+                if envelope.subscription_id != 0 {
+                    ids.insert(0, envelope.subscription_id);
+                }
+                ids
+            },
+            version: envelope.version,
+            offset: envelope.offset,
+            time_ms: 0,
+            subject: envelope.subject,
+            reply: envelope.reply,
+            headers: envelope.headers,
+            payload: envelope.payload,
+        }
+    }
+
+    fn size(&self) -> usize {
+        self.subject.len() + self.headers.len() + self.payload.len() + 64
+    }
+}
+
+struct Inflight {
+    packet_id: u16,
+    stage: Stage,
+    delivery: Delivery,
+}
+
+/// A subscription of this connection.
+struct SubEntry {
+    saved: SavedSubscription,
+    sub: Arc<Subscription>,
+    pattern: Pattern,
+    shared: bool,
+}
+
+/// Retained messages still to send for one new subscription.
+struct RetainedJob {
+    pattern: Pattern,
+    options: MqttOptions,
+    after: Option<String>,
+}
+
+/// The offline backlog being read from the store.
+struct Backlog {
+    next: u64,
+    /// Read up to here; live deliveries at or below it were already sent.
+    done: bool,
+}
+
+/// What an inbound QoS 1 or 2 publish waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InboundState {
+    /// Handed to the store at this QoS; the ack is not back.
+    Storing(u8),
+    /// QoS 2 answered with PUBREC, waiting for PUBREL.
+    Received,
+}
+
+struct Connection {
+    id: u64,
+    peer: SocketAddr,
+    context: Arc<MqttContext>,
+    broker: Arc<Broker>,
+    store: Option<Arc<Store>>,
+    /// Principal, tenant, outbox, quotas and publishes: what every front end shares.
+    session: Session,
+    level: Level,
+    key: SessionKey,
+    claim: Claim,
+    decoder: Decoder,
+    acks: Arc<AckInbox>,
+    keep_alive: Option<Duration>,
+    last_read: Instant,
+    /// The client asked for no reason strings on acks (v5 Request Problem Information 0).
+    problem_info: bool,
+    /// Session expiry in seconds; 0 ends the session with the connection.
+    session_expiry: u32,
+    will: Option<Box<Will>>,
+
+    // From the client.
+    aliases: HashMap<u16, Bytes>,
+    inbound: HashMap<u16, InboundState>,
+
+    // To the client.
+    window: usize,
+    client_max_packet: usize,
+    next_packet_id: u16,
+    inflight: Vec<Inflight>,
+    queue: VecDeque<Delivery>,
+    queued_bytes: usize,
+    retained_jobs: VecDeque<RetainedJob>,
+    backlog: Option<Backlog>,
+    /// The highest offset handed to the client (or skipped by the backlog bounds).
+    high_offset: u64,
+    /// The last offset the backlog read covered: live envelopes up to it are
+    /// duplicates.
+    backlog_high: u64,
+    subs: HashMap<String, SubEntry>,
+    session_dirty: bool,
+    /// When the session was last saved, and its cursor then.
+    saved_at: Instant,
+    saved_high: u64,
+    /// A saved record may exist (resumed, or saved since): ending a session that is
+    /// not persistent must delete it.
+    saved_record: bool,
+
+    control: BytesMut,
+    store_acks: Vec<StoreAck>,
+    /// Scratch for a delivery's properties, made on first use.
+    properties: Option<Box<Properties>>,
+    /// Scratch for the MQTT rendering of a delivery's subject.
+    topic: String,
+    /// Topic aliases this server may give the client (v5: the client's Topic Alias
+    /// Maximum, capped by ours), and those given so far, by topic.
+    alias_limit: u16,
+    out_aliases: Option<HashMap<String, u16>>,
+    /// The inbox prefix (`_INBOX.mqtt-<conn>.`) and its subscription, once this
+    /// connection made a request with correlation data.
+    reply_inbox: Option<(String, Arc<Subscription>)>,
+    /// Open requests: inbox number, response subject, correlation data.
+    requests: VecDeque<(u64, Bytes, Bytes)>,
+    next_request: u64,
+}
+
+impl Connection {
+    pub(super) async fn run(
+        &mut self,
+        reader: &mut impl Inbound,
+        writer: &mut (impl AsyncWrite + Unpin),
+        mut rbuf: BytesMut,
+        shutdown: &CancellationToken,
+    ) -> Close {
+        let deadline = Duration::from_secs(self.context.config.mqtt.write_deadline_secs.max(1));
+        // Buffers are taken only while there is traffic: an idle connection holds
+        // neither, which is most of what a connected device costs.
+        let mut out = BytesMut::new();
+        let mut written = 0usize;
+        let mut progress = Instant::now();
+        let mut unflushed = false;
+        let handoff = Arc::clone(&self.claim.handoff);
+        let timer = tokio::time::sleep_until(self.deadline(None));
+        tokio::pin!(timer);
+        // Packets that arrived with CONNECT.
+        if !rbuf.is_empty()
+            && let Err(close) = self.process(&mut rbuf)
+        {
+            return close;
+        }
+        if rbuf.is_empty() {
+            rbuf = BytesMut::new();
+        }
+        loop {
+            if written >= out.len() {
+                if out.capacity() > WRITE_BATCH * 2
+                    || (written > 0 && self.session.outbox.is_empty())
+                {
+                    out = BytesMut::new();
+                } else {
+                    out.clear();
+                }
+                written = 0;
+                if self.session.outbox.is_slow() {
+                    return Close::protocol(
+                        reason::QUOTA_EXCEEDED,
+                        "slow consumer: the client does not read its messages fast enough",
+                    );
+                }
+                self.fill(&mut out);
+                progress = Instant::now();
+            }
+            let writing = written < out.len();
+            // One timer for the keep-alive and the write deadline, moved earlier only
+            // when it must be: registering a timer per loop turn would cost more than
+            // the turn itself under load.
+            let due = self.deadline(writing.then_some(progress + deadline));
+            if due < timer.deadline() {
+                timer.as_mut().reset(due);
+            }
+            // Every arm is cancel-safe: `write` and `read_buf` move no bytes unless
+            // they complete, and the others keep no state when dropped.
+            let step = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => Err(Close::Shutdown),
+                () = handoff.taken_over() => Err(Close::TakenOver),
+                () = self.session.routes().deleted.cancelled() => {
+                    Err(Close::protocol(reason::ADMINISTRATIVE_ACTION, "the tenant was deleted"))
+                }
+                result = crate::server::tls::write_or_flush(writer, out.get(written..).unwrap_or_default()), if writing || unflushed => match result {
+                    Ok(Some(0)) | Err(_) => Err(Close::Gone),
+                    Ok(Some(n)) => {
+                        written += n;
+                        progress = Instant::now();
+                        // A TLS stream may hold what it took until flushed.
+                        unflushed = true;
+                        Ok(())
+                    }
+                    Ok(None) => {
+                        unflushed = false;
+                        Ok(())
+                    }
+                },
+                _ = self.session.outbox.woken(), if !writing => Ok(()),
+                _ = tokio::time::sleep_until(
+                    self.session.paused_until.unwrap_or_else(Instant::now)
+                ), if self.session.paused_until.is_some() => {
+                    self.session.paused_until = None;
+                    // The client was not silent; we were not reading.
+                    self.last_read = Instant::now();
+                    self.process(&mut rbuf)
+                }
+                ready = reader.ready(), if self.session.paused_until.is_none() => match ready {
+                    Err(_) => Err(Close::Gone),
+                    Ok(()) => {
+                        if rbuf.capacity() - rbuf.len() < 1024 {
+                            rbuf.reserve(READ_CHUNK);
+                        }
+                        match reader.try_read(&mut rbuf) {
+                            Ok(0) => Err(Close::Gone),
+                            Ok(_) => {
+                                self.last_read = Instant::now();
+                                let result = self.process(&mut rbuf);
+                                if rbuf.is_empty() {
+                                    // Decoded packets hold their own slices of it.
+                                    rbuf = BytesMut::new();
+                                }
+                                result
+                            }
+                            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+                            Err(_) => Err(Close::Gone),
+                        }
+                    }
+                },
+                () = &mut timer => {
+                    let now = Instant::now();
+                    if writing && progress + deadline <= now {
+                        self.session.outbox.mark_slow();
+                        Err(Close::protocol(reason::QUOTA_EXCEEDED, "slow consumer: writes are blocked"))
+                    } else if self.keep_alive_due().is_some_and(|due| due <= now) {
+                        Err(Close::protocol(reason::KEEP_ALIVE_TIMEOUT, "keep alive timeout"))
+                    } else {
+                        timer.as_mut().reset(self.deadline(writing.then_some(progress + deadline)));
+                        Ok(())
+                    }
+                }
+            };
+            if let Err(close) = step {
+                return close;
+            }
+            if let Err(close) = self.take_store_acks() {
+                return close;
+            }
+            if self.has_store_work()
+                && let Err(close) = Box::pin(self.catch_up()).await
+            {
+                return close;
+            }
+        }
+    }
+
+    /// When the client must have sent something (1.5 × its keep-alive), if ever.
+    pub(super) fn keep_alive_due(&self) -> Option<Instant> {
+        self.keep_alive.map(|k| self.last_read + k + k / 2)
+    }
+
+    /// The earliest of the keep-alive and `write` deadlines (far away when neither).
+    pub(super) fn deadline(&self, write: Option<Instant>) -> Instant {
+        let far = Instant::now() + Duration::from_secs(86_400);
+        self.keep_alive_due()
+            .into_iter()
+            .chain(write)
+            .min()
+            .unwrap_or(far)
+    }
+
+    pub(super) fn persistent(&self) -> bool {
+        self.session_expiry > 0
+    }
+}
+
+fn ids(subscription_id: u32) -> Vec<u32> {
+    if subscription_id == 0 {
+        Vec::new()
+    } else {
+        vec![subscription_id]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_matcher_merges_overlapping_filters() {
+        let mut trie = Trie::new();
+        for (filter, qos, id) in [("a/#", 0, 1), ("a/+/c", 2, 2), ("b/#", 1, 0)] {
+            trie.insert(
+                &Pattern::parse_mqtt(filter).expect("filter"),
+                None,
+                SavedSubscription {
+                    filter: filter.into(),
+                    qos,
+                    no_local: false,
+                    retain_as_published: false,
+                    subscription_id: id,
+                },
+            );
+        }
+        let matcher = SessionMatcher { trie };
+        assert!(matcher.matches("a.b.c"));
+        assert!(!matcher.matches("c"));
+        let (qos, mut ids) = matcher.delivery("a.b.c", 0);
+        ids.sort_unstable();
+        assert_eq!((qos, ids), (2, vec![1, 2]));
+        assert_eq!(matcher.delivery("a.b.c", mqtt_flags(1, false)).0, 1);
+        assert_eq!(matcher.delivery("b.x", 0), (1, vec![]));
+    }
+}
+
+#[cfg(test)]
+mod task_size {
+    use super::*;
+
+    /// Every connected device costs at least its task, whose size is the largest
+    /// state of `serve`: rare steps with store reads must stay boxed so that an idle
+    /// connection does not pay for them (the MQTT idle benchmark measures the rest).
+    #[tokio::test]
+    async fn an_idle_connection_task_stays_small() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let broker = Arc::new(Broker::new(
+            Arc::new(crate::tenancy::Authorizer::default()),
+            Arc::new(crate::broker::Metrics::default()),
+            crate::broker::durable::Policies::new(&[]).expect("policies"),
+        ));
+        let config = Arc::new(crate::config::Config::default());
+        let context = Arc::new(MqttContext::new(config, broker, None));
+        let task = serve(client, addr, context, CancellationToken::new());
+        let size = std::mem::size_of_val(&task);
+        assert!(size <= 2_500, "the connection task grew to {size} bytes");
+        assert!(std::mem::size_of::<Connection>() <= 1_000);
+    }
+}
