@@ -28,3 +28,4 @@ mod snapshots;
 mod tenants;
 mod tls;
 mod wire;
+mod ws_limits;
