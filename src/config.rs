@@ -41,6 +41,7 @@ pub struct Config {
     pub native: NativeConfig,
     pub mqtt: MqttConfig,
     pub http: HttpConfig,
+    pub websocket: WebsocketConfig,
     pub store: StoreConfig,
     pub limits: LimitsConfig,
     pub authz: AuthzConfig,
@@ -110,6 +111,55 @@ impl Default for HttpConfig {
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
             max_websockets: 65_536,
         }
+    }
+}
+
+/// The JSON WebSocket API (`/ws` on the HTTP port).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebsocketConfig {
+    /// Largest message (payload plus the header block it is stored with) or snapshot a
+    /// `/ws` client may publish. At most `native.max_payload`, so that what a browser
+    /// publishes can be delivered to native clients within the limit their INFO
+    /// announces. The WebSocket message limit follows from it (base64 is 4/3 of the
+    /// payload, plus room for the JSON): larger messages close with 1009.
+    pub max_payload: usize,
+    /// Bytes that may wait for one connection before it is a slow consumer (closed
+    /// with 1008). More lets a browser ride out longer stalls; each connection may
+    /// hold about twice this much memory.
+    pub max_pending_bytes: usize,
+    /// Subscriptions one connection may hold; 0 = no limit but the tenant's. Bounds
+    /// what one browser tab can cost the trie.
+    pub max_subscriptions: usize,
+    /// Seconds one write to the socket may take before the connection is closed: a
+    /// browser that stops reading holds its memory no longer than this. Too short
+    /// drops clients on slow links.
+    pub write_deadline_secs: u64,
+}
+
+impl Default for WebsocketConfig {
+    fn default() -> Self {
+        Self {
+            max_payload: 1024 * 1024,
+            max_pending_bytes: 64 * 1024 * 1024,
+            max_subscriptions: 10_000,
+            write_deadline_secs: 10,
+        }
+    }
+}
+
+impl WebsocketConfig {
+    pub fn write_deadline(&self) -> Duration {
+        Duration::from_secs(self.write_deadline_secs)
+    }
+
+    /// Bytes one WebSocket message may hold: a `max_payload` message in base64 (4/3
+    /// of it), plus its JSON and headers.
+    pub fn max_message_bytes(&self) -> usize {
+        (self.max_payload / 3)
+            .saturating_mul(4)
+            .saturating_add(4)
+            .saturating_add(64 * 1024)
     }
 }
 
@@ -470,6 +520,26 @@ impl Config {
                 "native.ping_interval_secs and native.max_pings_outstanding must be above 0".into(),
             ));
         }
+        let w = &self.websocket;
+        if w.max_payload == 0 || w.max_payload > n.max_payload {
+            return Err(ConfigError::Invalid(format!(
+                "websocket.max_payload ({}) must be above 0 and at most native.max_payload ({}), \
+                 or native clients could not receive what browsers publish",
+                w.max_payload, n.max_payload
+            )));
+        }
+        if w.max_pending_bytes < w.max_payload {
+            return Err(ConfigError::Invalid(format!(
+                "websocket.max_pending_bytes ({}) must be at least websocket.max_payload ({}), \
+                 or no browser could receive a full-size message",
+                w.max_pending_bytes, w.max_payload
+            )));
+        }
+        if w.write_deadline_secs == 0 {
+            return Err(ConfigError::Invalid(
+                "websocket.write_deadline_secs must be above 0".into(),
+            ));
+        }
         let m = &self.mqtt;
         if m.max_packet_size < 64 || m.max_packet_size > 268_435_460 {
             return Err(ConfigError::Invalid(
@@ -580,7 +650,8 @@ mod tests {
         let path = dir.path().join("canopy.toml");
         std::fs::write(
             &path,
-            "[native]\nlisten = \"127.0.0.1:1000\"\nmax_payload = 2048\n",
+            "[native]\nlisten = \"127.0.0.1:1000\"\nmax_payload = 2048\n\
+             [websocket]\nmax_payload = 2048\n",
         )
         .expect("write");
         let env = vec![
@@ -626,5 +697,39 @@ mod tests {
         let env = vec![("CANOPY_NATIVE__MAX_PAYLOAD".to_owned(), "0".to_owned())];
         let err = Config::load(None, env).expect_err("must fail");
         assert!(err.to_string().contains("max_payload"), "{err}");
+    }
+
+    #[test]
+    fn websocket_payloads_fit_what_native_clients_accept() {
+        let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let err = Config::load(
+            None,
+            env(&[
+                ("CANOPY_NATIVE__MAX_PAYLOAD", "65536"),
+                ("CANOPY_WEBSOCKET__MAX_PAYLOAD", "65537"),
+            ]),
+        )
+        .expect_err("over native.max_payload");
+        assert!(err.to_string().contains("websocket.max_payload"), "{err}");
+        let config = Config::load(
+            None,
+            env(&[
+                ("CANOPY_NATIVE__MAX_PAYLOAD", "65536"),
+                ("CANOPY_WEBSOCKET__MAX_PAYLOAD", "65536"),
+                ("CANOPY_WEBSOCKET__MAX_SUBSCRIPTIONS", "5"),
+            ]),
+        )
+        .expect("at native.max_payload");
+        assert_eq!(config.websocket.max_subscriptions, 5);
+        // Room for the payload in base64 and the JSON around it.
+        assert!(config.websocket.max_message_bytes() >= 65536 * 4 / 3 + 64 * 1024);
+        let err = Config::load(None, env(&[("CANOPY_WEBSOCKET__WRITE_DEADLINE_SECS", "0")]))
+            .expect_err("no deadline");
+        assert!(err.to_string().contains("write_deadline_secs"), "{err}");
     }
 }

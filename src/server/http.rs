@@ -298,6 +298,7 @@ async fn json_websocket(
     upgrade
         .protocols(["canopy"])
         .max_message_size(context.max_message_bytes)
+        .max_frame_size(context.max_message_bytes)
         .read_buffer_size(WS_READ_BUFFER)
         .on_upgrade(move |socket| async move {
             super::websocket::serve(socket, context, principal, shutdown).await;

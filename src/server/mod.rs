@@ -247,25 +247,10 @@ impl Server {
         });
         let http = self.http.map(|(listener, addr)| {
             tracing::info!(protocol = "http", %addr, "listening");
-            let websocket = Arc::new(websocket::WsContext {
-                broker: Arc::clone(&self.broker),
-                limits: canopy_subjects::Limits {
-                    max_len: self.config.limits.max_subject_len,
-                    max_tokens: self.config.limits.max_subject_tokens,
-                },
-                session_limits: Arc::new(crate::session::SessionLimits {
-                    subjects: canopy_subjects::Limits {
-                        max_len: self.config.limits.max_subject_len,
-                        max_tokens: self.config.limits.max_subject_tokens,
-                    },
-                    max_payload: self.config.native.max_payload,
-                    max_subscriptions: self.config.native.max_subscriptions,
-                }),
-                max_pending_bytes: self.config.native.max_pending_bytes,
-                // A request carries one payload plus its JSON (base64 adds a third).
-                max_message_bytes: self.config.native.max_payload * 2 + 64 * 1024,
-                rendered: rendered::RenderedDeliveries::default(),
-            });
+            let websocket = Arc::new(websocket::WsContext::new(
+                &self.config,
+                Arc::clone(&self.broker),
+            ));
             let state = http::HttpState {
                 broker: Arc::clone(&self.broker),
                 mqtt: mqtt_context.clone(),

@@ -4,22 +4,22 @@
 //! A connection is a task like the other front ends': its subscriptions sit in the
 //! same trie and routing queues envelopes in its bounded outbox; a client that falls
 //! more than `max_pending_bytes` behind is closed with a reason (WebSocket close code
-//! 1008). Payloads are byte-exact: inline JSON when the message says it is JSON
-//! (`Content-Type: application/json`) and its bytes parse, kept as the very same
-//! bytes; base64 otherwise. This module must never block on another connection.
+//! 1008); a write to the socket that takes longer than `websocket.write_deadline_secs`
+//! closes it, and a WebSocket message over the frame limit closes it with 1009.
+//! Requests are decoded and every answer encoded by `canopy_protocols::ws` (payloads
+//! byte-exact: inline JSON when the message says it is JSON and its bytes parse,
+//! kept as the very same bytes; base64 otherwise). This module must never block on
+//! another connection, nor write JSON by hand.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
-use base64::Engine;
 use bytes::{Bytes, BytesMut};
-use canopy_protocols::native::HeaderMap;
+use canopy_protocols::ws::{self, ClientOp, ErrorCode, Start, Target, WsDecodeError, WsLimits};
 use canopy_subjects::{Limits, Pattern, Subject};
 use futures::{SinkExt, StreamExt};
-use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
-use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::durable::ACK_MQTT;
@@ -30,24 +30,46 @@ use crate::session::{self, AskAck, Publish, Session, SessionLimits, SubscribeRef
 use crate::store::{AckTo, AppendOutcome, ReplayFrom, Snapshot};
 use crate::tenancy::{Action, Principal};
 
-/// Sends every queued text in order, flushing once; false once the socket failed.
-async fn send_all(
-    sink: &mut futures::stream::SplitSink<WebSocket, Message>,
-    out: &mut Vec<String>,
-) -> bool {
+type Sink = futures::stream::SplitSink<WebSocket, Message>;
+
+/// Sends every queued text in order, flushing once, within `deadline`; false once
+/// the socket failed or the deadline passed (the client stopped reading: nothing
+/// more may be written, the stream may end mid-frame).
+async fn send_all(sink: &mut Sink, out: &mut Vec<String>, deadline: Duration) -> bool {
     if out.is_empty() {
         return true;
     }
-    for text in out.drain(..) {
-        if sink
-            .feed(Message::Text(Utf8Bytes::from(text)))
-            .await
-            .is_err()
-        {
-            return false;
+    let send = async {
+        for text in out.drain(..) {
+            if sink
+                .feed(Message::Text(Utf8Bytes::from(text)))
+                .await
+                .is_err()
+            {
+                return false;
+            }
         }
-    }
-    sink.flush().await.is_ok()
+        sink.flush().await.is_ok()
+    };
+    tokio::time::timeout(deadline, send).await.unwrap_or(false)
+}
+
+/// Sends a close frame (when `frame`) and closes, within `deadline`.
+async fn close_socket(sink: &mut Sink, frame: Option<CloseFrame>, deadline: Duration) {
+    let close = async {
+        if let Some(frame) = frame {
+            let _ = sink.send(Message::Close(Some(frame))).await;
+        }
+        let _ = sink.close().await;
+    };
+    let _ = tokio::time::timeout(deadline, close).await;
+}
+
+/// Whether a read failed because the client's message was over the frame limit.
+fn is_too_big(error: &axum::Error) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<tungstenite::Error>())
+        .is_some_and(|e| matches!(e, tungstenite::Error::Capacity(_)))
 }
 
 /// Messages per page of a subscription's history.
@@ -79,53 +101,54 @@ const REPLAY_BYTES: usize = 4 * 1024 * 1024;
 pub struct WsContext {
     pub broker: Arc<Broker>,
     pub limits: Limits,
-    /// The limits every front end shares (`max_payload` among them).
+    /// The limits every front end shares, `/ws`'s own `max_payload` and
+    /// `max_subscriptions` among them.
     pub session_limits: Arc<SessionLimits>,
     pub max_pending_bytes: usize,
+    /// Bytes of one WebSocket message: the frame limit set on the upgrade.
     pub max_message_bytes: usize,
+    /// What the codec accepts: the frame limit and `max_payload`.
+    pub ws_limits: WsLimits,
+    pub write_deadline: Duration,
     /// Delivery texts shared by every connection, each rendered once.
     pub rendered: super::rendered::RenderedDeliveries,
 }
 
-/// One request from the client. A flat struct rather than a tagged enum: serde
-/// buffers tagged enums, and a buffered `RawValue` cannot be borrowed.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Request<'a> {
-    op: String,
-    id: Option<String>,
-    pattern: Option<String>,
-    sid: Option<u32>,
-    subject: Option<String>,
-    #[serde(borrow)]
-    data: Option<&'a RawValue>,
-    data_b64: Option<String>,
-    #[serde(default)]
-    headers: HashMap<String, String>,
-    expect_version: Option<u64>,
-    msg_id: Option<String>,
-    version: Option<u64>,
-    /// `replay`: where to start (an offset for a pattern, a version for a subject), or
-    /// a time.
-    from_offset: Option<u64>,
-    from_version: Option<u64>,
-    from_time_ms: Option<u64>,
-    /// `replay`, `subjects`: how many at most.
-    max: Option<usize>,
-    /// `subjects`: continue after this subject.
-    after: Option<String>,
-    /// `sub` of one subject: its latest snapshot first, then the versions after it.
-    #[serde(default)]
-    from_snapshot: bool,
+impl WsContext {
+    pub fn new(config: &crate::config::Config, broker: Arc<Broker>) -> Self {
+        let limits = Limits {
+            max_len: config.limits.max_subject_len,
+            max_tokens: config.limits.max_subject_tokens,
+        };
+        let ws = &config.websocket;
+        let max_message_bytes = ws.max_message_bytes();
+        WsContext {
+            broker,
+            limits,
+            session_limits: Arc::new(SessionLimits {
+                subjects: limits,
+                max_payload: ws.max_payload,
+                max_subscriptions: ws.max_subscriptions,
+            }),
+            max_pending_bytes: ws.max_pending_bytes,
+            max_message_bytes,
+            ws_limits: WsLimits {
+                max_text: max_message_bytes,
+                max_payload: ws.max_payload,
+            },
+            write_deadline: ws.write_deadline(),
+            rendered: super::rendered::RenderedDeliveries::default(),
+        }
+    }
 }
 
 /// An error answered to a request: a code for programs and a sentence for people.
 struct Refusal {
-    code: &'static str,
+    code: ErrorCode,
     message: String,
 }
 
-fn refusal(code: &'static str, message: impl Into<String>) -> Refusal {
+fn refusal(code: ErrorCode, message: impl Into<String>) -> Refusal {
     Refusal {
         code,
         message: message.into(),
@@ -173,16 +196,20 @@ pub async fn serve(
         spare: BytesMut::new(),
     };
     let (mut sink, mut stream) = socket.split();
+    let deadline = connection.context.write_deadline;
     if let Err(exceeded) = connection.session.take_slot() {
         // Said as a message first: a close reason is cut at 123 bytes.
-        connection.reply_error(None, refusal("quota_exceeded", exceeded.to_string()));
-        let _ = send_all(&mut sink, &mut connection.out).await;
-        let frame = CloseFrame {
-            code: 1013,
-            reason: Utf8Bytes::from_static("quota exceeded: too many connections"),
-        };
-        let _ = sink.send(Message::Close(Some(frame))).await;
-        let _ = sink.close().await;
+        connection.reply_error(
+            None,
+            refusal(ErrorCode::QuotaExceeded, exceeded.to_string()),
+        );
+        if send_all(&mut sink, &mut connection.out, deadline).await {
+            let frame = CloseFrame {
+                code: 1013,
+                reason: Utf8Bytes::from_static("quota exceeded: too many connections"),
+            };
+            close_socket(&mut sink, Some(frame), deadline).await;
+        }
         connection.broker.mqtt_acks().remove(id);
         connection.session.outbox.close();
         return;
@@ -191,13 +218,15 @@ pub async fn serve(
         .broker
         .metrics()
         .connection_opened(Protocol::WebSocket);
-    let close = loop {
+    // What the connection ends with: a close frame to send, `Some(None)` for a clean
+    // close without a code, `None` when nothing more may be written.
+    let close: Option<Option<(u16, Utf8Bytes)>> = loop {
         let step = tokio::select! {
-            _ = shutdown.cancelled() => Some((1001, "server shutting down")),
-            _ = connection.session.routes().deleted.cancelled() => Some((1008, "the tenant was deleted")),
+            _ = shutdown.cancelled() => Some((1001, Utf8Bytes::from_static("server shutting down"))),
+            _ = connection.session.routes().deleted.cancelled() => Some((1008, Utf8Bytes::from_static("the tenant was deleted"))),
             _ = connection.session.outbox.woken() => {
                 if connection.session.outbox.is_slow() {
-                    Some((1008, "slow consumer: messages were not read fast enough"))
+                    Some((1008, Utf8Bytes::from_static(SLOW)))
                 } else {
                     connection.deliveries();
                     None
@@ -215,31 +244,45 @@ pub async fn serve(
                     None
                 }
                 Some(Ok(Message::Binary(_))) => {
-                    connection.reply_error(None, refusal("bad_request", "requests are JSON text messages"));
+                    connection.decode_error(WsDecodeError::not_text());
                     None
                 }
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => None,
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break None,
+                Some(Err(error)) if is_too_big(&error) => {
+                    // The rest of the message is not read, so the stream cannot go on.
+                    let max = connection.context.max_message_bytes;
+                    connection.reply_error(None, refusal(
+                        ErrorCode::TooLarge,
+                        format!("a WebSocket message may hold at most {max} bytes"),
+                    ));
+                    Some((1009, Utf8Bytes::from(format!("message too big: at most {max} bytes"))))
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break Some(None),
             },
         };
         connection.store_acks();
-        if !send_all(&mut sink, &mut connection.out).await {
+        if !send_all(&mut sink, &mut connection.out, deadline).await {
             break None;
         }
         if step.is_some() {
-            break step;
+            break Some(step);
         }
         // History pages go out one at a time, each sent before the next is read.
+        let mut sent = true;
         while !connection.holds_too_much() && connection.catch_up().await {
-            if !send_all(&mut sink, &mut connection.out).await {
+            sent = send_all(&mut sink, &mut connection.out, deadline).await;
+            if !sent {
                 break;
             }
             connection.deliveries();
         }
-        if connection.holds_too_much() {
-            break Some((1008, "slow consumer: messages were not read fast enough"));
+        if !sent {
+            break None;
         }
-        if !send_all(&mut sink, &mut connection.out).await {
+        if connection.holds_too_much() {
+            break Some(Some((1008, Utf8Bytes::from_static(SLOW))));
+        }
+        if !send_all(&mut sink, &mut connection.out, deadline).await {
             break None;
         }
     };
@@ -251,15 +294,13 @@ pub async fn serve(
         .broker
         .metrics()
         .connection_closed(Protocol::WebSocket);
-    if let Some((code, reason)) = close {
-        let frame = CloseFrame {
-            code,
-            reason: Utf8Bytes::from_static(reason),
-        };
-        let _ = sink.send(Message::Close(Some(frame))).await;
+    if let Some(frame) = close {
+        let frame = frame.map(|(code, reason)| CloseFrame { code, reason });
+        close_socket(&mut sink, frame, deadline).await;
     }
-    let _ = sink.close().await;
 }
+
+const SLOW: &str = "slow consumer: messages were not read fast enough";
 
 struct Connection {
     id: u64,
@@ -285,137 +326,65 @@ struct Connection {
 }
 
 impl Connection {
-    fn reply(&mut self, id: Option<&str>, mut body: Value) {
-        if let Some(id) = id {
-            body["id"] = json!(id);
-        }
-        self.out.push(body.to_string());
+    /// Queues one text that `encode` writes.
+    fn push(&mut self, encode: impl FnOnce(&mut String)) {
+        let mut text = String::new();
+        encode(&mut text);
+        self.out.push(text);
     }
 
     fn reply_error(&mut self, id: Option<&str>, refusal: Refusal) {
-        self.reply(
-            id,
-            json!({"op": "error", "code": refusal.code, "message": refusal.message}),
-        );
+        self.push(|out| ws::encode_error(out, id, refusal.code, &refusal.message));
+    }
+
+    fn decode_error(&mut self, error: WsDecodeError) {
+        let code = error.code();
+        self.push(|out| ws::encode_error(out, error.id.as_deref(), code, &error.message));
     }
 
     async fn request(&mut self, text: &str) {
-        if text.len() > self.context.max_message_bytes {
-            self.reply_error(
-                None,
-                refusal(
-                    "too_large",
-                    format!(
-                        "a request may hold at most {} bytes",
-                        self.context.max_message_bytes
-                    ),
-                ),
-            );
-            return;
-        }
-        let request: Request<'_> = match serde_json::from_str(text) {
-            Ok(request) => request,
+        let op = match ws::decode_client(text, &self.context.ws_limits) {
+            Ok(op) => op,
             Err(error) => {
-                // The id, when the text has one, still goes back with the error.
-                let id = serde_json::from_str::<Value>(text)
-                    .ok()
-                    .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_owned));
-                self.reply_error(
-                    id.as_deref(),
-                    refusal("bad_request", format!("not a request: {error}")),
-                );
+                self.decode_error(error);
                 return;
             }
         };
-        let id = request.id.clone();
-        let id = id.as_deref();
-        let needs = |field: Option<String>, name: &str| {
-            field.ok_or_else(|| refusal("bad_request", format!("{} needs `{name}`", request.op)))
-        };
-        let result = match request.op.as_str() {
-            "sub" => match needs(request.pattern.clone(), "pattern") {
-                Ok(pattern) => {
-                    let from = match (
-                        request.from_time_ms,
-                        request.from_offset,
-                        request.from_version,
-                    ) {
-                        (Some(t), _, _) => Some(ReplayFrom::Time(t)),
-                        (None, Some(o), _) => Some(ReplayFrom::Offset(o)),
-                        (None, None, Some(v)) => Some(ReplayFrom::Version(v)),
-                        (None, None, None) if request.from_snapshot => Some(ReplayFrom::Start),
-                        (None, None, None) => None,
-                    };
-                    self.subscribe(id, &pattern, from, request.from_snapshot)
-                        .await;
+        let id = op.id().map(str::to_owned);
+        let result = match op {
+            ClientOp::Subscribe(sub) => {
+                let from = match sub.from {
+                    Some(start) => Some(replay_from(start)),
+                    None if sub.from_snapshot => Some(ReplayFrom::Start),
+                    None => None,
+                };
+                self.subscribe(id.as_deref(), &sub.pattern, from, sub.from_snapshot)
+                    .await;
+                Ok(())
+            }
+            ClientOp::Unsubscribe(unsub) => match self.subs.remove(&unsub.sid) {
+                Some(sub) => {
+                    self.session.unsubscribe(&sub);
+                    self.push(|out| ws::encode_ok(out, id.as_deref()));
                     Ok(())
                 }
-                Err(refusal) => Err(refusal),
+                None => Err(refusal(
+                    ErrorCode::NotFound,
+                    format!("no subscription {}", unsub.sid),
+                )),
             },
-            "unsub" => match request.sid {
-                Some(sid) => {
-                    match self.subs.remove(&sid) {
-                        Some(sub) => {
-                            self.session.unsubscribe(&sub);
-                            self.reply(id, json!({"op": "ok"}));
-                        }
-                        None => self.reply_error(
-                            id,
-                            refusal("not_found", format!("no subscription {sid}")),
-                        ),
-                    }
-                    Ok(())
-                }
-                None => Err(refusal("bad_request", "unsub needs `sid`")),
-            },
-            "pub" => match needs(request.subject.clone(), "subject") {
-                Ok(subject) => {
-                    self.publish(
-                        request.id.clone(),
-                        &subject,
-                        request.data,
-                        request.data_b64,
-                        request.headers,
-                        request.expect_version,
-                        request.msg_id,
-                    )
+            ClientOp::Publish(publish) => self.publish(id.clone(), publish).await,
+            ClientOp::Get(get) => self.get(id.as_deref(), &get.subject, get.version).await,
+            ClientOp::Replay(replay) => self.replay(id.as_deref(), &replay).await,
+            ClientOp::Subjects(subjects) => self.subjects(id.as_deref(), &subjects).await,
+            ClientOp::SnapshotGet(get) => {
+                self.snapshot(id.as_deref(), &get.subject, get.version)
                     .await
-                }
-                Err(refusal) => Err(refusal),
-            },
-            "get" => match needs(request.subject.clone(), "subject") {
-                Ok(subject) => self
-                    .get(id, &subject, request.version)
-                    .await
-                    .map(|text| self.out.push(text)),
-                Err(refusal) => Err(refusal),
-            },
-            "replay" => self.replay(&request).await.map(|text| self.out.push(text)),
-            "subjects" => self
-                .subjects(&request)
-                .await
-                .map(|text| self.out.push(text)),
-            "snapshot.get" => match needs(request.subject.clone(), "subject") {
-                Ok(subject) => self
-                    .snapshot(id, &subject, request.version)
-                    .await
-                    .map(|text| self.out.push(text)),
-                Err(refusal) => Err(refusal),
-            },
-            "snapshot.put" => self
-                .put_snapshot(&request)
-                .await
-                .map(|text| self.out.push(text)),
-            other => Err(refusal(
-                "bad_request",
-                format!(
-                    "unknown op `{other}`: use sub, unsub, pub, get, replay, subjects, \
-                     snapshot.get or snapshot.put"
-                ),
-            )),
+            }
+            ClientOp::SnapshotPut(put) => self.put_snapshot(id.as_deref(), put).await,
         };
         if let Err(refusal) = result {
-            self.reply_error(id, refusal);
+            self.reply_error(id.as_deref(), refusal);
         }
     }
 
@@ -438,7 +407,7 @@ impl Connection {
         let pattern = match parsed {
             Ok(pattern) => pattern,
             Err(error) => {
-                self.reply_error(id, refusal("invalid_pattern", error.to_string()));
+                self.reply_error(id, refusal(ErrorCode::InvalidPattern, error.to_string()));
                 return;
             }
         };
@@ -447,7 +416,7 @@ impl Connection {
             self.reply_error(
                 id,
                 refusal(
-                    "bad_request",
+                    ErrorCode::BadRequest,
                     "from_snapshot needs a single subject: snapshots are per subject",
                 ),
             );
@@ -455,8 +424,12 @@ impl Connection {
         }
         if let Err(refused) = self.session.admit_subscription(&native, &pattern, false) {
             let code = match refused {
-                SubscribeRefusal::Denied(_) | SubscribeRefusal::InboxTaken(_) => "forbidden",
-                SubscribeRefusal::OverQuota(_) | SubscribeRefusal::TooMany(_) => "quota_exceeded",
+                SubscribeRefusal::Denied(_) | SubscribeRefusal::InboxTaken(_) => {
+                    ErrorCode::Forbidden
+                }
+                SubscribeRefusal::OverQuota(_) | SubscribeRefusal::TooMany(_) => {
+                    ErrorCode::QuotaExceeded
+                }
             };
             self.reply_error(id, refusal(code, refused.to_string()));
             return;
@@ -476,7 +449,7 @@ impl Connection {
         let literal = sub.pattern.is_literal();
         let pattern = sub.pattern.clone();
         self.subs.insert(sid, sub);
-        self.reply(id, json!({"op": "ok", "sid": sid, "pattern": native}));
+        self.push(|out| ws::encode_subscribed(out, id, sid, &native));
         if from.is_none() {
             return;
         }
@@ -492,21 +465,14 @@ impl Connection {
                 .await
             {
                 Ok(Some(snapshot)) => {
-                    let out = SnapshotOut {
-                        op: "snapshot",
-                        sid: Some(sid),
-                        ..SnapshotOut::of(&snapshot)
-                    };
-                    if let Ok(text) = serde_json::to_string(&out) {
-                        self.out.push(text);
-                    }
+                    self.push(|out| ws::encode_snapshot_first(out, sid, &snapshot_body(&snapshot)));
                     from = Some(ReplayFrom::Version(snapshot.version + 1));
                 }
                 Ok(None) => {}
                 Err(error) => self.reply_error(
                     None,
                     refusal(
-                        "unavailable",
+                        ErrorCode::Unavailable,
                         format!("snapshot of subscription {sid}: {error}"),
                     ),
                 ),
@@ -562,18 +528,15 @@ impl Connection {
                     if !self.broker.authorizer().may_deliver(&message.subject) {
                         continue;
                     }
-                    let out = Delivery {
-                        op: "msg",
-                        sid,
+                    let delivery = ws::Delivery {
                         subject: &message.subject,
                         version: Some(message.version),
                         offset: Some(message.offset),
                         reply: None,
-                        payload: Payload::of(&message.headers, &message.payload),
+                        headers: &message.headers,
+                        payload: &message.payload,
                     };
-                    if let Ok(text) = serde_json::to_string(&out) {
-                        self.out.push(text);
-                    }
+                    self.push(|out| ws::encode_msg(out, sid, &delivery));
                 }
                 if let Some(catchup) = self.catchups.front_mut() {
                     catchup.high = catchup.high.max(high);
@@ -584,7 +547,7 @@ impl Connection {
                 self.reply_error(
                     None,
                     refusal(
-                        "unavailable",
+                        ErrorCode::Unavailable,
                         format!("history of subscription {sid}: {error}"),
                     ),
                 );
@@ -609,47 +572,26 @@ impl Connection {
         true
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Publishes what the codec decoded: its header block and payload as they are.
     async fn publish(
         &mut self,
         id: Option<String>,
-        subject: &str,
-        data: Option<&RawValue>,
-        data_b64: Option<String>,
-        headers: HashMap<String, String>,
-        expect_version: Option<u64>,
-        msg_id: Option<String>,
+        publish: ws::Publish<'_>,
     ) -> Result<(), Refusal> {
-        let subject = self.subject(subject)?;
+        let subject = self.subject(&publish.subject)?;
         let subject = subject.as_str();
-        let mut map = HeaderMap::new();
-        let (payload, json_inline) = payload_of(data, data_b64.as_deref())?;
+        let headers = publish.header_block().clone();
+        let payload = publish.data.into_bytes();
         self.broker.metrics().count_in(1, payload.len() as u64);
-        for (name, value) in headers {
-            map.append(name, value);
-        }
-        if json_inline && map.get("Content-Type").is_none() {
-            map.append("Content-Type", "application/json");
-        }
-        if let Some(version) = expect_version {
-            map.insert("Canopy-Expected-Version", version.to_string());
-        }
-        if let Some(msg_id) = &msg_id {
-            map.insert("Canopy-Msg-Id", msg_id.as_str());
-        }
-        let block = if map.is_empty() {
-            Bytes::new()
-        } else {
-            let mut block = BytesMut::new();
-            map.encode(&mut block);
-            block.freeze()
-        };
         if self.pending_acks.len() >= usize::from(u16::MAX) - 1 {
-            return Err(refusal("busy", "too many publishes waiting for the store"));
+            return Err(refusal(
+                ErrorCode::Busy,
+                "too many publishes waiting for the store",
+            ));
         }
         let ack = self.next_ack;
         let publish = Publish {
-            headers: block,
+            headers,
             ack: AskAck::To(AckTo {
                 address: envelope::ack_address(self.id, ack),
                 flags: ACK_MQTT,
@@ -658,11 +600,11 @@ impl Connection {
         };
         let published = self.session.publish(publish).map_err(|refused| {
             let code = match &refused {
-                session::Refusal::InvalidSubject(_) => "invalid_subject",
-                session::Refusal::Reserved(_) | session::Refusal::Denied(_) => "forbidden",
-                session::Refusal::TooLarge { .. } => "too_large",
-                session::Refusal::OverQuota(_) => "quota_exceeded",
-                session::Refusal::BadHeader(_) => "bad_request",
+                session::Refusal::InvalidSubject(_) => ErrorCode::InvalidSubject,
+                session::Refusal::Reserved(_) | session::Refusal::Denied(_) => ErrorCode::Forbidden,
+                session::Refusal::TooLarge { .. } => ErrorCode::TooLarge,
+                session::Refusal::OverQuota(_) => ErrorCode::QuotaExceeded,
+                session::Refusal::BadHeader(_) => ErrorCode::BadRequest,
             };
             refusal(code, refused.to_string())
         })?;
@@ -675,11 +617,11 @@ impl Connection {
                     Ok(())
                 } else {
                     self.pending_acks.remove(&ack);
-                    Err(refusal("unavailable", "the store is closing"))
+                    Err(refusal(ErrorCode::Unavailable, "the store is closing"))
                 }
             }
             _ => {
-                self.reply(id.as_deref(), json!({"op": "ok", "stored": false}));
+                self.push(|out| ws::encode_published(out, id.as_deref()));
                 Ok(())
             }
         }
@@ -690,26 +632,22 @@ impl Connection {
         id: Option<&str>,
         subject: &str,
         version: Option<u64>,
-    ) -> Result<String, Refusal> {
+    ) -> Result<(), Refusal> {
         let subject = self.subject(subject)?;
         self.may_read(subject.as_str())?;
         let store = self.store()?;
         let found = store
             .get(&self.session.routes().name, subject.as_str(), version)
             .await
-            .map_err(|e| refusal("unavailable", e.to_string()))?;
+            .map_err(|e| refusal(ErrorCode::Unavailable, e.to_string()))?;
         let Some(message) = found else {
             return Err(refusal(
-                "not_found",
+                ErrorCode::NotFound,
                 format!("{subject} has no such message"),
             ));
         };
-        let out = Stored {
-            op: "ok",
-            id,
-            message: StoredOut::of(&message),
-        };
-        serde_json::to_string(&out).map_err(|e| refusal("internal", e.to_string()))
+        self.push(|out| ws::encode_message(out, id, &stored_message(&message)));
+        Ok(())
     }
 
     /// The latest snapshot of `subject`, or the latest at or below `version`.
@@ -718,62 +656,59 @@ impl Connection {
         id: Option<&str>,
         subject: &str,
         version: Option<u64>,
-    ) -> Result<String, Refusal> {
+    ) -> Result<(), Refusal> {
         let subject = self.subject(subject)?;
         self.may_read(subject.as_str())?;
         let store = self.store()?;
         let Some(snapshot) = store
             .snapshot(&self.session.routes().name, subject.as_str(), version)
             .await
-            .map_err(|e| refusal("unavailable", e.to_string()))?
+            .map_err(|e| refusal(ErrorCode::Unavailable, e.to_string()))?
         else {
-            return Err(refusal("not_found", format!("{subject} has no snapshot")));
+            return Err(refusal(
+                ErrorCode::NotFound,
+                format!("{subject} has no snapshot"),
+            ));
         };
-        let out = SnapshotOut {
-            id,
-            ..SnapshotOut::of(&snapshot)
-        };
-        serde_json::to_string(&out).map_err(|e| refusal("internal", e.to_string()))
+        self.push(|out| ws::encode_snapshot(out, id, &snapshot_body(&snapshot)));
+        Ok(())
     }
 
     /// Stores the client's snapshot of `subject` at `version`.
-    async fn put_snapshot(&mut self, request: &Request<'_>) -> Result<String, Refusal> {
-        let (Some(subject), Some(version)) = (&request.subject, request.version) else {
-            return Err(refusal(
-                "bad_request",
-                "snapshot.put needs `subject` and `version`",
-            ));
-        };
-        let subject = self.subject(subject)?;
+    async fn put_snapshot(
+        &mut self,
+        id: Option<&str>,
+        put: ws::SnapshotPut<'_>,
+    ) -> Result<(), Refusal> {
+        let subject = self.subject(&put.subject)?;
         self.broker
             .authorizer()
             .authorize(self.session.principal(), Action::Publish, subject.as_str())
-            .map_err(|denied| refusal("forbidden", denied.to_string()))?;
-        let (payload, json) = payload_of(request.data, request.data_b64.as_deref())?;
+            .map_err(|denied| refusal(ErrorCode::Forbidden, denied.to_string()))?;
+        let json = put.data.is_json();
+        let payload = put.data.into_bytes();
         let store = self.store()?;
         store
             .put_snapshot(
                 &self.session.routes().name,
                 subject.as_str(),
-                version,
+                put.version,
                 &payload,
                 json,
             )
             .await
             .map_err(|e| match e {
-                crate::store::StoreError::Refused(reason) => refusal("conflict", reason),
-                other => refusal("unavailable", other.to_string()),
+                crate::store::StoreError::Refused(reason) => refusal(ErrorCode::Conflict, reason),
+                other => refusal(ErrorCode::Unavailable, other.to_string()),
             })?;
-        Ok(
-            json!({"op": "ok", "id": request.id, "subject": subject.as_str(), "version": version})
-                .to_string(),
-        )
+        self.push(|out| ws::encode_snapshot_stored(out, id, subject.as_str(), put.version));
+        Ok(())
     }
 
     /// A subject in native syntax, within the limits.
     fn subject(&self, text: &str) -> Result<Subject, Refusal> {
         Subject::parse_native_with(text, &self.context.limits)
-            .map_err(|e| refusal("invalid_subject", e.to_string()))
+            .map_err(|e| refusal(ErrorCode::InvalidSubject, e.to_string()))
     }
 
     /// A pattern in either syntax: MQTT's when it has a `/`, `+` or `#`.
@@ -783,102 +718,83 @@ impl Connection {
         } else {
             Pattern::parse_native_with(text, &self.context.limits)
         };
-        parsed.map_err(|e| refusal("invalid_pattern", e.to_string()))
+        parsed.map_err(|e| refusal(ErrorCode::InvalidPattern, e.to_string()))
     }
 
-    /// One page of history: of a subject (`subject`, from a version) or of a pattern
-    /// (`pattern`, from a tenant offset), or from a time.
-    async fn replay(&mut self, request: &Request<'_>) -> Result<String, Refusal> {
+    /// One page of history: of a subject (from a version) or of a pattern (from a
+    /// tenant offset), or from a time.
+    async fn replay(&mut self, id: Option<&str>, replay: &ws::Replay<'_>) -> Result<(), Refusal> {
         let store = self.store()?;
-        let max = request.max.unwrap_or(100).clamp(1, 1000);
-        let from = match (
-            request.from_time_ms,
-            request.from_offset,
-            request.from_version,
-        ) {
-            (Some(t), _, _) => ReplayFrom::Time(t),
-            (None, Some(o), _) => ReplayFrom::Offset(o),
-            (None, None, Some(v)) => ReplayFrom::Version(v),
-            (None, None, None) => ReplayFrom::Start,
-        };
+        let max = replay.page_size();
+        let from = replay.from.map_or(ReplayFrom::Start, replay_from);
         let tenant = Arc::clone(&self.session.routes().name);
-        let page = match (&request.subject, &request.pattern) {
-            (Some(subject), None) => {
+        let page = match &replay.target {
+            Target::Subject(subject) => {
                 let subject = self.subject(subject)?;
                 self.may_read(subject.as_str())?;
                 store
                     .replay_subject(&tenant, subject.as_str(), from, max, REPLAY_BYTES)
                     .await
             }
-            (None, Some(pattern)) => {
+            Target::Pattern(pattern) => {
                 let pattern = self.pattern(pattern)?;
                 self.may_read(&pattern.to_string())?;
                 store
                     .replay_pattern(&tenant, &pattern, from, max, REPLAY_BYTES)
                     .await
             }
-            _ => {
-                return Err(refusal(
-                    "bad_request",
-                    "replay needs `subject` or `pattern`",
-                ));
-            }
         }
-        .map_err(|e| refusal("unavailable", e.to_string()))?;
+        .map_err(|e| refusal(ErrorCode::Unavailable, e.to_string()))?;
         let authz = self.broker.authorizer();
-        let messages: Vec<StoredOut<'_>> = page
+        let messages: Vec<ws::StoredMessage<'_>> = page
             .messages
             .iter()
             .filter(|m| authz.may_deliver(&m.subject))
-            .map(StoredOut::of)
+            .map(stored_message)
             .collect();
-        // Serialized straight to text: through a `Value` the raw payloads would be
-        // parsed and lose their exact bytes.
-        let out = ReplayOut {
-            op: "ok",
-            id: request.id.as_deref(),
-            messages,
-            next: page.next,
-            caught_up: page.caught_up,
-        };
-        serde_json::to_string(&out).map_err(|e| refusal("internal", e.to_string()))
+        self.push(|out| ws::encode_page(out, id, &messages, page.next, page.caught_up));
+        Ok(())
     }
 
     /// One page of stored subjects matching `pattern`, with their heads.
-    async fn subjects(&mut self, request: &Request<'_>) -> Result<String, Refusal> {
+    async fn subjects(
+        &mut self,
+        id: Option<&str>,
+        request: &ws::Subjects<'_>,
+    ) -> Result<(), Refusal> {
         let store = self.store()?;
-        let pattern = self.pattern(request.pattern.as_deref().unwrap_or(">"))?;
+        let pattern = self.pattern(&request.pattern)?;
         self.may_read(&pattern.to_string())?;
-        let max = request.max.unwrap_or(100).clamp(1, 1000);
         let page = store
             .subjects(
                 &self.session.routes().name,
                 &pattern,
                 request.after.as_deref(),
-                max,
+                request.page_size(),
             )
             .await
-            .map_err(|e| refusal("unavailable", e.to_string()))?;
+            .map_err(|e| refusal(ErrorCode::Unavailable, e.to_string()))?;
         let authz = self.broker.authorizer();
-        let subjects: Vec<Value> = page
+        let heads: Vec<ws::SubjectHead<'_>> = page
             .subjects
             .iter()
             .filter(|h| authz.may_deliver(&h.subject))
-            .map(|h| {
-                json!({"subject": h.subject, "version": h.version, "offset": h.offset, "time_ms": h.time_ms})
+            .map(|h| ws::SubjectHead {
+                subject: &h.subject,
+                version: h.version,
+                offset: h.offset,
+                time_ms: h.time_ms,
             })
             .collect();
-        Ok(
-            json!({"op": "ok", "id": request.id, "subjects": subjects, "next": page.next})
-                .to_string(),
-        )
+        self.push(|out| ws::encode_subjects(out, id, &heads, page.next.as_deref()));
+        Ok(())
     }
 
     fn store(&self) -> Result<Arc<crate::store::Store>, Refusal> {
         self.broker
             .store()
             .cloned()
-            .ok_or_else(|| refusal("unavailable", "the store is not open"))
+            .ok_or_else(|| refusal(ErrorCode::Unavailable, "the store is not open"))
     }
 
     /// Reading stored history is subscribing to it, for the deny lists.
@@ -886,7 +802,7 @@ impl Connection {
         self.broker
             .authorizer()
             .authorize(self.session.principal(), Action::Subscribe, pattern)
-            .map_err(|denied| refusal("forbidden", denied.to_string()))
+            .map_err(|denied| refusal(ErrorCode::Forbidden, denied.to_string()))
     }
 
     /// Turns queued envelopes into `msg` texts.
@@ -919,36 +835,28 @@ impl Connection {
         }
     }
 
-    /// Queues one delivery as a `msg` text: `{"op":"msg","sid":N` and the tail every
-    /// subscriber of the message shares, rendered once.
+    /// Queues one delivery as a `msg` text: its head with the subscription id, and
+    /// the tail every subscriber of the message shares, rendered once.
     fn emit(&mut self, delivery: &envelope::Envelope) {
-        const HEAD: &str = r#"{"op":"msg","sid":"#;
         let tail = self.context.rendered.tail(delivery, || {
             let stored = delivery.offset != 0;
-            let out = Delivery {
-                op: "msg",
-                sid: 0,
+            let out = ws::Delivery {
                 subject: std::str::from_utf8(&delivery.subject).unwrap_or_default(),
                 version: stored.then_some(delivery.version),
                 offset: stored.then_some(delivery.offset),
                 reply: std::str::from_utf8(&delivery.reply)
                     .ok()
                     .filter(|r| !r.is_empty()),
-                payload: Payload::of(&delivery.headers, &delivery.payload),
+                headers: &delivery.headers,
+                payload: &delivery.payload,
             };
-            let text = serde_json::to_string(&out).ok()?;
-            text.strip_prefix(HEAD)?
-                .strip_prefix('0')
-                .map(str::to_owned)
+            let mut tail = String::new();
+            ws::encode_msg_tail(&mut tail, &out);
+            Some(tail)
         });
         if let Some(tail) = tail {
-            let mut sid = itoa::Buffer::new();
-            let sid = sid.format(delivery.subscription_id);
-            let mut text = String::with_capacity(HEAD.len() + sid.len() + tail.len());
-            text.push_str(HEAD);
-            text.push_str(sid);
-            text.push_str(&tail);
-            self.out.push(text);
+            let sid = delivery.subscription_id;
+            self.push(|out| ws::encode_msg_with_tail(out, sid, &tail));
         }
         self.broker
             .metrics()
@@ -968,200 +876,63 @@ impl Connection {
             let Some(id) = self.pending_acks.remove(&packet_id) else {
                 continue;
             };
-            let body = match outcome {
+            let id = id.as_deref();
+            let mut out = String::new();
+            match outcome {
                 AppendOutcome::Stored {
                     subject,
                     version,
                     offset,
                     ..
-                } => {
-                    json!({"op": "ok", "stored": true, "subject": &*subject, "version": version, "offset": offset})
-                }
+                } => ws::encode_stored(&mut out, id, &subject, version, offset, false),
                 AppendOutcome::Duplicate {
                     subject,
                     version,
                     offset,
-                } => {
-                    json!({"op": "ok", "stored": true, "duplicate": true, "subject": &*subject, "version": version, "offset": offset})
-                }
+                } => ws::encode_stored(&mut out, id, &subject, version, offset, true),
                 AppendOutcome::Conflict {
                     subject,
                     current_version,
                     ..
-                } => json!({
-                    "op": "error",
-                    "code": "conflict",
-                    "message": format!("{subject} is at version {current_version}"),
-                    "subject": &*subject,
-                    "current_version": current_version,
-                }),
+                } => ws::encode_conflict(&mut out, id, &subject, current_version),
                 AppendOutcome::Failed { reason } => {
-                    json!({"op": "error", "code": "unavailable", "message": reason})
+                    ws::encode_error(&mut out, id, ErrorCode::Unavailable, &reason)
                 }
                 AppendOutcome::QuotaExceeded { reason } => {
-                    json!({"op": "error", "code": "quota_exceeded", "message": reason})
-                }
-            };
-            self.reply(id.as_deref(), body);
-        }
-    }
-}
-
-/// A request's payload: `data` (inline JSON, kept as the very same bytes; true) or
-/// `data_b64` (bytes; false), or nothing.
-fn payload_of(data: Option<&RawValue>, data_b64: Option<&str>) -> Result<(Bytes, bool), Refusal> {
-    match (data, data_b64) {
-        (Some(raw), None) => Ok((Bytes::copy_from_slice(raw.get().as_bytes()), true)),
-        (None, Some(text)) => base64::engine::general_purpose::STANDARD
-            .decode(text.trim())
-            .map(|bytes| (Bytes::from(bytes), false))
-            .map_err(|e| refusal("bad_request", format!("data_b64 is not base64: {e}"))),
-        (None, None) => Ok((Bytes::new(), false)),
-        (Some(_), Some(_)) => Err(refusal("bad_request", "give data or data_b64, not both")),
-    }
-}
-
-/// A delivery as the client sees it.
-#[derive(Serialize)]
-struct Delivery<'a> {
-    op: &'static str,
-    sid: u32,
-    subject: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    version: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    offset: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reply: Option<&'a str>,
-    #[serde(flatten)]
-    payload: Payload,
-}
-
-/// A page of history answering `replay`.
-#[derive(Serialize)]
-struct ReplayOut<'a> {
-    op: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    id: Option<&'a str>,
-    messages: Vec<StoredOut<'a>>,
-    next: u64,
-    caught_up: bool,
-}
-
-/// A message in a replay page.
-#[derive(Serialize)]
-struct StoredOut<'a> {
-    subject: &'a str,
-    version: u64,
-    offset: u64,
-    time_ms: u64,
-    #[serde(flatten)]
-    payload: Payload,
-}
-
-impl<'a> StoredOut<'a> {
-    fn of(message: &'a crate::store::StoredMessage) -> StoredOut<'a> {
-        StoredOut {
-            subject: &message.subject,
-            version: message.version,
-            offset: message.offset,
-            time_ms: message.time_ms,
-            payload: Payload::of(&message.headers, &message.payload),
-        }
-    }
-}
-
-/// A stored message answering `get`.
-#[derive(Serialize)]
-struct Stored<'a> {
-    op: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    id: Option<&'a str>,
-    #[serde(flatten)]
-    message: StoredOut<'a>,
-}
-
-/// A message's headers (when any) and payload: inline `data` when the headers say the
-/// content is JSON and the bytes parse (serialized as the very same bytes), `data_b64`
-/// otherwise.
-#[derive(Serialize)]
-struct Payload {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    headers: Option<serde_json::Map<String, Value>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    data: Option<Box<RawValue>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    data_b64: Option<String>,
-}
-
-impl Payload {
-    fn of(headers: &[u8], payload: &[u8]) -> Payload {
-        let mut json_content = false;
-        let mut object = None;
-        if !headers.is_empty()
-            && let Ok(map) = HeaderMap::parse(headers)
-        {
-            json_content = map.says_json();
-            let mut fields = serde_json::Map::new();
-            for (name, value) in map.entries {
-                match fields.get_mut(&name) {
-                    Some(Value::Array(values)) => values.push(json!(value)),
-                    Some(first) => *first = json!([first.take(), value]),
-                    None => {
-                        fields.insert(name, json!(value));
-                    }
+                    ws::encode_error(&mut out, id, ErrorCode::QuotaExceeded, &reason)
                 }
             }
-            object = Some(fields);
-        }
-        Payload {
-            headers: object,
-            ..Payload::bytes(json_content, payload)
-        }
-    }
-
-    /// Bare bytes, inline when `json` and they parse.
-    fn bytes(json: bool, payload: &[u8]) -> Payload {
-        let data = json
-            .then(|| std::str::from_utf8(payload).ok())
-            .flatten()
-            .and_then(|text| RawValue::from_string(text.to_owned()).ok());
-        let data_b64 = data
-            .is_none()
-            .then(|| base64::engine::general_purpose::STANDARD.encode(payload));
-        Payload {
-            headers: None,
-            data,
-            data_b64,
+            self.out.push(out);
         }
     }
 }
 
-/// A snapshot: answering `snapshot.get`, or first on a subscription from a snapshot.
-#[derive(Serialize)]
-struct SnapshotOut<'a> {
-    op: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    id: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    sid: Option<u32>,
-    subject: &'a str,
-    version: u64,
-    time_ms: u64,
-    #[serde(flatten)]
-    payload: Payload,
+/// Where stored history starts, in the store's terms.
+fn replay_from(start: Start) -> ReplayFrom {
+    match start {
+        Start::Offset(offset) => ReplayFrom::Offset(offset),
+        Start::Version(version) => ReplayFrom::Version(version),
+        Start::TimeMs(time) => ReplayFrom::Time(time),
+    }
 }
 
-impl<'a> SnapshotOut<'a> {
-    fn of(snapshot: &'a Snapshot) -> SnapshotOut<'a> {
-        SnapshotOut {
-            op: "ok",
-            id: None,
-            sid: None,
-            subject: &snapshot.subject,
-            version: snapshot.version,
-            time_ms: snapshot.time_ms,
-            payload: Payload::bytes(snapshot.json, &snapshot.payload),
-        }
+fn stored_message(message: &crate::store::StoredMessage) -> ws::StoredMessage<'_> {
+    ws::StoredMessage {
+        subject: &message.subject,
+        version: message.version,
+        offset: message.offset,
+        time_ms: message.time_ms,
+        headers: &message.headers,
+        payload: &message.payload,
+    }
+}
+
+fn snapshot_body(snapshot: &Snapshot) -> ws::SnapshotBody<'_> {
+    ws::SnapshotBody {
+        subject: &snapshot.subject,
+        version: snapshot.version,
+        time_ms: snapshot.time_ms,
+        json: snapshot.json,
+        payload: &snapshot.payload,
     }
 }

@@ -35,3 +35,4 @@ mod tenants;
 mod tls;
 mod wills;
 mod wire;
+mod ws_limits;
