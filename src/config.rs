@@ -122,7 +122,8 @@ pub struct WebsocketConfig {
     /// `/ws` client may publish. At most `native.max_payload`, so that what a browser
     /// publishes can be delivered to native clients within the limit their INFO
     /// announces. The WebSocket message limit follows from it (base64 is 4/3 of the
-    /// payload, plus room for the JSON): larger messages close with 1009.
+    /// payload, plus room for the JSON): larger messages close with 1009. 0 (the
+    /// default) means `native.max_payload`, so one setting moves both.
     pub max_payload: usize,
     /// Bytes that may wait for one connection before it is a slow consumer (closed
     /// with 1008). More lets a browser ride out longer stalls; each connection may
@@ -140,7 +141,7 @@ pub struct WebsocketConfig {
 impl Default for WebsocketConfig {
     fn default() -> Self {
         Self {
-            max_payload: 1024 * 1024,
+            max_payload: 0,
             max_pending_bytes: 64 * 1024 * 1024,
             max_subscriptions: 10_000,
             write_deadline_secs: 10,
@@ -153,10 +154,19 @@ impl WebsocketConfig {
         Duration::from_secs(self.write_deadline_secs)
     }
 
-    /// Bytes one WebSocket message may hold: a `max_payload` message in base64 (4/3
-    /// of it), plus its JSON and headers.
-    pub fn max_message_bytes(&self) -> usize {
-        (self.max_payload / 3)
+    /// The payload limit in force: `max_payload`, or `native`'s when it is 0.
+    pub fn payload_limit(&self, native: usize) -> usize {
+        if self.max_payload == 0 {
+            native
+        } else {
+            self.max_payload
+        }
+    }
+
+    /// Bytes one WebSocket message may hold: a message at the payload limit in
+    /// base64 (4/3 of it), plus its JSON and headers.
+    pub fn max_message_bytes(&self, native: usize) -> usize {
+        (self.payload_limit(native) / 3)
             .saturating_mul(4)
             .saturating_add(4)
             .saturating_add(64 * 1024)
@@ -521,18 +531,19 @@ impl Config {
             ));
         }
         let w = &self.websocket;
-        if w.max_payload == 0 || w.max_payload > n.max_payload {
+        if w.max_payload > n.max_payload {
             return Err(ConfigError::Invalid(format!(
-                "websocket.max_payload ({}) must be above 0 and at most native.max_payload ({}), \
-                 or native clients could not receive what browsers publish",
+                "websocket.max_payload ({}) must be at most native.max_payload ({}) (0: the \
+                 same), or native clients could not receive what browsers publish",
                 w.max_payload, n.max_payload
             )));
         }
-        if w.max_pending_bytes < w.max_payload {
+        if w.max_pending_bytes < w.payload_limit(n.max_payload) {
             return Err(ConfigError::Invalid(format!(
-                "websocket.max_pending_bytes ({}) must be at least websocket.max_payload ({}), \
+                "websocket.max_pending_bytes ({}) must be at least the /ws payload limit ({}), \
                  or no browser could receive a full-size message",
-                w.max_pending_bytes, w.max_payload
+                w.max_pending_bytes,
+                w.payload_limit(n.max_payload)
             )));
         }
         if w.write_deadline_secs == 0 {
@@ -727,7 +738,14 @@ mod tests {
         .expect("at native.max_payload");
         assert_eq!(config.websocket.max_subscriptions, 5);
         // Room for the payload in base64 and the JSON around it.
-        assert!(config.websocket.max_message_bytes() >= 65536 * 4 / 3 + 64 * 1024);
+        assert!(config.websocket.max_message_bytes(65536) >= 65536 * 4 / 3 + 64 * 1024);
+        // 0, the default, follows native.max_payload.
+        let config = Config::load(None, env(&[("CANOPY_NATIVE__MAX_PAYLOAD", "4096")]))
+            .expect("the default follows native");
+        assert_eq!(
+            config.websocket.payload_limit(config.native.max_payload),
+            4096
+        );
         let err = Config::load(None, env(&[("CANOPY_WEBSOCKET__WRITE_DEADLINE_SECS", "0")]))
             .expect_err("no deadline");
         assert!(err.to_string().contains("write_deadline_secs"), "{err}");

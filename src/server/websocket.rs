@@ -121,20 +121,21 @@ impl WsContext {
             max_tokens: config.limits.max_subject_tokens,
         };
         let ws = &config.websocket;
-        let max_message_bytes = ws.max_message_bytes();
+        let max_payload = ws.payload_limit(config.native.max_payload);
+        let max_message_bytes = ws.max_message_bytes(config.native.max_payload);
         WsContext {
             broker,
             limits,
             session_limits: Arc::new(SessionLimits {
                 subjects: limits,
-                max_payload: ws.max_payload,
+                max_payload,
                 max_subscriptions: ws.max_subscriptions,
             }),
             max_pending_bytes: ws.max_pending_bytes,
             max_message_bytes,
             ws_limits: WsLimits {
                 max_text: max_message_bytes,
-                max_payload: ws.max_payload,
+                max_payload,
             },
             write_deadline: ws.write_deadline(),
             rendered: super::rendered::RenderedDeliveries::default(),

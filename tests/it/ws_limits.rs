@@ -136,7 +136,9 @@ async fn a_publish_at_max_payload_is_stored_and_one_byte_more_is_too_large() {
 #[tokio::test]
 async fn a_message_over_the_frame_limit_closes_with_1009() {
     let config = small_payload_config();
-    let limit = config.websocket.max_message_bytes();
+    let limit = config
+        .websocket
+        .max_message_bytes(config.native.max_payload);
     let server = start(config).await;
     let mut ws = connect(server.http_addr.expect("http on")).await;
     let text = publish_text("big", "limits.big", &vec![1u8; limit]);
