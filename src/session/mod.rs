@@ -1,6 +1,6 @@
 //! The client core: what every connection has, whatever protocol it speaks.
 //!
-//! A front end (`server/native.rs`, `server/mqtt/`, `server/websocket.rs`) decodes
+//! A front end (`server/native/`, `server/mqtt/`, `server/websocket/`) decodes
 //! its frames and calls a [`Session`]: `publish`, `subscribe`, `unsubscribe`,
 //! `end_batch`, `close`. The session owns the connection's principal and tenant,
 //! its routes, outbox, publishes waiting for the sequencer, quota slot and the

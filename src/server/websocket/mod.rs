@@ -11,6 +11,9 @@
 //! kept as the very same bytes; base64 otherwise). This module must never block on
 //! another connection, nor write JSON by hand.
 
+mod live;
+mod reads;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -328,22 +331,22 @@ struct Connection {
 
 impl Connection {
     /// Queues one text that `encode` writes.
-    fn push(&mut self, encode: impl FnOnce(&mut String)) {
+    pub(super) fn push(&mut self, encode: impl FnOnce(&mut String)) {
         let mut text = String::new();
         encode(&mut text);
         self.out.push(text);
     }
 
-    fn reply_error(&mut self, id: Option<&str>, refusal: Refusal) {
+    pub(super) fn reply_error(&mut self, id: Option<&str>, refusal: Refusal) {
         self.push(|out| ws::encode_error(out, id, refusal.code, &refusal.message));
     }
 
-    fn decode_error(&mut self, error: WsDecodeError) {
+    pub(super) fn decode_error(&mut self, error: WsDecodeError) {
         let code = error.code();
         self.push(|out| ws::encode_error(out, error.id.as_deref(), code, &error.message));
     }
 
-    async fn request(&mut self, text: &str) {
+    pub(super) async fn request(&mut self, text: &str) {
         let op = match ws::decode_client(text, &self.context.ws_limits) {
             Ok(op) => op,
             Err(error) => {
@@ -389,192 +392,8 @@ impl Connection {
         }
     }
 
-    /// Subscribes live; with `from`, the stored history since then comes first and
-    /// live messages follow without a gap or a repeat.
-    async fn subscribe(
-        &mut self,
-        id: Option<&str>,
-        text: &str,
-        mut from: Option<ReplayFrom>,
-        from_snapshot: bool,
-    ) {
-        // Native syntax, or MQTT's when the pattern has a `/`, `+` or `#`.
-        let mqtt = text.contains(['/', '+', '#']);
-        let parsed = if mqtt {
-            Pattern::parse_mqtt_with(text, &self.context.limits)
-        } else {
-            Pattern::parse_native_with(text, &self.context.limits)
-        };
-        let pattern = match parsed {
-            Ok(pattern) => pattern,
-            Err(error) => {
-                self.reply_error(id, refusal(ErrorCode::InvalidPattern, error.to_string()));
-                return;
-            }
-        };
-        let native = pattern.to_string();
-        if from_snapshot && !pattern.is_literal() {
-            self.reply_error(
-                id,
-                refusal(
-                    ErrorCode::BadRequest,
-                    "from_snapshot needs a single subject: snapshots are per subject",
-                ),
-            );
-            return;
-        }
-        if let Err(refused) = self.session.admit_subscription(&native, &pattern, false) {
-            let code = match refused {
-                SubscribeRefusal::Denied(_) | SubscribeRefusal::InboxTaken(_) => {
-                    ErrorCode::Forbidden
-                }
-                SubscribeRefusal::OverQuota(_) | SubscribeRefusal::TooMany(_) => {
-                    ErrorCode::QuotaExceeded
-                }
-            };
-            self.reply_error(id, refusal(code, refused.to_string()));
-            return;
-        }
-        let sid = self.next_sid;
-        self.next_sid = self.next_sid.wrapping_add(1).max(1);
-        let sub = self.session.subscribe(
-            Bytes::new(),
-            pattern,
-            None,
-            Some(MqttOptions {
-                qos: 0,
-                subscription_id: sid,
-                ..MqttOptions::default()
-            }),
-        );
-        let literal = sub.pattern.is_literal();
-        let pattern = sub.pattern.clone();
-        self.subs.insert(sid, sub);
-        self.push(|out| ws::encode_subscribed(out, id, sid, &native));
-        if from.is_none() {
-            return;
-        }
-        let Ok(store) = self.store() else {
-            return;
-        };
-        // Everything routed before the subscription went live is durable after this,
-        // so the history read next misses nothing; live messages wait meanwhile.
-        let _ = store.durable_barrier().await;
-        if from_snapshot {
-            match store
-                .snapshot(&self.session.routes().name, &native, None)
-                .await
-            {
-                Ok(Some(snapshot)) => {
-                    self.push(|out| ws::encode_snapshot_first(out, sid, &snapshot_body(&snapshot)));
-                    from = Some(ReplayFrom::Version(snapshot.version + 1));
-                }
-                Ok(None) => {}
-                Err(error) => self.reply_error(
-                    None,
-                    refusal(
-                        ErrorCode::Unavailable,
-                        format!("snapshot of subscription {sid}: {error}"),
-                    ),
-                ),
-            }
-        }
-        let Some(from) = from else {
-            return;
-        };
-        let target = if literal {
-            History::Subject(native)
-        } else {
-            History::Pattern(pattern)
-        };
-        self.catchups.push_back(CatchUp {
-            sid,
-            target,
-            from,
-            high: 0,
-        });
-    }
-
-    /// Reads the next page of the oldest catch-up and queues it as `msg` texts; when
-    /// it is done, the live messages held for it follow (those it already sent are
-    /// dropped by offset). False when there is nothing to catch up.
-    async fn catch_up(&mut self) -> bool {
-        let Some(catchup) = self.catchups.front() else {
-            return false;
-        };
-        let Ok(store) = self.store() else {
-            self.catchups.clear();
-            return false;
-        };
-        let tenant = Arc::clone(&self.session.routes().name);
-        let page = match &catchup.target {
-            History::Subject(subject) => {
-                store
-                    .replay_subject(&tenant, subject, catchup.from, CATCH_UP_PAGE, REPLAY_BYTES)
-                    .await
-            }
-            History::Pattern(pattern) => {
-                store
-                    .replay_pattern(&tenant, pattern, catchup.from, CATCH_UP_PAGE, REPLAY_BYTES)
-                    .await
-            }
-        };
-        let sid = catchup.sid;
-        let subject_history = matches!(catchup.target, History::Subject(_));
-        let (next, done) = match page {
-            Ok(page) => {
-                let mut high = 0;
-                for message in &page.messages {
-                    high = high.max(message.offset);
-                    if !self.broker.authorizer().may_deliver(&message.subject) {
-                        continue;
-                    }
-                    let delivery = ws::Delivery {
-                        subject: &message.subject,
-                        version: Some(message.version),
-                        offset: Some(message.offset),
-                        reply: None,
-                        headers: &message.headers,
-                        payload: &message.payload,
-                    };
-                    self.push(|out| ws::encode_msg(out, sid, &delivery));
-                }
-                if let Some(catchup) = self.catchups.front_mut() {
-                    catchup.high = catchup.high.max(high);
-                }
-                (page.next, page.caught_up)
-            }
-            Err(error) => {
-                self.reply_error(
-                    None,
-                    refusal(
-                        ErrorCode::Unavailable,
-                        format!("history of subscription {sid}: {error}"),
-                    ),
-                );
-                (0, true)
-            }
-        };
-        if let Some(catchup) = self.catchups.front_mut() {
-            catchup.from = if subject_history {
-                ReplayFrom::Version(next)
-            } else {
-                ReplayFrom::Offset(next)
-            };
-        }
-        if done && let Some(finished) = self.catchups.pop_front() {
-            for envelope in self.held.remove(&finished.sid).unwrap_or_default() {
-                self.held_bytes = self.held_bytes.saturating_sub(envelope_size(&envelope));
-                if envelope.offset == 0 || envelope.offset > finished.high {
-                    self.emit(&envelope);
-                }
-            }
-        }
-        true
-    }
-
     /// Publishes what the codec decoded: its header block and payload as they are.
-    async fn publish(
+    pub(super) async fn publish(
         &mut self,
         id: Option<String>,
         publish: ws::Publish<'_>,
@@ -628,92 +447,14 @@ impl Connection {
         }
     }
 
-    async fn get(
-        &mut self,
-        id: Option<&str>,
-        subject: &str,
-        version: Option<u64>,
-    ) -> Result<(), Refusal> {
-        let subject = self.subject(subject)?;
-        self.may_read(subject.as_str())?;
-        let store = self.store()?;
-        let found = store
-            .get(&self.session.routes().name, subject.as_str(), version)
-            .await
-            .map_err(|e| refusal(ErrorCode::Unavailable, e.to_string()))?;
-        let Some(message) = found else {
-            return Err(refusal(
-                ErrorCode::NotFound,
-                format!("{subject} has no such message"),
-            ));
-        };
-        self.push(|out| ws::encode_message(out, id, &stored_message(&message)));
-        Ok(())
-    }
-
-    /// The latest snapshot of `subject`, or the latest at or below `version`.
-    async fn snapshot(
-        &mut self,
-        id: Option<&str>,
-        subject: &str,
-        version: Option<u64>,
-    ) -> Result<(), Refusal> {
-        let subject = self.subject(subject)?;
-        self.may_read(subject.as_str())?;
-        let store = self.store()?;
-        let Some(snapshot) = store
-            .snapshot(&self.session.routes().name, subject.as_str(), version)
-            .await
-            .map_err(|e| refusal(ErrorCode::Unavailable, e.to_string()))?
-        else {
-            return Err(refusal(
-                ErrorCode::NotFound,
-                format!("{subject} has no snapshot"),
-            ));
-        };
-        self.push(|out| ws::encode_snapshot(out, id, &snapshot_body(&snapshot)));
-        Ok(())
-    }
-
-    /// Stores the client's snapshot of `subject` at `version`.
-    async fn put_snapshot(
-        &mut self,
-        id: Option<&str>,
-        put: ws::SnapshotPut<'_>,
-    ) -> Result<(), Refusal> {
-        let subject = self.subject(&put.subject)?;
-        self.broker
-            .authorizer()
-            .authorize(self.session.principal(), Action::Publish, subject.as_str())
-            .map_err(|denied| refusal(ErrorCode::Forbidden, denied.to_string()))?;
-        let json = put.data.is_json();
-        let payload = put.data.into_bytes();
-        let store = self.store()?;
-        store
-            .put_snapshot(
-                &self.session.routes().name,
-                subject.as_str(),
-                put.version,
-                &payload,
-                json,
-            )
-            .await
-            .map_err(|e| match e {
-                crate::store::StoreError::Refused(reason) => refusal(ErrorCode::Conflict, reason),
-                other => refusal(ErrorCode::Unavailable, other.to_string()),
-            })?;
-        self.push(|out| ws::encode_snapshot_stored(out, id, subject.as_str(), put.version));
-        Ok(())
-    }
-
     /// A subject in native syntax, within the limits.
-    fn subject(&self, text: &str) -> Result<Subject, Refusal> {
+    pub(super) fn subject(&self, text: &str) -> Result<Subject, Refusal> {
         Subject::parse_native_with(text, &self.context.limits)
             .map_err(|e| refusal(ErrorCode::InvalidSubject, e.to_string()))
     }
 
     /// A pattern in either syntax: MQTT's when it has a `/`, `+` or `#`.
-    fn pattern(&self, text: &str) -> Result<Pattern, Refusal> {
+    pub(super) fn pattern(&self, text: &str) -> Result<Pattern, Refusal> {
         let parsed = if text.contains(['/', '+', '#']) {
             Pattern::parse_mqtt_with(text, &self.context.limits)
         } else {
@@ -722,155 +463,8 @@ impl Connection {
         parsed.map_err(|e| refusal(ErrorCode::InvalidPattern, e.to_string()))
     }
 
-    /// One page of history: of a subject (from a version) or of a pattern (from a
-    /// tenant offset), or from a time.
-    async fn replay(&mut self, id: Option<&str>, replay: &ws::Replay<'_>) -> Result<(), Refusal> {
-        let store = self.store()?;
-        let max = replay.page_size();
-        let from = replay.from.map_or(ReplayFrom::Start, replay_from);
-        let tenant = Arc::clone(&self.session.routes().name);
-        let page = match &replay.target {
-            Target::Subject(subject) => {
-                let subject = self.subject(subject)?;
-                self.may_read(subject.as_str())?;
-                store
-                    .replay_subject(&tenant, subject.as_str(), from, max, REPLAY_BYTES)
-                    .await
-            }
-            Target::Pattern(pattern) => {
-                let pattern = self.pattern(pattern)?;
-                self.may_read(&pattern.to_string())?;
-                store
-                    .replay_pattern(&tenant, &pattern, from, max, REPLAY_BYTES)
-                    .await
-            }
-        }
-        .map_err(|e| refusal(ErrorCode::Unavailable, e.to_string()))?;
-        let authz = self.broker.authorizer();
-        let messages: Vec<ws::StoredMessage<'_>> = page
-            .messages
-            .iter()
-            .filter(|m| authz.may_deliver(&m.subject))
-            .map(stored_message)
-            .collect();
-        self.push(|out| ws::encode_page(out, id, &messages, page.next, page.caught_up));
-        Ok(())
-    }
-
-    /// One page of stored subjects matching `pattern`, with their heads.
-    async fn subjects(
-        &mut self,
-        id: Option<&str>,
-        request: &ws::Subjects<'_>,
-    ) -> Result<(), Refusal> {
-        let store = self.store()?;
-        let pattern = self.pattern(&request.pattern)?;
-        self.may_read(&pattern.to_string())?;
-        let page = store
-            .subjects(
-                &self.session.routes().name,
-                &pattern,
-                request.after.as_deref(),
-                request.page_size(),
-            )
-            .await
-            .map_err(|e| refusal(ErrorCode::Unavailable, e.to_string()))?;
-        let authz = self.broker.authorizer();
-        let heads: Vec<ws::SubjectHead<'_>> = page
-            .subjects
-            .iter()
-            .filter(|h| authz.may_deliver(&h.subject))
-            .map(|h| ws::SubjectHead {
-                subject: &h.subject,
-                version: h.version,
-                offset: h.offset,
-                time_ms: h.time_ms,
-            })
-            .collect();
-        self.push(|out| ws::encode_subjects(out, id, &heads, page.next.as_deref()));
-        Ok(())
-    }
-
-    fn store(&self) -> Result<Arc<crate::store::Store>, Refusal> {
-        self.broker
-            .store()
-            .cloned()
-            .ok_or_else(|| refusal(ErrorCode::Unavailable, "the store is not open"))
-    }
-
-    /// Reading stored history is subscribing to it, for the deny lists.
-    fn may_read(&self, pattern: &str) -> Result<(), Refusal> {
-        self.broker
-            .authorizer()
-            .authorize(self.session.principal(), Action::Subscribe, pattern)
-            .map_err(|denied| refusal(ErrorCode::Forbidden, denied.to_string()))
-    }
-
-    /// Turns queued envelopes into `msg` texts.
-    fn deliveries(&mut self) {
-        // The outbox gets the spare buffer's capacity, so routing does not grow a
-        // fresh buffer for every batch.
-        let mut taken = std::mem::take(&mut self.spare);
-        self.session.outbox.take(&mut taken);
-        let whole = taken.freeze();
-        let mut taken = whole.clone();
-        while let Some(delivery) = envelope::decode(&mut taken) {
-            if self
-                .catchups
-                .iter()
-                .any(|c| c.sid == delivery.subscription_id)
-            {
-                self.held_bytes += envelope_size(&delivery);
-                self.held
-                    .entry(delivery.subscription_id)
-                    .or_default()
-                    .push(delivery);
-                continue;
-            }
-            self.emit(&delivery);
-        }
-        drop(taken);
-        // Back as the spare unless held deliveries still point into it.
-        if let Ok(spare) = whole.try_into_mut() {
-            self.spare = spare;
-        }
-    }
-
-    /// Queues one delivery as a `msg` text: its head with the subscription id, and
-    /// the tail every subscriber of the message shares, rendered once.
-    fn emit(&mut self, delivery: &envelope::Envelope) {
-        let tail = self.context.rendered.tail(delivery, || {
-            let stored = delivery.offset != 0;
-            let out = ws::Delivery {
-                subject: std::str::from_utf8(&delivery.subject).unwrap_or_default(),
-                version: stored.then_some(delivery.version),
-                offset: stored.then_some(delivery.offset),
-                reply: std::str::from_utf8(&delivery.reply)
-                    .ok()
-                    .filter(|r| !r.is_empty()),
-                headers: &delivery.headers,
-                payload: &delivery.payload,
-            };
-            let mut tail = String::new();
-            ws::encode_msg_tail(&mut tail, &out);
-            Some(tail)
-        });
-        if let Some(tail) = tail {
-            let sid = delivery.subscription_id;
-            self.push(|out| ws::encode_msg_with_tail(out, sid, &tail));
-        }
-        self.broker
-            .metrics()
-            .count_out(1, (delivery.payload.len() + delivery.headers.len()) as u64);
-    }
-
-    /// Whether live messages held during catch-ups passed the outbox's bound.
-    fn holds_too_much(&self) -> bool {
-        self.held_bytes > self.context.max_pending_bytes
-    }
-
     /// Answers publishes the store has decided.
-    fn store_acks(&mut self) {
+    pub(super) fn store_acks(&mut self) {
         let mut acks = Vec::new();
         self.acks.take(&mut acks);
         for StoreAck { packet_id, outcome } in acks {
