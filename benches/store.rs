@@ -43,6 +43,7 @@ fn settings(folder: &std::path::Path) -> StoreSettings {
         block_cache_bytes: 16 << 20,
         meta_cache_bytes: 16 << 20,
         object_store: None,
+        clock: canopy::clock::Clock::default(),
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod api;
 pub mod broker;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod server;
 pub mod session;

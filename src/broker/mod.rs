@@ -170,6 +170,8 @@ pub struct Broker {
     mqtt_acks: envelope::AckInboxes,
     /// The tenants' records.
     tenant_records: crate::tenancy::Tenants,
+    /// The clock messages are aged by (the store's too).
+    clock: crate::clock::Clock,
 }
 
 impl Broker {
@@ -183,6 +185,7 @@ impl Broker {
             store: OnceLock::new(),
             mqtt_acks: envelope::AckInboxes::default(),
             tenant_records: crate::tenancy::Tenants::default(),
+            clock: crate::clock::Clock::default(),
         }
     }
 
@@ -208,6 +211,10 @@ impl Broker {
 
     pub fn mqtt_acks(&self) -> &envelope::AckInboxes {
         &self.mqtt_acks
+    }
+
+    pub fn clock(&self) -> &crate::clock::Clock {
+        &self.clock
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {

@@ -86,6 +86,7 @@ fn store_settings(config: &Config) -> Result<StoreSettings, ServerError> {
         block_cache_bytes: store.block_cache_mb.saturating_mul(1 << 20),
         meta_cache_bytes: store.meta_cache_mb.saturating_mul(1 << 20),
         object_store: None,
+        clock: crate::clock::Clock::default(),
     })
 }
 
@@ -175,6 +176,7 @@ impl Server {
         let broker = Arc::new(Broker::new(authz, Arc::new(Metrics::default()), policies));
         let mut settings = store_settings(&config)?;
         settings.object_store = object_store;
+        settings.clock = broker.clock().clone();
         let store = Store::open(settings, Arc::new(StoreRouter::new(&broker))).await?;
         tracing::info!(store = %config.store.url, "store open");
         let store = Arc::new(store);
@@ -307,12 +309,14 @@ impl Server {
         let mqtt_addr = self.mqtt_addr();
         let http_addr = self.http_addr();
         let metrics = self.metrics();
+        let clock = self.broker.clock().clone();
         let task = tokio::spawn(self.run(shutdown.clone()));
         RunningServer {
             native_addr,
             mqtt_addr,
             http_addr,
             metrics,
+            clock,
             shutdown,
             task,
         }
@@ -327,6 +331,8 @@ pub struct RunningServer {
     /// Set when the HTTP listener is on (it is by default).
     pub http_addr: Option<SocketAddr>,
     pub metrics: Arc<Metrics>,
+    /// The server's clock: tests advance it instead of sleeping for an expiry.
+    pub clock: crate::clock::Clock,
     shutdown: CancellationToken,
     task: JoinHandle<()>,
 }

@@ -263,11 +263,14 @@ pub struct StoreSettings {
     /// An object store to use instead of the one `url` names (tests, fault
     /// injection); no lock is taken on it.
     pub object_store: Option<Arc<dyn object_store::ObjectStore>>,
+    /// The clock messages are stamped and aged by (shared with the broker).
+    pub clock: crate::clock::Clock,
 }
 
 /// The open store. Cheap to share behind an `Arc`.
 pub struct Store {
     db: Arc<Db>,
+    clock: crate::clock::Clock,
     /// Cancelled by `close`: stops the sequencer and background passes.
     appends: mpsc::Sender<Input>,
     durable: watch::Receiver<u64>,
@@ -348,7 +351,13 @@ impl Store {
             stats,
             bytes_full,
             tenant_max_age: Default::default(),
+            clock: settings.clock,
         })
+    }
+
+    /// The clock messages are stamped and aged by.
+    pub fn clock(&self) -> &crate::clock::Clock {
+        &self.clock
     }
 
     /// Queues an append; waits only while the sequencer's queue is full.

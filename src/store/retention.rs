@@ -17,7 +17,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use slatedb::{Db, WriteBatch};
 use tokio_util::sync::CancellationToken;
 
-use super::{Store, StoreError, keys, now_ms, put_durably, record, write_durably};
+use super::{Store, StoreError, keys, put_durably, record, write_durably};
 
 /// Deletes per engine write.
 const DELETE_CHUNK: usize = 1000;
@@ -82,8 +82,9 @@ impl Store {
                 break;
             }
             let own_age = self.tenant_max_age.read().get(tenant.as_str()).copied();
+            let now = self.clock.now_ms();
             let pass =
-                enforce_tenant(self.db(), &tenant, rules, own_age.unwrap_or(0), stop).await?;
+                enforce_tenant(self.db(), &tenant, rules, own_age.unwrap_or(0), now, stop).await?;
             self.release(&tenant, pass.bytes).await;
             total.messages += pass.messages;
             total.bytes += pass.bytes;
@@ -130,6 +131,7 @@ async fn enforce_tenant(
     rules: &dyn RetentionRules,
     // The tenant's own age limit (0: none), on top of its subjects' policies.
     own_max_age_ms: u64,
+    now: u64,
     stop: &CancellationToken,
 ) -> Result<RetentionPass, StoreError> {
     let cap = rules.max_tenant_bytes();
@@ -142,7 +144,6 @@ async fn enforce_tenant(
             }
         }
     }
-    let now = now_ms();
     let shortest = shorter(rules.shortest_max_age_ms(), own_max_age_ms);
     let mut pass = RetentionPass::default();
     let mut work = Work::default();

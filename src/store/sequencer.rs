@@ -26,7 +26,7 @@ use super::record::{self, MsgIdEntry};
 use super::snapshot::CompactionJob;
 use super::{
     AckTo, AppendOutcome, AppendRequest, Durability, Expectation, Input, Sequenced, StoreError,
-    StoreEvents, StoreSettings, StoredLimits, StoredUsage, TenantSet, keys, now_ms,
+    StoreEvents, StoreSettings, StoredLimits, StoredUsage, TenantSet, keys,
 };
 
 /// Most msg ids remembered in memory per tenant; older ones are found in the store.
@@ -116,6 +116,7 @@ pub(super) struct Sequencer {
     tenants: HashMap<Arc<str>, TenantState>,
     window_ms: u64,
     max_batch: usize,
+    clock: crate::clock::Clock,
     durable_tx: watch::Sender<u64>,
     compactions: mpsc::Sender<CompactionJob>,
     /// Counts failed writes; a change makes the next round forget memory's heads.
@@ -175,6 +176,7 @@ impl Sequencer {
             tenants: HashMap::new(),
             window_ms: u64::try_from(settings.dedupe_window.as_millis()).unwrap_or(u64::MAX),
             max_batch: settings.max_batch.max(1),
+            clock: settings.clock.clone(),
             durable_tx,
             compactions,
             failures: Arc::new(AtomicU64::new(0)),
@@ -283,7 +285,7 @@ impl Sequencer {
             self.fail_all(requests, &error);
             return RoundWrite::default();
         }
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut batch = WriteBatch::new();
         let mut assigned: Vec<Assigned> = Vec::new();
         let mut acks = Vec::new();
@@ -671,7 +673,7 @@ impl Sequencer {
                 && !state.msg_ids.entries.contains_key(id)
                 && let Some(value) = self.db.get(keys::msg_id(&request.tenant, id)).await?
                 && let Some(seen) = record::decode_msg_id(value)
-                && seen.time_ms.saturating_add(self.window_ms) >= now_ms()
+                && seen.time_ms.saturating_add(self.window_ms) >= self.clock.now_ms()
             {
                 state.msg_ids.insert(id.clone(), seen);
             }

@@ -43,6 +43,7 @@ fn settings(object_store: Arc<dyn ObjectStore>) -> StoreSettings {
         block_cache_bytes: 16 << 20,
         meta_cache_bytes: 16 << 20,
         object_store: Some(object_store),
+        clock: crate::clock::Clock::default(),
     }
 }
 
@@ -308,7 +309,8 @@ async fn retention_by_age_and_bytes_never_reuses_versions_or_offsets() {
             .expect("queued");
     }
     acks(&recorder, 8).await;
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Older than the 5 ms age on the store's clock, without waiting.
+    store.clock().advance(Duration::from_millis(20));
     let stop = tokio_util::sync::CancellationToken::new();
     let by_age = Rules {
         max_age_ms: 5,
@@ -353,7 +355,7 @@ async fn a_fully_expired_tenant_keeps_its_offsets_and_versions_after_restart() {
         store.append(request("gone", "x", i)).await.expect("queued");
     }
     acks(&recorder, 3).await;
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.clock().advance(Duration::from_millis(20));
     let rules = Rules {
         max_age_ms: 5,
         max_tenant_bytes: 0,
@@ -655,7 +657,7 @@ async fn a_tenants_own_age_limit_removes_only_its_messages_and_frees_its_bytes()
         store.append(other).await.expect("queued");
     }
     acks(&recorder, 6).await;
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.clock().advance(Duration::from_millis(20));
     // The subjects' own rules keep `keep.*` forever; tenant t's limit still applies.
     let forever = Rules {
         max_age_ms: 0,

@@ -633,7 +633,8 @@ async fn an_expired_retained_message_is_not_delivered() {
         matches!(p, Packet5::PubAck(_)).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    // The message's one-second expiry passes on the server's clock, not ours.
+    server.clock.advance(Duration::from_millis(2100));
     let (late, mut late_events) = connected_v5("expiring-late", &server).await;
     late.subscribe("exp/#", QoS5::AtLeastOnce)
         .await

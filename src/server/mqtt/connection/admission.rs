@@ -170,7 +170,7 @@ impl Connection {
             }
             (Some(store), false) => match store.session(&key.0, &key.1).await {
                 Ok(Some(bytes)) => match SessionRecord::decode(&bytes) {
-                    Some(record) if !record.expired(now_ms()) => Some(record),
+                    Some(record) if !record.expired(broker.clock().now_ms()) => Some(record),
                     Some(_) => None,
                     None => {
                         tracing::warn!(client = %client_id, "a saved mqtt session cannot be read; starting afresh");

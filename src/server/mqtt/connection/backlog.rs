@@ -61,8 +61,11 @@ impl Connection {
             // after this, so the backlog read below misses none of them.
             let _ = store.durable_barrier().await;
             let config = &self.context.config.mqtt;
-            let min_time =
-                now_ms().saturating_sub(config.backlog_max_age_secs.saturating_mul(1000));
+            let min_time = self
+                .broker
+                .clock()
+                .now_ms()
+                .saturating_sub(config.backlog_max_age_secs.saturating_mul(1000));
             let matcher = self.matcher();
             let matches = |subject: &str| matcher.matches(subject);
             match store
@@ -155,7 +158,7 @@ impl Connection {
                                 self.retained_jobs.pop_front();
                             }
                         }
-                        let now = now_ms();
+                        let now = self.broker.clock().now_ms();
                         for message in page.messages {
                             let age = now.saturating_sub(message.time_ms) / 1000;
                             if translate::expired(&message.headers, age)
@@ -201,7 +204,7 @@ impl Connection {
                     .await;
                 match page {
                     Ok(page) => {
-                        let now = now_ms();
+                        let now = self.broker.clock().now_ms();
                         for message in page.messages {
                             let age = now.saturating_sub(message.time_ms) / 1000;
                             self.high_offset = self.high_offset.max(message.offset);
@@ -274,7 +277,11 @@ impl Connection {
         SessionRecord {
             version: RECORD_VERSION,
             expiry_secs: self.session_expiry,
-            disconnected_ms: if disconnected { now_ms() } else { 0 },
+            disconnected_ms: if disconnected {
+                self.broker.clock().now_ms()
+            } else {
+                0
+            },
             cursor,
             subscriptions: self.subs.values().map(|s| s.saved.clone()).collect(),
             inflight: self

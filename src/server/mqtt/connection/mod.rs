@@ -49,7 +49,7 @@ use crate::broker::envelope::{
 };
 use crate::broker::{Broker, Outbox, Subscription};
 use crate::session::{self, Admission, AskAck, Publisher, Refusal, Session, SubscribeRefusal};
-use crate::store::{AckTo, AppendOutcome, Expectation, ReplayFrom, Store, now_ms};
+use crate::store::{AckTo, AppendOutcome, Expectation, ReplayFrom, Store};
 use crate::tenancy::{Action, Principal};
 
 /// Bytes read from the socket at a time.

@@ -108,7 +108,11 @@ impl Connection {
         let age = if delivery.time_ms == 0 {
             0
         } else {
-            now_ms().saturating_sub(delivery.time_ms) / 1000
+            self.broker
+                .clock()
+                .now_ms()
+                .saturating_sub(delivery.time_ms)
+                / 1000
         };
         let mut properties = self.properties.take().unwrap_or_default();
         if self.level == Level::V5 {
