@@ -11,6 +11,7 @@
 
 mod connection;
 pub mod session;
+pub mod state;
 pub mod translate;
 pub mod transport;
 

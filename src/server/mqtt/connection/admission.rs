@@ -228,20 +228,22 @@ impl Connection {
             claim,
             decoder,
             acks,
-            keep_alive: (keep_alive > 0).then(|| Duration::from_secs(u64::from(keep_alive))),
-            last_read: Instant::now(),
+            keep_alive: KeepAlive::new(keep_alive, Instant::now()),
             problem_info: props.request_problem_information != Some(0),
             session_expiry,
             will: connect.will.clone().map(Box::new),
-            aliases: HashMap::new(),
-            inbound: HashMap::new(),
-            window: window.max(1),
+            flow_in: InboundFlow::new(config.receive_maximum, config.topic_alias_maximum),
+            flow_out: OutboundFlow::new(
+                window,
+                props
+                    .topic_alias_maximum
+                    .unwrap_or(0)
+                    .min(config.topic_alias_maximum),
+            ),
             client_max_packet: props
                 .maximum_packet_size
                 .and_then(|n| usize::try_from(n).ok())
                 .unwrap_or(usize::MAX),
-            next_packet_id: 1,
-            inflight: Vec::new(),
             queue: VecDeque::new(),
             queued_bytes: 0,
             retained_jobs: VecDeque::new(),
@@ -257,11 +259,6 @@ impl Connection {
             store_acks: Vec::new(),
             properties: None,
             topic: String::new(),
-            alias_limit: props
-                .topic_alias_maximum
-                .unwrap_or(0)
-                .min(config.topic_alias_maximum),
-            out_aliases: None,
             reply_inbox: None,
             requests: VecDeque::new(),
             next_request: 1,

@@ -14,7 +14,7 @@ impl Connection {
             let _ = self.add_subscription(saved, true);
         }
         for pid in record.inbound_qos2 {
-            self.inbound.insert(pid, InboundState::Received);
+            self.flow_in.received(pid);
         }
         for saved in record.inflight {
             if self
@@ -42,15 +42,8 @@ impl Connection {
                 Stage::Published => self.write_publish(&delivery, saved.packet_id, true),
                 Stage::Released => self.put_control(&Packet::PubRel(Ack::new(saved.packet_id))),
             }
-            self.next_packet_id = self
-                .next_packet_id
-                .max(saved.packet_id.wrapping_add(1))
-                .max(1);
-            self.inflight.push(Inflight {
-                packet_id: saved.packet_id,
-                stage: saved.stage,
-                delivery,
-            });
+            self.flow_out
+                .restore(saved.packet_id, saved.stage, saved.qos, delivery);
         }
         self.high_offset = record.cursor.saturating_sub(1);
         let has_filters = self.subs.values().any(|s| !s.shared);
@@ -210,7 +203,8 @@ impl Connection {
                             self.high_offset = self.high_offset.max(message.offset);
                             // Deliveries in flight were sent again with DUP already.
                             let resent = self
-                                .inflight
+                                .flow_out
+                                .inflight()
                                 .iter()
                                 .any(|i| i.delivery.offset == message.offset);
                             if resent || translate::expired(&message.headers, age) {
@@ -261,7 +255,8 @@ impl Connection {
     pub(super) fn record(&self, disconnected: bool) -> SessionRecord {
         // The cursor is the oldest stored message the client has not acknowledged.
         let unacked = self
-            .inflight
+            .flow_out
+            .inflight()
             .iter()
             .map(|i| i.delivery.offset)
             .chain(self.queue.iter().map(|d| d.offset))
@@ -285,7 +280,8 @@ impl Connection {
             cursor,
             subscriptions: self.subs.values().map(|s| s.saved.clone()).collect(),
             inflight: self
-                .inflight
+                .flow_out
+                .inflight()
                 .iter()
                 .map(|i| SavedInflight {
                     packet_id: i.packet_id,
@@ -302,12 +298,7 @@ impl Connection {
                     payload: i.delivery.payload.clone(),
                 })
                 .collect(),
-            inbound_qos2: self
-                .inbound
-                .iter()
-                .filter(|(_, s)| **s == InboundState::Received)
-                .map(|(id, _)| *id)
-                .collect(),
+            inbound_qos2: self.flow_in.awaiting_release().collect(),
         }
     }
 

@@ -41,7 +41,9 @@ impl Connection {
         match packet {
             Packet::Publish(publish) => self.publish(publish),
             Packet::PubAck(ack) => {
-                self.complete(ack.packet_id, Stage::Published, 1);
+                if self.flow_out.puback(ack.packet_id) {
+                    self.session.outbox.wake();
+                }
                 Ok(())
             }
             Packet::PubRec(ack) => {
@@ -49,21 +51,7 @@ impl Connection {
                 Ok(())
             }
             Packet::PubRel(ack) => {
-                let code = match self.inbound.get(&ack.packet_id) {
-                    Some(InboundState::Received) => {
-                        self.inbound.remove(&ack.packet_id);
-                        reason::SUCCESS
-                    }
-                    // The ack from the store is not back yet: PUBREC was not sent, so
-                    // a PUBREL is out of order.
-                    Some(InboundState::Storing(_)) => {
-                        return Err(Close::protocol(
-                            reason::PROTOCOL_ERROR,
-                            "PUBREL before PUBREC",
-                        ));
-                    }
-                    None => reason::PACKET_IDENTIFIER_NOT_FOUND,
-                };
+                let code = self.flow_in.release(ack.packet_id).map_err(violation)?;
                 let code = if self.level == Level::V5 {
                     code
                 } else {
@@ -77,7 +65,9 @@ impl Connection {
                 Ok(())
             }
             Packet::PubComp(ack) => {
-                self.complete(ack.packet_id, Stage::Released, 2);
+                if self.flow_out.pubcomp(ack.packet_id) {
+                    self.session.outbox.wake();
+                }
                 Ok(())
             }
             Packet::Subscribe(subscribe) => self.subscribe(subscribe),
@@ -105,42 +95,20 @@ impl Connection {
         }
     }
 
-    /// A PUBACK (QoS 1) or PUBCOMP (QoS 2) from the client frees a window slot.
-    pub(super) fn complete(&mut self, packet_id: u16, stage: Stage, qos: u8) {
-        if let Some(at) = self
-            .inflight
-            .iter()
-            .position(|i| i.packet_id == packet_id && i.stage == stage && i.delivery.qos == qos)
-        {
-            self.inflight.remove(at);
-            self.session.outbox.wake();
-        }
-    }
-
     pub(super) fn pubrec(&mut self, ack: &Ack) {
-        let Some(entry) = self
-            .inflight
-            .iter_mut()
-            .find(|i| i.packet_id == ack.packet_id && i.delivery.qos == 2)
-        else {
-            if self.level == Level::V5 {
+        match self.flow_out.pubrec(ack.packet_id, ack.reason) {
+            Receipt::Release => self.put_control(&Packet::PubRel(Ack::new(ack.packet_id))),
+            // The client refused it: the flow ends here and a window slot is free.
+            Receipt::Refused => self.session.outbox.wake(),
+            Receipt::Unknown if self.level == Level::V5 => {
                 self.put_control(&Packet::PubRel(Ack {
                     packet_id: ack.packet_id,
                     reason: reason::PACKET_IDENTIFIER_NOT_FOUND,
                     properties: Properties::default(),
                 }));
             }
-            return;
-        };
-        if ack.reason >= 0x80 {
-            // The client refused it: the flow ends here.
-            let id = ack.packet_id;
-            self.inflight.retain(|i| i.packet_id != id);
-            self.session.outbox.wake();
-            return;
+            Receipt::Unknown => {}
         }
-        entry.stage = Stage::Released;
-        self.put_control(&Packet::PubRel(Ack::new(ack.packet_id)));
     }
 
     pub(super) fn disconnect(&mut self, disconnect: &Disconnect) -> Result<(), Close> {
@@ -161,20 +129,14 @@ impl Connection {
     pub(super) fn publish(&mut self, publish: Publish) -> Result<(), Close> {
         let qos = publish.qos as u8;
         let packet_id = publish.packet_id.unwrap_or(0);
-        if qos > 0 {
-            if let Some(state) = self.inbound.get(&packet_id) {
-                // A resend of a publish we still hold: answered once, stored once.
-                if *state == InboundState::Received && qos == 2 {
-                    self.put_control(&Packet::PubRec(Ack::new(packet_id)));
-                }
-                return Ok(());
+        if let Arrival::Resend { pubrec } =
+            self.flow_in.arrive(qos, packet_id).map_err(violation)?
+        {
+            // A resend of a publish we still hold: answered once, stored once.
+            if pubrec {
+                self.put_control(&Packet::PubRec(Ack::new(packet_id)));
             }
-            if self.inbound.len() >= usize::from(self.context.config.mqtt.receive_maximum) {
-                return Err(Close::protocol(
-                    reason::RECEIVE_MAXIMUM_EXCEEDED,
-                    "more unacknowledged QoS 1 and 2 publishes than the Receive Maximum",
-                ));
-            }
+            return Ok(());
         }
         if !publish.properties.subscription_identifiers.is_empty() {
             return Err(Close::protocol(
@@ -284,7 +246,7 @@ impl Connection {
         let published = self.session.publish(message);
         if let Some(until) = self.session.paused_until {
             // Keep-alive counts from the end of a pause the server chose.
-            self.last_read = self.last_read.max(until);
+            self.keep_alive.heard(until);
         }
         match published {
             Err(refused) => {
@@ -293,7 +255,7 @@ impl Connection {
             }
             Ok(session::Published::Stored { .. }) => {
                 if qos > 0 {
-                    self.inbound.insert(packet_id, InboundState::Storing(qos));
+                    self.flow_in.storing(packet_id, qos);
                 }
                 Ok(())
             }
@@ -302,7 +264,7 @@ impl Connection {
                 match qos {
                     1 => self.put_control(&Packet::PubAck(Ack::new(packet_id))),
                     2 => {
-                        self.inbound.insert(packet_id, InboundState::Received);
+                        self.flow_in.received(packet_id);
                         self.put_control(&Packet::PubRec(Ack::new(packet_id)));
                     }
                     _ => {}
@@ -404,35 +366,9 @@ impl Connection {
 
     /// The topic of a publish, through its v5 topic alias when it has one.
     pub(super) fn resolve_topic(&mut self, publish: &Publish) -> Result<Bytes, Close> {
-        let Some(alias) = publish.properties.topic_alias else {
-            if publish.topic.is_empty() {
-                return Err(Close::protocol(
-                    reason::PROTOCOL_ERROR,
-                    "PUBLISH without a topic or a topic alias",
-                ));
-            }
-            return Ok(publish.topic.as_bytes().clone());
-        };
-        if alias == 0 || alias > self.context.config.mqtt.topic_alias_maximum {
-            return Err(Close::protocol(
-                reason::TOPIC_ALIAS_INVALID,
-                format!(
-                    "topic alias {alias} is outside 1..={}",
-                    self.context.config.mqtt.topic_alias_maximum
-                ),
-            ));
-        }
-        if publish.topic.is_empty() {
-            return self.aliases.get(&alias).cloned().ok_or_else(|| {
-                Close::protocol(
-                    reason::PROTOCOL_ERROR,
-                    format!("topic alias {alias} was never defined"),
-                )
-            });
-        }
-        let topic = Bytes::copy_from_slice(publish.topic.as_bytes());
-        self.aliases.insert(alias, topic.clone());
-        Ok(topic)
+        self.flow_in
+            .resolve_topic(publish.topic.as_bytes(), publish.properties.topic_alias)
+            .map_err(violation)
     }
 
     /// Answers a publish that cannot be taken: a v5 error reason on its ack. MQTT
@@ -481,7 +417,7 @@ impl Connection {
         }
         let v5 = self.level == Level::V5;
         for StoreAck { packet_id, outcome } in std::mem::take(&mut self.store_acks) {
-            let Some(InboundState::Storing(qos)) = self.inbound.get(&packet_id).copied() else {
+            let Some(qos) = self.flow_in.storing_qos(packet_id) else {
                 continue;
             };
             let (code, why, current) = match &outcome {
@@ -536,15 +472,10 @@ impl Connection {
                 reason: if v5 { code } else { reason::SUCCESS },
                 properties,
             };
+            self.flow_in.store_answered(packet_id, code < 0x80);
             if qos == 2 {
-                if code >= 0x80 {
-                    self.inbound.remove(&packet_id);
-                } else {
-                    self.inbound.insert(packet_id, InboundState::Received);
-                }
                 self.put_control(&Packet::PubRec(ack));
             } else {
-                self.inbound.remove(&packet_id);
                 self.put_control(&Packet::PubAck(ack));
             }
         }
@@ -553,6 +484,11 @@ impl Connection {
         }
         Ok(())
     }
+}
+
+/// The connection's end for a breach of the protocol.
+fn violation(violation: crate::server::mqtt::state::Violation) -> Close {
+    Close::protocol(violation.code(), violation.to_string())
 }
 
 /// The MQTT 5 reason code for a refused publish.

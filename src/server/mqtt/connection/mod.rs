@@ -41,6 +41,7 @@ use super::MqttContext;
 use super::session::{
     Claim, RECORD_VERSION, SavedInflight, SavedSubscription, SessionKey, SessionRecord, Stage,
 };
+use super::state::{Arrival, InboundFlow, KeepAlive, OutAlias, OutboundFlow, Receipt};
 use super::translate;
 use super::transport::Inbound;
 use crate::broker::durable::ACK_MQTT;
@@ -271,12 +272,6 @@ impl Delivery {
     }
 }
 
-struct Inflight {
-    packet_id: u16,
-    stage: Stage,
-    delivery: Delivery,
-}
-
 /// A subscription of this connection.
 struct SubEntry {
     saved: SavedSubscription,
@@ -299,15 +294,6 @@ struct Backlog {
     done: bool,
 }
 
-/// What an inbound QoS 1 or 2 publish waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum InboundState {
-    /// Handed to the store at this QoS; the ack is not back.
-    Storing(u8),
-    /// QoS 2 answered with PUBREC, waiting for PUBREL.
-    Received,
-}
-
 struct Connection {
     id: u64,
     peer: SocketAddr,
@@ -321,23 +307,20 @@ struct Connection {
     claim: Claim,
     decoder: Decoder,
     acks: Arc<AckInbox>,
-    keep_alive: Option<Duration>,
-    last_read: Instant,
+    keep_alive: KeepAlive,
     /// The client asked for no reason strings on acks (v5 Request Problem Information 0).
     problem_info: bool,
     /// Session expiry in seconds; 0 ends the session with the connection.
     session_expiry: u32,
     will: Option<Box<Will>>,
 
-    // From the client.
-    aliases: HashMap<u16, Bytes>,
-    inbound: HashMap<u16, InboundState>,
+    /// QoS 1 and 2 publishes from the client, and its topic aliases.
+    flow_in: InboundFlow,
+    /// Deliveries in flight to the client, packet ids, the aliases it was given.
+    flow_out: OutboundFlow<Delivery>,
 
     // To the client.
-    window: usize,
     client_max_packet: usize,
-    next_packet_id: u16,
-    inflight: Vec<Inflight>,
     queue: VecDeque<Delivery>,
     queued_bytes: usize,
     retained_jobs: VecDeque<RetainedJob>,
@@ -362,10 +345,6 @@ struct Connection {
     properties: Option<Box<Properties>>,
     /// Scratch for the MQTT rendering of a delivery's subject.
     topic: String,
-    /// Topic aliases this server may give the client (v5: the client's Topic Alias
-    /// Maximum, capped by ours), and those given so far, by topic.
-    alias_limit: u16,
-    out_aliases: Option<HashMap<String, u16>>,
     /// The inbox prefix (`_INBOX.mqtt-<conn>.`) and its subscription, once this
     /// connection made a request with correlation data.
     reply_inbox: Option<(String, Arc<Subscription>)>,
@@ -457,7 +436,7 @@ impl Connection {
                 ), if self.session.paused_until.is_some() => {
                     self.session.paused_until = None;
                     // The client was not silent; we were not reading.
-                    self.last_read = Instant::now();
+                    self.keep_alive.heard(Instant::now());
                     self.process(&mut rbuf)
                 }
                 ready = reader.ready(), if self.session.paused_until.is_none() => match ready {
@@ -469,7 +448,7 @@ impl Connection {
                         match reader.try_read(&mut rbuf) {
                             Ok(0) => Err(Close::Gone),
                             Ok(_) => {
-                                self.last_read = Instant::now();
+                                self.keep_alive.heard(Instant::now());
                                 let result = self.process(&mut rbuf);
                                 if rbuf.is_empty() {
                                     // Decoded packets hold their own slices of it.
@@ -511,7 +490,7 @@ impl Connection {
 
     /// When the client must have sent something (1.5 × its keep-alive), if ever.
     pub(super) fn keep_alive_due(&self) -> Option<Instant> {
-        self.keep_alive.map(|k| self.last_read + k + k / 2)
+        self.keep_alive.due()
     }
 
     /// The earliest of the keep-alive and `write` deadlines (far away when neither).

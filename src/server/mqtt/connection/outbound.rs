@@ -15,7 +15,7 @@ impl Connection {
         let max_queued = self.context.config.mqtt.max_queued_bytes;
         while out.len() < WRITE_BATCH {
             if let Some(front) = self.queue.front() {
-                if front.qos > 0 && self.inflight.len() >= self.window {
+                if front.qos > 0 && self.flow_out.window_full() {
                     break;
                 }
                 let Some(delivery) = self.queue.pop_front() else {
@@ -63,29 +63,14 @@ impl Connection {
             self.encode_publish(&delivery, None, false, out);
             return;
         }
-        let Some(packet_id) = self.free_packet_id() else {
+        let Some(packet_id) = self.flow_out.next_packet_id() else {
             // 65,535 in flight cannot happen with a window below that; drop rather
             // than reuse an identifier.
             return;
         };
         if self.encode_publish(&delivery, Some(packet_id), false, out) {
-            self.inflight.push(Inflight {
-                packet_id,
-                stage: Stage::Published,
-                delivery,
-            });
+            self.flow_out.sent(packet_id, delivery.qos, delivery);
         }
-    }
-
-    pub(super) fn free_packet_id(&mut self) -> Option<u16> {
-        for _ in 0..u16::MAX {
-            let id = self.next_packet_id;
-            self.next_packet_id = self.next_packet_id.checked_add(1).unwrap_or(1);
-            if !self.inflight.iter().any(|i| i.packet_id == id) {
-                return Some(id);
-            }
-        }
-        None
     }
 
     /// Encodes a PUBLISH; false when it was not sent (too large for the client, or
@@ -134,20 +119,16 @@ impl Connection {
         // one gets the next alias while the client's maximum allows.
         let mut topic_bytes = topic.as_bytes();
         let mut new_alias = None;
-        if self.alias_limit > 0 {
-            let aliases = self.out_aliases.get_or_insert_with(Default::default);
-            match aliases.get(topic.as_str()) {
-                Some(alias) => {
-                    properties.topic_alias = Some(*alias);
-                    topic_bytes = b"";
-                }
-                None if aliases.len() < usize::from(self.alias_limit) => {
-                    let alias = u16::try_from(aliases.len() + 1).unwrap_or(u16::MAX);
-                    properties.topic_alias = Some(alias);
-                    new_alias = Some(alias);
-                }
-                None => {}
+        match self.flow_out.alias_for(&topic) {
+            OutAlias::Known(alias) => {
+                properties.topic_alias = Some(alias);
+                topic_bytes = b"";
             }
+            OutAlias::New(alias) => {
+                properties.topic_alias = Some(alias);
+                new_alias = Some(alias);
+            }
+            OutAlias::None => {}
         }
         let qos = QoS::from_bits(delivery.qos).unwrap_or(QoS::AtMostOnce);
         let start = out.len();
@@ -172,8 +153,8 @@ impl Connection {
             return false;
         }
         // The alias holds from the packet that carried it with its topic.
-        if let (Some(alias), Some(aliases)) = (new_alias, self.out_aliases.as_mut()) {
-            aliases.insert(topic.clone(), alias);
+        if let Some(alias) = new_alias {
+            self.flow_out.confirm_alias(&topic, alias);
         }
         self.topic = topic;
         self.broker
