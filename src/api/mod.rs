@@ -33,9 +33,9 @@ use crate::tenancy::{Action, Principal};
 /// Subjects under this prefix are API calls, never routed or stored.
 pub const PREFIX: &str = "$CANOPY.";
 /// Most messages one replay page returns.
-pub const MAX_PAGE: usize = 1000;
+pub const MAX_PAGE: usize = crate::session::PAGE_MESSAGES;
 /// About the most payload bytes one replay page returns.
-pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
+pub const MAX_PAGE_BYTES: usize = crate::session::PAGE_BYTES;
 /// API requests running at once; more are answered 503.
 pub const MAX_CONCURRENT: usize = 256;
 /// The longest a follow request may wait for new messages.

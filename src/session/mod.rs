@@ -32,6 +32,13 @@ pub use inbox::{INBOX_PREFIX, InboxClaims, inbox_owner};
 pub use publish::{Admission, AskAck, Decision, Publish, Published, Publisher, Refusal};
 pub use reserved::{is_api_call, is_reserved};
 
+/// Most messages one page of stored history holds, on every read path: the native
+/// API's get/replay, `/ws` replay and catch-up, MQTT backlogs (the `/ws` codec's
+/// `MAX_PAGE` is the same number).
+pub const PAGE_MESSAGES: usize = 1000;
+/// About the most bytes one page of stored history holds, on every read path.
+pub const PAGE_BYTES: usize = 4 * 1024 * 1024;
+
 /// The limits every front end applies the same way.
 #[derive(Debug, Clone, Copy)]
 pub struct SessionLimits {
@@ -328,6 +335,16 @@ impl Session {
 fn pause(paused_until: &mut Option<tokio::time::Instant>, wait: std::time::Duration) {
     let until = tokio::time::Instant::now() + wait;
     *paused_until = Some(paused_until.map_or(until, |u| u.max(until)));
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_read_path_pages_history_the_same_way() {
+        assert_eq!(canopy_protocols::ws::MAX_PAGE, super::PAGE_MESSAGES);
+        assert_eq!(crate::api::MAX_PAGE, super::PAGE_MESSAGES);
+        assert_eq!(crate::api::MAX_PAGE_BYTES, super::PAGE_BYTES);
+    }
 }
 
 impl Drop for Session {

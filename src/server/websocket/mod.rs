@@ -76,7 +76,7 @@ fn is_too_big(error: &axum::Error) -> bool {
 }
 
 /// Messages per page of a subscription's history.
-const CATCH_UP_PAGE: usize = 512;
+const CATCH_UP_PAGE: usize = crate::session::PAGE_MESSAGES;
 
 /// Whose history a catching-up subscription reads.
 enum History {
@@ -98,7 +98,7 @@ fn envelope_size(envelope: &envelope::Envelope) -> usize {
 }
 
 /// Bytes one replay page may hold, about.
-const REPLAY_BYTES: usize = 4 * 1024 * 1024;
+const REPLAY_BYTES: usize = crate::session::PAGE_BYTES;
 
 /// What every `/ws` connection shares.
 pub struct WsContext {

@@ -63,8 +63,8 @@ const SESSION_SAVE_EVERY: Duration = Duration::from_secs(5);
 /// forgotten beyond this.
 const MAX_OPEN_REQUESTS: usize = 1024;
 /// Retained messages and backlog read from the store per step.
-const STORE_PAGE: usize = 4096;
-const STORE_PAGE_BYTES: usize = 4 * 1024 * 1024;
+const STORE_PAGE: usize = crate::session::PAGE_MESSAGES;
+const STORE_PAGE_BYTES: usize = crate::session::PAGE_BYTES;
 
 /// Serves one MQTT connection on a TCP socket until it ends.
 pub(super) async fn serve(
