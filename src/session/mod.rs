@@ -337,16 +337,6 @@ fn pause(paused_until: &mut Option<tokio::time::Instant>, wait: std::time::Durat
     *paused_until = Some(paused_until.map_or(until, |u| u.max(until)));
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn every_read_path_pages_history_the_same_way() {
-        assert_eq!(canopy_protocols::ws::MAX_PAGE, super::PAGE_MESSAGES);
-        assert_eq!(crate::api::MAX_PAGE, super::PAGE_MESSAGES);
-        assert_eq!(crate::api::MAX_PAGE_BYTES, super::PAGE_BYTES);
-    }
-}
-
 impl Drop for Session {
     fn drop(&mut self) {
         for token in self.inboxes.take() {
@@ -355,5 +345,15 @@ impl Drop for Session {
                 .inboxes
                 .release(&token, self.outbox.conn_id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_read_path_pages_history_the_same_way() {
+        assert_eq!(canopy_protocols::ws::MAX_PAGE, super::PAGE_MESSAGES);
+        assert_eq!(crate::api::MAX_PAGE, super::PAGE_MESSAGES);
+        assert_eq!(crate::api::MAX_PAGE_BYTES, super::PAGE_BYTES);
     }
 }

@@ -11,16 +11,15 @@ clients (paho-mqtt 2.x and the raw-socket client) come from mqtt_scenarios.py, w
 the same bounded waits and watchdog.
 """
 
-import faulthandler
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from mqtt_scenarios import (  # noqa: E402  (after the path is set)
-    PUBACK, PUBLISH, WAIT, WATCHDOG, Client, Fail, Raw, check, describe, expect_msg, mqtt,
-    sub_ids,
+    PUBACK, PUBLISH, WAIT, Client, Fail, Raw, check, describe, expect_msg, mqtt, sub_ids,
 )
+from mqtt_scenarios import main as run_scenarios  # noqa: E402
 from paho.mqtt.packettypes import PacketTypes  # noqa: E402
 from paho.mqtt.properties import Properties  # noqa: E402
 from paho.mqtt.subscribeoptions import SubscribeOptions  # noqa: E402
@@ -210,29 +209,5 @@ def reconnect_then_receive_paho(host, port, args):
                       + "\n  ".join(missed))
 
 
-def main(argv):
-    if argv[1:] == ["--list"]:
-        for name, fn in SCENARIOS.items():
-            print(f"{name}: {' '.join(fn.__doc__.split())}")
-        return 0
-    if len(argv) < 4 or argv[3] not in SCENARIOS:
-        sys.stderr.write(f"usage: {argv[0]} HOST PORT SCENARIO [ARGS]; scenarios: "
-                         f"{', '.join(SCENARIOS)}\n")
-        return 2
-    host, port, name, args = argv[1], int(argv[2]), argv[3], argv[4:]
-    faulthandler.dump_traceback_later(WATCHDOG, exit=True)
-    label = " ".join([name] + args)
-    try:
-        SCENARIOS[name](host, port, args)
-    except Fail as e:
-        sys.stderr.write(f"FAIL {label}: {e}\n")
-        return 1
-    except (OSError, mqtt.MQTTException) as e:
-        sys.stderr.write(f"FAIL {label}: {type(e).__name__}: {e}\n")
-        return 1
-    print(f"ok {name}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(run_scenarios(sys.argv, SCENARIOS))

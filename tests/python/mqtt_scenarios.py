@@ -1214,20 +1214,22 @@ def restart_check(host, port, args):
         c.disconnect()
 
 
-def main(argv):
+def main(argv, scenarios=None):
+    """Runs one scenario of `scenarios` (this file's by default) as argv says."""
+    scenarios = SCENARIOS if scenarios is None else scenarios
     if argv[1:] == ["--list"]:
-        for name, fn in SCENARIOS.items():
+        for name, fn in scenarios.items():
             print(f"{name}: {' '.join(fn.__doc__.split())}")
         return 0
-    if len(argv) < 4 or argv[3] not in SCENARIOS:
+    if len(argv) < 4 or argv[3] not in scenarios:
         sys.stderr.write(f"usage: {argv[0]} HOST PORT SCENARIO [ARGS]; scenarios: "
-                         f"{', '.join(SCENARIOS)}\n")
+                         f"{', '.join(scenarios)}\n")
         return 2
     host, port, name, args = argv[1], int(argv[2]), argv[3], argv[4:]
     faulthandler.dump_traceback_later(WATCHDOG, exit=True)
     label = " ".join([name] + args)
     try:
-        SCENARIOS[name](host, port, args)
+        scenarios[name](host, port, args)
     except Fail as e:
         sys.stderr.write(f"FAIL {label}: {e}\n")
         return 1

@@ -18,33 +18,7 @@ use crate::common::{start, test_config};
 
 /// Runs one scenario of mqtt5_exchanges.py against `addr`; fails with its message.
 async fn run(addr: SocketAddr, scenario: &str, args: &[&str]) {
-    let python = venv_python();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/mqtt5_exchanges.py");
-    let output = tokio::time::timeout(
-        SCENARIO_TIMEOUT,
-        tokio::process::Command::new(&python)
-            .arg(&script)
-            .arg(addr.ip().to_string())
-            .arg(addr.port().to_string())
-            .arg(scenario)
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("scenario {scenario} {args:?} still running after the timeout"))
-    .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "MQTT 5 scenario {scenario} {args:?} failed ({})\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        output.status
-    );
-    assert!(
-        stdout.lines().any(|line| line == format!("ok {scenario}")),
-        "scenario {scenario} exited 0 without `ok {scenario}`\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    super::run_script("mqtt5_exchanges.py", addr, scenario, args).await;
 }
 
 async fn scenario(name: &str, args: &[&str]) {

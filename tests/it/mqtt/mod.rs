@@ -72,8 +72,13 @@ pub fn tool(name: &str, package: &str) -> PathBuf {
 /// asserts it printed `ok SCENARIO` and exited 0; on failure the panic carries the
 /// scenario's own message (what the server did differently).
 pub async fn run_scenario(addr: SocketAddr, scenario: &str, args: &[&str]) {
+    run_script("mqtt_scenarios.py", addr, scenario, args).await;
+}
+
+/// [`run_scenario`] for any scenario script in `tests/python/`.
+pub async fn run_script(file: &str, addr: SocketAddr, scenario: &str, args: &[&str]) {
     let python = venv_python();
-    let script = manifest_dir().join("tests/python/mqtt_scenarios.py");
+    let script = manifest_dir().join("tests/python").join(file);
     let output = tokio::time::timeout(
         SCENARIO_TIMEOUT,
         tokio::process::Command::new(&python)
