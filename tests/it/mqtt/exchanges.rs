@@ -11,9 +11,8 @@
 //!   published after its SUBACK.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
-use super::{SCENARIO_TIMEOUT, mqtt_addr, venv_python};
+use super::mqtt_addr;
 use crate::common::{start, test_config};
 
 /// Runs one scenario of mqtt5_exchanges.py against `addr`; fails with its message.
