@@ -6,11 +6,10 @@
 //! wants a login through with none.
 
 use axum::extract::{ConnectInfo, State};
-
-use crate::server::tls::Peer;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use crate::server::tls::Peer;
 use crate::tenancy::Principal;
 
 use super::HttpState;

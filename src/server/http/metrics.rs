@@ -8,7 +8,6 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::extract::State;
-
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 

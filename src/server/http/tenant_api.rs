@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
