@@ -3,18 +3,17 @@
 //! connection flags of `cli::connect`). Errors end here as one readable message and a
 //! non-zero exit status, never a panic.
 
-use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use canopy::client::{Client, Received};
+use anyhow::{Context, Result};
+use canopy::client::Client;
 use canopy::config::{Config, DEFAULT_TOML};
-use canopy::server::Server;
-use canopy_protocols::native::HeaderMap;
 use clap::{Args, Parser, Subcommand};
 use cli::connect::ConnectArgs;
-use tokio_util::sync::CancellationToken;
+
+use cli::pubsub::{publish, subscribe};
+use cli::serve::serve;
 
 mod cli;
 
@@ -398,176 +397,8 @@ fn config_command(command: ConfigCommand) -> Result<()> {
     }
 }
 
-fn init_logging(filter: Option<&str>) {
-    use tracing_subscriber::EnvFilter;
-    let filter = match filter {
-        Some(f) => EnvFilter::new(f),
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
-}
-
-async fn serve(args: ServeArgs) -> Result<()> {
-    init_logging(args.log.as_deref());
-    let mut config = Config::load(args.config.as_deref(), std::env::vars())?;
-    if let Some(listen) = args.listen {
-        config.native.listen = listen;
-    }
-    if let Some(listen) = args.mqtt_listen {
-        config.mqtt.listen = Some(listen);
-    }
-    if let Some(listen) = args.http_listen {
-        config.http.listen = Some(listen);
-    }
-    if args.allow_anonymous {
-        config.server.allow_anonymous = true;
-    }
-    config.validate()?;
-    let server = Server::bind(config).await?;
-    let shutdown = CancellationToken::new();
-    let signals = shutdown.clone();
-    tokio::spawn(async move {
-        match wait_for_signal().await {
-            Ok(name) => tracing::info!(signal = name, "shutting down: draining connections"),
-            Err(error) => tracing::error!(%error, "cannot listen for signals"),
-        }
-        signals.cancel();
-    });
-    server.run(shutdown).await;
-    Ok(())
-}
-
-#[cfg(unix)]
-async fn wait_for_signal() -> std::io::Result<&'static str> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    Ok(tokio::select! {
-        _ = interrupt.recv() => "SIGINT",
-        _ = terminate.recv() => "SIGTERM",
-    })
-}
-
-#[cfg(not(unix))]
-async fn wait_for_signal() -> std::io::Result<&'static str> {
-    tokio::signal::ctrl_c().await?;
-    Ok("ctrl-c")
-}
-
-fn parse_headers(raw: &[String]) -> Result<Option<HeaderMap>> {
-    if raw.is_empty() {
-        return Ok(None);
-    }
-    let mut headers = HeaderMap::default();
-    for header in raw {
-        let Some((name, value)) = header.split_once(':') else {
-            bail!("header `{header}` must look like `Name: value`");
-        };
-        let name = name.trim();
-        if name.is_empty() || name.contains(char::is_whitespace) {
-            bail!("header name in `{header}` must be one word");
-        }
-        headers.append(name, value.trim());
-    }
-    Ok(Some(headers))
-}
-
 async fn connect(args: &ConnectArgs, name: &str) -> Result<(Client, Duration)> {
     args.connect(name).await
-}
-
-async fn publish(args: PubArgs) -> Result<()> {
-    let headers = parse_headers(&args.headers)?;
-    let (mut client, timeout) = connect(&args.connect, "canopy pub").await?;
-    if args.ack || args.expect.is_some() || args.msg_id.is_some() {
-        let Some(data) = &args.data else {
-            bail!("--ack, --expect and --msg-id publish one message: give DATA");
-        };
-        let options = cli::streams::AckedPublish {
-            expect: args.expect,
-            msg_id: args.msg_id.as_deref(),
-            json: args.json,
-        };
-        return cli::streams::publish_acked(
-            &mut client,
-            &args.subject,
-            data.as_bytes(),
-            headers.unwrap_or_default(),
-            &options,
-            timeout,
-        )
-        .await;
-    }
-    match &args.data {
-        Some(data) => {
-            client
-                .publish(&args.subject, headers.as_ref(), data.as_bytes())
-                .await?;
-        }
-        None => {
-            let stdin = std::io::stdin();
-            for line in stdin.lock().lines() {
-                let line = line.context("cannot read standard input")?;
-                client
-                    .publish(&args.subject, headers.as_ref(), line.as_bytes())
-                    .await?;
-            }
-        }
-    }
-    client.flush(timeout).await?;
-    Ok(())
-}
-
-async fn subscribe(args: SubArgs) -> Result<()> {
-    let (mut client, timeout) = connect(&args.connect, "canopy sub").await?;
-    if let Some(from) = args.from {
-        return cli::streams::replay(
-            &mut client,
-            &args.pattern,
-            from,
-            true,
-            args.count,
-            args.json,
-            timeout,
-        )
-        .await;
-    }
-    client
-        .subscribe(&args.pattern, args.queue.as_deref())
-        .await?;
-    client.flush(timeout).await?;
-    // On stderr, so scripts reading stdout see only messages; tests wait for it.
-    eprintln!(
-        "canopy: subscribed to '{}' on {}",
-        args.pattern, args.connect.address.server
-    );
-    let mut stdout = std::io::stdout().lock();
-    let mut seen = 0u64;
-    while args.count.is_none_or(|n| seen < n) {
-        let message = client.next_message().await?;
-        seen += 1;
-        let line = if args.json {
-            json_line(&message)
-        } else {
-            format!(
-                "{} {}",
-                message.subject,
-                String::from_utf8_lossy(&message.payload)
-            )
-        };
-        // A closed pipe (`| head`) ends the command quietly.
-        if writeln!(stdout, "{line}")
-            .and_then(|_| stdout.flush())
-            .is_err()
-        {
-            break;
-        }
-    }
-    Ok(())
 }
 
 async fn run_tenant(command: TenantCommand) -> anyhow::Result<()> {
@@ -633,37 +464,4 @@ async fn run_tenant(command: TenantCommand) -> anyhow::Result<()> {
             tenants::delete(&mut client, &name, timeout).await
         }
     }
-}
-
-fn json_line(message: &Received) -> String {
-    let mut object = serde_json::Map::new();
-    object.insert("subject".into(), message.subject.clone().into());
-    if let Some(reply) = &message.reply {
-        object.insert("reply".into(), reply.clone().into());
-    }
-    if let Some(headers) = &message.headers {
-        let mut map = serde_json::Map::new();
-        for (name, value) in &headers.entries {
-            let entry = map
-                .entry(name.clone())
-                .or_insert_with(|| serde_json::Value::Array(Vec::new()));
-            if let serde_json::Value::Array(values) = entry {
-                values.push(value.clone().into());
-            }
-        }
-        object.insert("headers".into(), map.into());
-    }
-    match std::str::from_utf8(&message.payload) {
-        Ok(text) => object.insert("payload".into(), text.into()),
-        Err(_) => object.insert(
-            "payload_hex".into(),
-            message
-                .payload
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-                .into(),
-        ),
-    };
-    serde_json::Value::Object(object).to_string()
 }

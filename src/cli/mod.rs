@@ -5,6 +5,8 @@
 
 pub mod bench;
 pub mod connect;
+pub mod pubsub;
+pub mod serve;
 pub mod streams;
 pub mod tenants;
 pub mod users;

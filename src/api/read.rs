@@ -1,0 +1,227 @@
+//! Reading stored history: `get` (one message of a subject), `replay` (a page of a
+//! subject's or pattern's history, optionally following it) and `subjects`.
+//!
+//! Must never: hold more than one page in memory per request, or answer anything the
+//! caller could not subscribe to.
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use canopy_protocols::native::HeaderMap;
+use canopy_subjects::Pattern;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::broker::Broker;
+use crate::store::{ReplayFrom, Store};
+use crate::tenancy::Action;
+
+use super::{
+    Answer, ApiCall, ApiError, MAX_PAGE, MAX_PAGE_BYTES, MAX_WAIT, authorize, check_subject, parse,
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GetRequest {
+    pub(super) subject: String,
+    pub(super) version: Option<u64>,
+}
+
+pub(super) async fn get(
+    broker: &Broker,
+    store: &Store,
+    tenant: &str,
+    call: &ApiCall,
+    answer: &mut Answer,
+) -> Result<(), ApiError> {
+    let request: GetRequest = parse(&call.body)?;
+    check_subject(&request.subject)?;
+    authorize(broker, &call.principal, Action::Subscribe, &request.subject)?;
+    match store.get(tenant, &request.subject, request.version).await? {
+        Some(message) => {
+            answer.message(&message);
+            answer.wakes.wake_all();
+            Ok(())
+        }
+        None => Err(ApiError::new(
+            404,
+            match request.version {
+                Some(v) => format!("{} has no version {v}", request.subject),
+                None => format!("{} has no messages", request.subject),
+            },
+        )),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StartAt {
+    Named(String),
+    Version { version: u64 },
+    Offset { offset: u64 },
+    Time { time_ms: u64 },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayRequest {
+    subject: Option<String>,
+    pattern: Option<String>,
+    from: Option<StartAt>,
+    cursor: Option<u64>,
+    max: Option<usize>,
+    #[serde(default)]
+    follow: bool,
+    wait_ms: Option<u64>,
+}
+
+pub(super) async fn replay(
+    broker: &Broker,
+    store: &Store,
+    tenant: &str,
+    call: &ApiCall,
+    answer: &mut Answer,
+) -> Result<(), ApiError> {
+    let request: ReplayRequest = parse(&call.body)?;
+    let max = request.max.unwrap_or(100).clamp(1, MAX_PAGE);
+    let mut from_snapshot = false;
+    let mut from = match (&request.cursor, &request.from) {
+        (Some(cursor), _) if request.subject.is_some() => ReplayFrom::Version(*cursor),
+        (Some(cursor), _) => ReplayFrom::Offset(*cursor),
+        (None, None) => ReplayFrom::Start,
+        (None, Some(StartAt::Named(name))) if name == "start" => ReplayFrom::Start,
+        (None, Some(StartAt::Named(name))) if name == "snapshot" && request.subject.is_some() => {
+            from_snapshot = true;
+            ReplayFrom::Start
+        }
+        (None, Some(StartAt::Named(name))) => {
+            return Err(ApiError::new(
+                400,
+                format!(
+                    "`from` must be \"start\", {{\"version\": N}}, {{\"offset\": N}} or {{\"time_ms\": T}}, not \"{name}\""
+                ),
+            ));
+        }
+        (None, Some(StartAt::Version { version })) => ReplayFrom::Version(*version),
+        (None, Some(StartAt::Offset { offset })) => ReplayFrom::Offset(*offset),
+        (None, Some(StartAt::Time { time_ms })) => ReplayFrom::Time(*time_ms),
+    };
+    let target = match (&request.subject, &request.pattern) {
+        (Some(subject), None) => {
+            check_subject(subject)?;
+            authorize(broker, &call.principal, Action::Subscribe, subject)?;
+            Target::Subject(subject)
+        }
+        (None, Some(pattern)) => {
+            let parsed = Pattern::parse_native(pattern)
+                .map_err(|e| ApiError::new(400, format!("invalid pattern: {e}")))?;
+            authorize(broker, &call.principal, Action::Subscribe, pattern)?;
+            Target::Pattern(parsed)
+        }
+        _ => {
+            return Err(ApiError::new(
+                400,
+                "a replay names either `subject` or `pattern`",
+            ));
+        }
+    };
+    if from_snapshot
+        && let Target::Subject(subject) = &target
+        && let Some(snapshot) = store.snapshot(tenant, subject, None).await?
+    {
+        answer.snapshot(&snapshot);
+        from = ReplayFrom::Version(snapshot.version + 1);
+    }
+    let wait = Duration::from_millis(request.wait_ms.unwrap_or(5000)).min(MAX_WAIT);
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut durable = store.durable_watch();
+    let mut page = loop {
+        durable.borrow_and_update();
+        let page = match &target {
+            Target::Subject(subject) => {
+                store
+                    .replay_subject(tenant, subject, from, max, MAX_PAGE_BYTES)
+                    .await?
+            }
+            Target::Pattern(pattern) => {
+                store
+                    .replay_pattern(tenant, pattern, from, max, MAX_PAGE_BYTES)
+                    .await?
+            }
+        };
+        if !page.messages.is_empty() || !request.follow {
+            break page;
+        }
+        // Caught up and following: wait for the next durable write, then look again.
+        match tokio::time::timeout_at(deadline, durable.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => break page,
+        }
+    };
+    // A broad pattern was allowed; the deny list's subjects still never show.
+    let authz = broker.authorizer();
+    if authz.filters_delivery() {
+        page.messages.retain(|m| authz.may_deliver(&m.subject));
+    }
+    for message in &page.messages {
+        answer.message(message);
+    }
+    let mut done = HeaderMap::new();
+    done.insert("Canopy-Done", "true");
+    done.insert("Canopy-Cursor", page.next.to_string());
+    done.insert("Canopy-Caught-Up", page.caught_up.to_string());
+    done.insert("Canopy-Count", page.messages.len().to_string());
+    let mut block = BytesMut::new();
+    done.encode(&mut block);
+    answer.send(Some(&block), &[]);
+    answer.wakes.wake_all();
+    Ok(())
+}
+
+enum Target<'a> {
+    Subject(&'a str),
+    Pattern(Pattern),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubjectsRequest {
+    pattern: Option<String>,
+    after: Option<String>,
+    max: Option<usize>,
+}
+
+pub(super) async fn subjects(
+    broker: &Broker,
+    store: &Store,
+    tenant: &str,
+    call: &ApiCall,
+    answer: &mut Answer,
+) -> Result<(), ApiError> {
+    let request: SubjectsRequest = if call.body.is_empty() {
+        SubjectsRequest {
+            pattern: None,
+            after: None,
+            max: None,
+        }
+    } else {
+        parse(&call.body)?
+    };
+    let text = request.pattern.as_deref().unwrap_or(">");
+    let pattern = Pattern::parse_native(text)
+        .map_err(|e| ApiError::new(400, format!("invalid pattern: {e}")))?;
+    authorize(broker, &call.principal, Action::Subscribe, text)?;
+    let max = request.max.unwrap_or(100).clamp(1, MAX_PAGE);
+    let page = store
+        .subjects(tenant, &pattern, request.after.as_deref(), max)
+        .await?;
+    let authz = broker.authorizer();
+    let subjects: Vec<_> = page
+        .subjects
+        .iter()
+        .filter(|s| authz.may_deliver(&s.subject))
+        .map(|s| json!({"subject": s.subject, "version": s.version, "offset": s.offset, "time_ms": s.time_ms}))
+        .collect();
+    answer.json(&json!({"subjects": subjects, "next": page.next}));
+    Ok(())
+}

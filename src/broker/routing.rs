@@ -1,0 +1,238 @@
+//! Routing a publish: one walk of the tenant's trie, one member of each queue group,
+//! MQTT's merged delivery for overlapping subscriptions, and the encode into each
+//! outbox.
+//!
+//! Must never: wait for a subscriber, a socket or the store (a full outbox makes its
+//! owner a slow consumer and routing goes on), or wake a subscriber itself (the
+//! caller's `Wakes` does, once per batch).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use canopy_protocols::native::{encode_hmsg, encode_msg};
+use canopy_subjects::QueueGroup;
+
+use super::{
+    Broker, Message, Outbox, QueuePick, RouteScratch, Subscription, TenantRoutes, Wakes, envelope,
+};
+
+impl Broker {
+    /// Delivers `msg` to every matching subscription of the tenant and returns how
+    /// many received it. `from` is the publisher's outbox (for `echo: false`).
+    pub fn publish(
+        &self,
+        routes: &TenantRoutes,
+        from: &Outbox,
+        msg: &Message<'_>,
+        scratch: &mut RouteScratch,
+        wakes: &mut Wakes,
+    ) -> usize {
+        let skip_conn = (!from.echo()).then_some(from.conn_id);
+        self.route(routes, skip_conn, msg, scratch, wakes)
+    }
+
+    /// Delivers `msg` to every matching subscription except those of connection
+    /// `skip_conn`, and returns how many received it.
+    pub fn route(
+        &self,
+        routes: &TenantRoutes,
+        skip_conn: Option<u64>,
+        msg: &Message<'_>,
+        scratch: &mut RouteScratch,
+        wakes: &mut Wakes,
+    ) -> usize {
+        if self.authz.filters_delivery() && !self.authz.may_deliver(msg.subject) {
+            return 0;
+        }
+        let mut delivered = 0usize;
+        let RouteScratch {
+            queue_picks,
+            spent,
+            merged,
+        } = scratch;
+        queue_picks.clear();
+        routes
+            .trie
+            .for_each_match(msg.subject, &mut |plain, groups| {
+                for sub in plain {
+                    if Some(sub.outbox.conn_id) == skip_conn {
+                        continue;
+                    }
+                    if sub.overlapping.load(Ordering::Relaxed) {
+                        merged.push(Arc::clone(sub));
+                    } else if deliver(sub, msg, spent, wakes) {
+                        delivered += 1;
+                    }
+                }
+                for group in groups {
+                    pick_member(queue_picks, group, skip_conn);
+                }
+            });
+        for pick in queue_picks.drain(..) {
+            if deliver(&pick.chosen, msg, spent, wakes) {
+                delivered += 1;
+            }
+        }
+        if !merged.is_empty() {
+            delivered += deliver_merged(merged, msg, wakes);
+        }
+        self.remove_spent(routes, spent);
+        delivered
+    }
+
+    /// Delivers `msg` to one subscription of connection `conn` that matches: how a
+    /// server-generated status (no responders) reaches a requester.
+    pub fn deliver_to_conn(
+        &self,
+        routes: &TenantRoutes,
+        conn: u64,
+        msg: &Message<'_>,
+        scratch: &mut RouteScratch,
+        wakes: &mut Wakes,
+    ) -> bool {
+        let mut delivered = false;
+        let spent = &mut scratch.spent;
+        routes
+            .trie
+            .for_each_match(msg.subject, &mut |plain, groups| {
+                let members = groups.iter().flat_map(|g| g.members.iter());
+                for sub in plain.iter().chain(members) {
+                    if !delivered && sub.outbox.conn_id == conn {
+                        delivered = deliver(sub, msg, spent, wakes);
+                    }
+                }
+            });
+        self.remove_spent(routes, spent);
+        delivered
+    }
+}
+
+/// Delivers one envelope per connection for overlapping MQTT subscriptions that
+/// matched: the highest QoS any grants (capped by the publish's), every subscription
+/// identifier, RETAIN kept if any keeps it. Returns how many connections got it.
+pub(super) fn deliver_merged(
+    merged: &mut Vec<Arc<Subscription>>,
+    msg: &Message<'_>,
+    wakes: &mut Wakes,
+) -> usize {
+    merged.sort_by_key(|sub| sub.outbox.conn_id);
+    let mut delivered = 0;
+    let mut ids = Vec::new();
+    for group in merged.chunk_by(|a, b| a.outbox.conn_id == b.outbox.conn_id) {
+        let mut options: Option<envelope::MqttOptions> = None;
+        ids.clear();
+        for sub in group {
+            let Some(mine) = &sub.mqtt else { continue };
+            if mine.no_local && msg.origin == sub.outbox.conn_id {
+                continue;
+            }
+            if mine.subscription_id != 0 && !ids.contains(&mine.subscription_id) {
+                ids.push(mine.subscription_id);
+            }
+            let merged = options.get_or_insert(*mine);
+            merged.qos = merged.qos.max(mine.qos);
+            merged.retain_as_published |= mine.retain_as_published;
+        }
+        let (Some(options), Some(first)) = (options, group.first()) else {
+            continue;
+        };
+        let queued = first
+            .outbox
+            .push(|out| envelope::encode_merged(out, msg, &options, &ids));
+        if queued.is_ok() {
+            wakes.add(&first.outbox);
+            delivered += 1;
+        }
+    }
+    merged.clear();
+    delivered
+}
+
+/// Chooses one member of a queue group uniformly across every matching node, by
+/// reservoir sampling, so a group spread over several patterns is still one group.
+pub(super) fn pick_member(
+    picks: &mut Vec<QueuePick>,
+    group: &QueueGroup<Arc<Subscription>>,
+    skip_conn: Option<u64>,
+) {
+    let candidates = group
+        .members
+        .iter()
+        .filter(|s| Some(s.outbox.conn_id) != skip_conn && s.can_take());
+    let pick = picks.iter_mut().find(|p| {
+        p.chosen
+            .queue
+            .as_deref()
+            .is_some_and(|name| name == &*group.name)
+    });
+    match pick {
+        Some(pick) => {
+            for member in candidates {
+                pick.seen += 1;
+                if fastrand::u64(..pick.seen) == 0 {
+                    pick.chosen = Arc::clone(member);
+                }
+            }
+        }
+        None => {
+            let eligible = candidates.clone().count();
+            if let Some(chosen) = candidates.clone().nth(fastrand::usize(..eligible.max(1))) {
+                picks.push(QueuePick {
+                    seen: eligible as u64,
+                    chosen: Arc::clone(chosen),
+                });
+            }
+        }
+    }
+}
+
+/// Queues `msg` for `sub`; true when it was queued.
+pub(super) fn deliver(
+    sub: &Arc<Subscription>,
+    msg: &Message<'_>,
+    spent: &mut Vec<Arc<Subscription>>,
+    wakes: &mut Wakes,
+) -> bool {
+    if let Some(options) = &sub.mqtt {
+        if options.no_local && msg.origin == sub.outbox.conn_id {
+            return false;
+        }
+        return match sub.outbox.push(|out| envelope::encode(out, msg, options)) {
+            Ok(()) => {
+                wakes.add(&sub.outbox);
+                true
+            }
+            Err(_) => false,
+        };
+    }
+    match sub.admit() {
+        None => return false,
+        Some(true) => spent.push(Arc::clone(sub)),
+        Some(false) => {}
+    }
+    let headers = msg.headers.filter(|_| sub.outbox.headers());
+    let queued = sub.outbox.push(|out| match headers {
+        Some(h) => encode_hmsg(
+            out,
+            msg.subject.as_bytes(),
+            &sub.sid,
+            msg.reply,
+            h,
+            msg.payload,
+        ),
+        None => encode_msg(
+            out,
+            msg.subject.as_bytes(),
+            &sub.sid,
+            msg.reply,
+            msg.payload,
+        ),
+    });
+    match queued {
+        Ok(()) => {
+            wakes.add(&sub.outbox);
+            true
+        }
+        Err(_) => false,
+    }
+}

@@ -1,0 +1,132 @@
+//! The `[store]` section: where the store lives, its write and ack policy, and
+//! retention, each with its defaults.
+//!
+//! Must never: open the store or check one section against another (that is
+//! `Config::validate`).
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `file://PATH` or `memory://`.
+    pub url: String,
+    /// Write-ahead log flush interval: the floor of durable ack latency.
+    pub flush_interval_ms: u64,
+    /// How long msg ids are remembered for dedupe.
+    pub dedupe_window_secs: u64,
+    /// Most publishes per group commit.
+    pub max_batch: usize,
+    /// Publishes queued for the sequencer before publishers wait.
+    pub queue_depth: usize,
+    /// MiB of memory for cached data blocks of the store.
+    pub block_cache_mb: u64,
+    /// MiB of memory for cached indexes and filters of the store.
+    pub meta_cache_mb: u64,
+    /// First match decides whether and how a subject is stored.
+    pub policies: Vec<StorePolicy>,
+    pub retention: RetentionConfig,
+    /// How to reach S3 for `s3://` URLs; unset fields come from the AWS environment.
+    pub s3: crate::store::S3Settings,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorePolicy {
+    /// NATS-syntax pattern.
+    pub pattern: String,
+    /// False: matching subjects are live only.
+    pub store: bool,
+    pub durability: crate::store::Durability,
+    pub ack: AckMode,
+    /// Seconds a message is kept (0 = forever).
+    pub max_age_secs: u64,
+    /// Versions kept per subject (0 = all).
+    pub max_versions: u64,
+    /// Fold each subject into a snapshot every this many versions (0 = never).
+    pub snapshot_every: u64,
+    /// How events fold into a snapshot.
+    pub reducer: crate::store::reduce::ReducerKind,
+    /// Keep the events a server snapshot covers (true) or drop them.
+    pub keep_history: bool,
+}
+
+impl StorePolicy {
+    /// The server-side snapshots this policy asks for.
+    pub fn compaction(&self) -> Option<crate::store::Compaction> {
+        (self.snapshot_every > 0).then_some(crate::store::Compaction {
+            every: self.snapshot_every,
+            reducer: self.reducer,
+            keep_history: self.keep_history,
+        })
+    }
+}
+
+/// When the store acknowledges a publish that has a reply subject.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AckMode {
+    /// Only when the publish asks with a Canopy-* or Nats-* header.
+    #[default]
+    OnRequest,
+    /// Every publish with a reply subject (JetStream's behaviour).
+    Always,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Bytes kept per tenant, oldest dropped first (0 = no limit).
+    pub max_bytes_per_tenant: u64,
+    /// Seconds between retention passes.
+    pub interval_secs: u64,
+}
+
+impl Default for StorePolicy {
+    fn default() -> Self {
+        Self {
+            pattern: ">".into(),
+            store: true,
+            durability: crate::store::Durability::Durable,
+            ack: AckMode::OnRequest,
+            max_age_secs: 7 * 24 * 3600,
+            max_versions: 0,
+            snapshot_every: 0,
+            reducer: crate::store::reduce::ReducerKind::Last,
+            keep_history: true,
+        }
+    }
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            max_bytes_per_tenant: 10 * 1024 * 1024 * 1024,
+            interval_secs: 60,
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            url: "file://./canopy-data".into(),
+            flush_interval_ms: 2,
+            dedupe_window_secs: 120,
+            max_batch: 1024,
+            queue_depth: 8192,
+            block_cache_mb: 64,
+            meta_cache_mb: 64,
+            policies: vec![
+                StorePolicy {
+                    pattern: "_INBOX.>".into(),
+                    store: false,
+                    ..StorePolicy::default()
+                },
+                StorePolicy::default(),
+            ],
+            retention: RetentionConfig::default(),
+            s3: crate::store::S3Settings::default(),
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! The one sequencer: the only code that assigns versions and offsets, and the only
+//! writer of message keys.
+//!
+//! Each round drains up to `max_batch` queued appends, loads what it does not hold in
+//! memory (a tenant's next offset, a subject's head, a msg id) by reverse seeks, then
+//! decides every append in queue order, hands the accepted messages to routing in one
+//! call, and writes them all in one engine write (group commit). A separate task waits
+//! for each write's durability, in order, and only then sends the acks that asked for
+//! it. Heads are never written per message: a head is recovered by one reverse seek of
+//! its subject's range, so the only key a message costs is its own.
+//!
+//! Must never: write a message key from anywhere else, reorder appends of one subject,
+//! send a durable ack before its write is durable.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use slatedb::Db;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::snapshot::CompactionJob;
+use super::{Input, StoreEvents, StoreSettings, StoredLimits, TenantSet};
+
+use super::{retention, stats};
+
+mod round;
+mod tenant;
+mod writer;
+
+use tenant::TenantState;
+pub(super) use tenant::{load_next_offset, load_usage};
+use writer::{acknowledge, write_rounds};
+
+/// Most msg ids remembered in memory per tenant; older ones are found in the store.
+const MSG_ID_CACHE: usize = 100_000;
+/// Group commits that may wait for durability before the sequencer holds back.
+const DURABILITY_QUEUE: usize = 256;
+/// Rounds the sequencer may decide ahead of the engine write of an earlier one: the
+/// write (memtable insert) runs on another task, in parallel with the next round.
+const WRITES_AHEAD: usize = 2;
+
+pub(super) struct Sequencer {
+    db: Arc<Db>,
+    events: Arc<dyn StoreEvents>,
+    tenants: HashMap<Arc<str>, TenantState>,
+    window_ms: u64,
+    max_batch: usize,
+    clock: crate::clock::Clock,
+    durable_tx: watch::Sender<u64>,
+    compactions: mpsc::Sender<CompactionJob>,
+    /// Counts failed writes; a change makes the next round forget memory's heads.
+    failures: Arc<AtomicU64>,
+    epoch_seen: u64,
+    stats: Arc<super::stats::StoreStats>,
+    /// Stored limits of the tenants that have any.
+    limits: HashMap<Arc<str>, StoredLimits>,
+    /// Bytes deleted outside the sequencer, not yet taken off the tenants' usage.
+    released: HashMap<Arc<str>, u64>,
+    /// Tenants at their bytes limit, for front ends to refuse early.
+    bytes_full: Arc<TenantSet>,
+    /// Sizes of the messages a subject's version limit drops this round, read by
+    /// `load`: (tenant, subject, version) to header and payload bytes.
+    dropped_sizes: HashMap<MessageKey, u64>,
+    /// Sizes of the messages of version-limited subjects appended in the last
+    /// rounds, which may not be in the engine yet when `load` looks for them.
+    recent_sizes: VecDeque<(u64, HashMap<MessageKey, u64>)>,
+    /// Rounds decided so far.
+    rounds: u64,
+    /// The number of the last round whose write reached the engine: its messages
+    /// are read from the engine, which also sees what purges deleted since.
+    written: Arc<AtomicU64>,
+}
+
+/// A message by tenant, subject and version.
+type MessageKey = (Arc<str>, Arc<str>, u64);
+
+/// Rounds whose write may still be on its way to the engine when a later round
+/// loads: the ones queued for the writer and the one it is writing.
+const UNWRITTEN_ROUNDS: usize = WRITES_AHEAD + 2;
+
+/// A tenant's part of one round: its first offset and (subject, version, bytes) list.
+type RoundIndex = (u64, Vec<(Arc<str>, u64, u32)>);
+
+/// One accepted message, by position in the round's requests.
+struct Assigned {
+    request: usize,
+    message: usize,
+    version: u64,
+    offset: u64,
+}
+
+impl Sequencer {
+    pub(super) fn new(
+        db: Arc<Db>,
+        events: Arc<dyn StoreEvents>,
+        settings: &StoreSettings,
+        durable_tx: watch::Sender<u64>,
+        compactions: mpsc::Sender<CompactionJob>,
+        stats: Arc<super::stats::StoreStats>,
+        bytes_full: Arc<TenantSet>,
+    ) -> Self {
+        Self {
+            db,
+            events,
+            tenants: HashMap::new(),
+            window_ms: u64::try_from(settings.dedupe_window.as_millis()).unwrap_or(u64::MAX),
+            max_batch: settings.max_batch.max(1),
+            clock: settings.clock.clone(),
+            durable_tx,
+            compactions,
+            failures: Arc::new(AtomicU64::new(0)),
+            epoch_seen: 0,
+            stats,
+            limits: HashMap::new(),
+            released: HashMap::new(),
+            bytes_full,
+            dropped_sizes: HashMap::new(),
+            recent_sizes: VecDeque::new(),
+            rounds: 0,
+            written: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    pub(super) async fn run(mut self, mut queue: mpsc::Receiver<Input>, stop: CancellationToken) {
+        let (durable_tx, durable_rx) = mpsc::channel(DURABILITY_QUEUE);
+        let acker = tokio::spawn(acknowledge(
+            durable_rx,
+            Arc::clone(&self.events),
+            self.durable_tx.clone(),
+            Arc::clone(&self.stats),
+        ));
+        let (write_tx, write_rx) = mpsc::channel(WRITES_AHEAD);
+        let writer = tokio::spawn(write_rounds(
+            Arc::clone(&self.db),
+            Arc::clone(&self.events),
+            Arc::clone(&self.failures),
+            write_rx,
+            durable_tx,
+            Arc::clone(&self.stats),
+            Arc::clone(&self.written),
+        ));
+        let mut requests = Vec::with_capacity(self.max_batch);
+        let mut barriers = Vec::new();
+        let mut durable_barriers = Vec::new();
+        loop {
+            let first = tokio::select! {
+                biased;
+                request = queue.recv() => request,
+                _ = stop.cancelled() => {
+                    // Take what is already queued, then stop.
+                    queue.close();
+                    queue.recv().await
+                }
+            };
+            let Some(first) = first else { break };
+            let mut next = Some(first);
+            while let Some(input) = next.take() {
+                match input {
+                    Input::Append(request) => requests.push(request),
+                    Input::Barrier(passed) => barriers.push(passed),
+                    Input::DurableBarrier(passed) => durable_barriers.push(passed),
+                    Input::Forget(tenant) => {
+                        self.tenants.remove(&tenant);
+                        self.released.remove(&tenant);
+                        self.bytes_full.set(&tenant, false);
+                    }
+                    Input::Limits(tenant, limits) => {
+                        if limits == StoredLimits::default() {
+                            self.limits.remove(&tenant);
+                        } else {
+                            self.limits.insert(Arc::clone(&tenant), limits);
+                        }
+                        if let Some(state) = self.tenants.get(&tenant) {
+                            self.mark_full(&tenant, state.usage);
+                        } else if limits.max_bytes.is_none() {
+                            self.bytes_full.set(&tenant, false);
+                        }
+                    }
+                    Input::Released(tenant, bytes) => {
+                        *self.released.entry(tenant).or_default() += bytes;
+                    }
+                }
+                if requests.len() < self.max_batch {
+                    next = queue.try_recv().ok();
+                }
+            }
+            let mut write = self.round(&mut requests).await;
+            write.durable_barriers = std::mem::take(&mut durable_barriers);
+            for passed in barriers.drain(..) {
+                let _ = passed.send(());
+            }
+            if write_tx.send(write).await.is_err() {
+                break;
+            }
+        }
+        drop(write_tx);
+        let _ = writer.await;
+        let _ = acker.await;
+    }
+}

@@ -1,0 +1,188 @@
+//! The sequencer's writer and acker tasks: decided rounds are written to the engine in
+//! order, then each write's durability is awaited in order before its acks are sent.
+//!
+//! Must never: decide anything (versions, offsets and refusals come decided in the
+//! round), reorder rounds, or send a durable ack before its write is durable.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use slatedb::config::WriteOptions;
+use slatedb::{Db, WriteBatch, WriteHandle};
+use tokio::sync::{mpsc, watch};
+
+use crate::store::{AckTo, AppendOutcome, StoreEvents};
+
+/// One decided round, for the writer task.
+#[derive(Default)]
+pub(super) struct RoundWrite {
+    pub(super) batch: Option<WriteBatch>,
+    pub(super) durable_acks: Vec<(Arc<str>, AckTo, AppendOutcome)>,
+    /// Acks that do not wait for durability: conflicts, and `received` appends.
+    pub(super) immediate: Vec<(Arc<str>, AckTo, AppendOutcome)>,
+    /// The failure count when the round was decided.
+    pub(super) epoch: u64,
+    /// Signalled once this round (and so everything before it) is durable.
+    pub(super) durable_barriers: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// The round's number, for `Sequencer::written`.
+    pub(super) number: u64,
+}
+
+/// A write whose acks wait for its durability.
+pub(super) struct PendingDurable {
+    /// When the write was handed to the engine.
+    pub(super) written_at: std::time::Instant,
+    pub(super) handle: Option<WriteHandle>,
+    pub(super) acks: Vec<(Arc<str>, AckTo, AppendOutcome)>,
+    pub(super) barriers: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+pub(super) fn is_fenced(error: &slatedb::Error) -> bool {
+    error.kind() == slatedb::ErrorKind::Closed(slatedb::CloseReason::Fenced)
+}
+
+/// Logs a failed write; a fenced store is said loudly, since this server can no
+/// longer store anything until it is restarted on a store of its own.
+pub(super) fn report_failure(error: &slatedb::Error, what: &str) {
+    if is_fenced(error) {
+        tracing::error!(
+            %error,
+            "FENCED: another canopy server opened this store and took it over; this server \
+             stores nothing more and refuses every durable publish. Stop it, or point it at \
+             another store"
+        );
+    } else {
+        tracing::error!(%error, "{what}");
+    }
+}
+
+pub(super) fn failure_reason(what: &str, error: &slatedb::Error) -> String {
+    if is_fenced(error) {
+        "this server was fenced: another canopy server has taken over its store".to_owned()
+    } else {
+        format!("{what}: {error}")
+    }
+}
+
+/// Writes decided rounds in order. A failed write, and every round decided before the
+/// sequencer learned of it (their versions follow the lost ones), is refused, so a
+/// subject's versions never skip.
+pub(super) async fn write_rounds(
+    db: Arc<Db>,
+    events: Arc<dyn StoreEvents>,
+    failures: Arc<AtomicU64>,
+    mut rounds: mpsc::Receiver<RoundWrite>,
+    durable: mpsc::Sender<PendingDurable>,
+    stats: Arc<super::stats::StoreStats>,
+    written: Arc<AtomicU64>,
+) {
+    while let Some(round) = rounds.recv().await {
+        let started = std::time::Instant::now();
+        let failed_before = failures.load(Ordering::Acquire);
+        let result = match round.batch {
+            None => Ok(None),
+            Some(_) if round.epoch != failed_before => {
+                Err("an earlier write failed before this one; retry".to_owned())
+            }
+            Some(batch) => match db.write_with_options(batch, &WriteOptions::default()).await {
+                Ok(handle) => {
+                    stats.write.record(started.elapsed());
+                    Ok(Some(handle))
+                }
+                Err(error) => {
+                    report_failure(
+                        &error,
+                        "store write failed; the round's appends are refused",
+                    );
+                    failures.fetch_add(1, Ordering::AcqRel);
+                    Err(failure_reason("the store could not write", &error))
+                }
+            },
+        };
+        match result {
+            Ok(handle) => {
+                written.fetch_max(round.number, Ordering::AcqRel);
+                if !round.immediate.is_empty() {
+                    events.acknowledged(round.immediate);
+                }
+                let pending = PendingDurable {
+                    written_at: started,
+                    handle,
+                    acks: round.durable_acks,
+                    barriers: round.durable_barriers,
+                };
+                if durable.send(pending).await.is_err() {
+                    return;
+                }
+            }
+            Err(reason) => {
+                let failed = round
+                    .durable_acks
+                    .into_iter()
+                    .chain(round.immediate)
+                    .map(|(tenant, ack, outcome)| match outcome {
+                        // What was stored is not; refusals (conflicts, quotas) stand.
+                        AppendOutcome::Stored { .. } | AppendOutcome::Duplicate { .. } => (
+                            tenant,
+                            ack,
+                            AppendOutcome::Failed {
+                                reason: reason.clone(),
+                            },
+                        ),
+                        refused => (tenant, ack, refused),
+                    })
+                    .collect();
+                events.acknowledged(failed);
+            }
+        }
+    }
+}
+
+/// Waits for each write's durability in order, then sends its acks and moves the
+/// durable watch.
+pub(super) async fn acknowledge(
+    mut queue: mpsc::Receiver<PendingDurable>,
+    events: Arc<dyn StoreEvents>,
+    durable: watch::Sender<u64>,
+    stats: Arc<super::stats::StoreStats>,
+) {
+    while let Some(pending) = queue.recv().await {
+        let result = match &pending.handle {
+            Some(handle) => {
+                let result = handle.await_durable().await;
+                stats.durable.record(pending.written_at.elapsed());
+                result
+            }
+            None => Ok(()),
+        };
+        let acks = match result {
+            Ok(()) => pending.acks,
+            Err(error) => {
+                report_failure(&error, "a store write did not become durable");
+                let reason = failure_reason("the store could not make the write durable", &error);
+                pending
+                    .acks
+                    .into_iter()
+                    .map(|(tenant, ack, _)| {
+                        (
+                            tenant,
+                            ack,
+                            AppendOutcome::Failed {
+                                reason: reason.clone(),
+                            },
+                        )
+                    })
+                    .collect()
+            }
+        };
+        if pending.handle.is_some() {
+            durable.send_modify(|n| *n += 1);
+        }
+        if !acks.is_empty() {
+            events.acknowledged(acks);
+        }
+        for passed in pending.barriers {
+            let _ = passed.send(());
+        }
+    }
+}
