@@ -24,7 +24,6 @@
 //! `canopy-protocols`, never on the `canopy` crate), count a slow-consumer disconnect or
 //! a stall as a finished run (they are errors), or panic on anything the network does.
 
-mod address;
 mod clock;
 mod conn;
 mod durable;
@@ -414,7 +413,7 @@ async fn run_nats(options: &Options) -> Result<Report, BenchError> {
     }
     // Fix the epoch before any stamp.
     clock::now_ns();
-    let addr = crate::address::address_of(&options.server);
+    let addr = canopy_protocols::address::address_of(&options.server);
     match options.shape {
         Shape::PubSub => shapes::pubsub(&addr, options).await,
         Shape::FanIn => shapes::fanin(&addr, options).await,

@@ -163,7 +163,7 @@ pub async fn run(options: &Options) -> Result<MqttReport, BenchError> {
     }
     // Fix the epoch before any stamp.
     clock::now_ns();
-    let text = crate::address::host_port(&options.server, MQTT_PORT);
+    let text = canopy_protocols::address::host_port(&options.server, MQTT_PORT);
     let addr: SocketAddr = tokio::net::lookup_host(&text)
         .await
         .map_err(|source| BenchError::Connect {

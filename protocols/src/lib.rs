@@ -17,6 +17,7 @@
     )
 )]
 
+pub mod address;
 pub mod mqtt;
 pub mod native;
 pub mod ws;

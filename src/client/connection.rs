@@ -166,27 +166,7 @@ impl Stream {
     }
 }
 
-/// `nats://host:port`, `host:port` or `host` (port 4222) → `host:port`.
-pub fn address_of(url: &str) -> String {
-    host_port(url, 4222)
-}
-
-/// `scheme://host:port`, `host:port` or `host` (then `default_port`) → `host:port`. Any
-/// scheme is dropped, so `mqtt://` URLs (`canopy bench --protocol mqtt`) read the same way.
-pub fn host_port(url: &str, default_port: u16) -> String {
-    let rest = url
-        .split_once("://")
-        .map_or(url, |(_, rest)| rest)
-        .trim_end_matches('/');
-    if rest
-        .rsplit_once(':')
-        .is_some_and(|(_, port)| port.parse::<u16>().is_ok())
-    {
-        rest.to_owned()
-    } else {
-        format!("{rest}:{default_port}")
-    }
-}
+pub use canopy_protocols::address::{address_of, host_port};
 
 /// The name a server's certificate must carry: the host of `url` (a DNS name or an
 /// IP address, `[…]` removed from IPv6 ones).

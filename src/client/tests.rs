@@ -6,21 +6,9 @@ use rustls_pki_types::pem::PemObject;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
-use super::{Client, ClientError, ClientOptions, TlsFiles, address_of, host_port, server_name};
+use super::{Client, ClientError, ClientOptions, TlsFiles, server_name};
 
 const WAIT: Duration = Duration::from_secs(5);
-
-#[test]
-fn addresses_accept_the_usual_spellings() {
-    assert_eq!(address_of("nats://127.0.0.1:4333"), "127.0.0.1:4333");
-    assert_eq!(address_of("127.0.0.1:4333"), "127.0.0.1:4333");
-    assert_eq!(address_of("localhost"), "localhost:4222");
-    assert_eq!(address_of("nats://localhost/"), "localhost:4222");
-    assert_eq!(host_port("mqtt://127.0.0.1:1884", 1883), "127.0.0.1:1884");
-    assert_eq!(host_port("mqtt://localhost", 1883), "localhost:1883");
-    assert_eq!(host_port("127.0.0.1", 1883), "127.0.0.1:1883");
-    assert_eq!(host_port("tcp://[::1]:9/", 1883), "[::1]:9");
-}
 
 #[test]
 fn the_server_name_is_the_url_host() {

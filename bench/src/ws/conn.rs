@@ -57,7 +57,7 @@ impl Dial {
             BenchError::Config(format!("--ws-url {url}: expected ws://HOST:PORT[/PATH]"))
         })?;
         let authority = rest.split('/').next().unwrap_or_default();
-        let host_port = crate::address::host_port(authority, 80);
+        let host_port = canopy_protocols::address::host_port(authority, 80);
         let addr = tokio::net::lookup_host(&host_port)
             .await
             .map_err(|source| BenchError::Connect {

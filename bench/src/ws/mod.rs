@@ -141,7 +141,7 @@ pub async fn run(options: &Options) -> Result<WsReport, BenchError> {
 }
 
 async fn fanout(options: &Options) -> Result<WsReport, BenchError> {
-    let addr = crate::address::address_of(&options.server);
+    let addr = canopy_protocols::address::address_of(&options.server);
     let publisher = Conn::connect(&addr, "publisher", options.timeout).await?;
     let info = publisher.info().clone();
     let api = match options.ws.ws_api {

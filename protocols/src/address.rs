@@ -1,9 +1,8 @@
-//! Reading `--server` and `--ws-url` into `host:port`.
+//! Server addresses as users write them: `scheme://host:port`, `host:port` or `host`,
+//! read into `host:port` for a client to resolve. Shared by the `canopy` CLI's
+//! client and the `canopy-bench` load tool, which depends on the codecs only.
 //!
-//! The same rules as the `canopy` client's (`canopy::client::host_port`), kept here so
-//! this crate depends on the wire codecs only, never on the server crate.
-//!
-//! Must never: resolve names or touch the network (callers resolve the result).
+//! Must never resolve names or touch the network (callers resolve the result).
 
 /// `nats://host:port`, `host:port` or `host` (then port 4222) → `host:port`.
 pub fn address_of(url: &str) -> String {
@@ -11,7 +10,7 @@ pub fn address_of(url: &str) -> String {
 }
 
 /// `scheme://host:port`, `host:port` or `host` (then `default_port`) → `host:port`. Any
-/// scheme is dropped, so `mqtt://` URLs (`--protocol mqtt`) read the same way.
+/// scheme is dropped, so `mqtt://` URLs read the same way.
 pub fn host_port(url: &str, default_port: u16) -> String {
     let rest = url
         .split_once("://")
