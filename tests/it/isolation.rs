@@ -17,15 +17,15 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use base64::Engine;
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 use crate::common::{
     WAIT, api, header, header_of, list_subjects, local_folder_config, publish_acked, replay_start,
     replay_subject, start, store_request,
 };
+use crate::logins::Ws;
 use canopy::server::RunningServer;
 
 /// How long a subscriber is watched to show that nothing (more) arrives.
@@ -528,114 +528,6 @@ impl Mqtt {
                 Ok(None | Some(Err(_))) => return,
                 Ok(Some(Ok(_))) => {}
             }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------
-// The JSON WebSocket API.
-
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-struct Ws {
-    socket: Socket,
-    /// Texts that arrived while waiting for a reply.
-    queued: VecDeque<Value>,
-    next_id: u64,
-}
-
-impl Ws {
-    async fn open(http: SocketAddr, token: &str) -> Ws {
-        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-        let mut upgrade = format!("ws://{http}/ws")
-            .into_client_request()
-            .expect("request");
-        upgrade.headers_mut().insert(
-            "Sec-WebSocket-Protocol",
-            format!("canopy, bearer.{token}").parse().expect("header"),
-        );
-        let (socket, _) = tokio_tungstenite::connect_async(upgrade)
-            .await
-            .expect("a token opens /ws");
-        Ws {
-            socket,
-            queued: VecDeque::new(),
-            next_id: 0,
-        }
-    }
-
-    /// The next JSON text from the server.
-    async fn read(&mut self) -> Value {
-        loop {
-            let message = tokio::time::timeout(WAIT, self.socket.next())
-                .await
-                .expect("a /ws message within the wait")
-                .expect("the socket stays open")
-                .expect("a /ws message");
-            match message {
-                WsMessage::Text(text) => {
-                    return serde_json::from_str(text.as_str())
-                        .unwrap_or_else(|e| panic!("/ws sent non-JSON ({e}): {text}"));
-                }
-                WsMessage::Close(frame) => panic!("/ws closed the socket: {frame:?}"),
-                _ => {}
-            }
-        }
-    }
-
-    /// Sends `request` with a fresh id and returns the reply carrying that id.
-    async fn call(&mut self, mut request: Value) -> Value {
-        self.next_id += 1;
-        let id = format!("r{}", self.next_id);
-        request["id"] = json!(id);
-        self.socket
-            .send(WsMessage::text(request.to_string()))
-            .await
-            .expect("send on /ws");
-        loop {
-            let got = self.read().await;
-            if got["id"] == json!(id) {
-                return got;
-            }
-            self.queued.push_back(got);
-        }
-    }
-
-    /// A call that must succeed.
-    async fn ok(&mut self, request: Value) -> Value {
-        let reply = self.call(request.clone()).await;
-        assert_eq!(reply["op"], "ok", "{request} -> {reply}");
-        reply
-    }
-
-    /// A call that must be refused with `code`.
-    async fn refused(&mut self, request: Value, code: &str) -> Value {
-        let reply = self.call(request.clone()).await;
-        assert_eq!(
-            (reply["op"].as_str(), reply["code"].as_str()),
-            (Some("error"), Some(code)),
-            "{request} -> {reply}"
-        );
-        reply
-    }
-
-    /// The next text that is not a reply (a `msg`, a `snapshot`, an error of a
-    /// subscription's history).
-    async fn next_event(&mut self) -> Value {
-        match self.queued.pop_front() {
-            Some(event) => event,
-            None => self.read().await,
-        }
-    }
-
-    /// Asserts that nothing arrives for [`QUIET`].
-    async fn quiet(&mut self, what: &str) {
-        if let Some(event) = self.queued.pop_front() {
-            panic!("{what}: expected nothing, got {event}");
-        }
-        if let Ok(got) = tokio::time::timeout(QUIET, self.socket.next()).await {
-            panic!("{what}: expected nothing, got {got:?}");
         }
     }
 }

@@ -512,11 +512,33 @@ impl Ws {
         reply
     }
 
-    /// The next text that is not a reply.
+    /// A call that must be refused with `code`.
+    pub async fn refused(&mut self, request: Value, code: &str) -> Value {
+        let reply = self.call(request.clone()).await;
+        assert_eq!(
+            (reply["op"].as_str(), reply["code"].as_str()),
+            (Some("error"), Some(code)),
+            "{request} -> {reply}"
+        );
+        reply
+    }
+
+    /// The next text that is not a reply (a `msg`, a `snapshot`, an error of a
+    /// subscription's history).
     pub async fn next_event(&mut self) -> Value {
         match self.queued.pop_front() {
             Some(event) => event,
             None => self.read().await,
+        }
+    }
+
+    /// Asserts that nothing arrives for [`QUIET`].
+    pub async fn quiet(&mut self, what: &str) {
+        if let Some(event) = self.queued.pop_front() {
+            panic!("{what}: expected nothing, got {event}");
+        }
+        if let Ok(got) = tokio::time::timeout(QUIET, self.socket.next()).await {
+            panic!("{what}: expected nothing, got {got:?}");
         }
     }
 }
