@@ -79,6 +79,7 @@ impl Outbox {
     /// Appends what `encode` writes, unless the outbox is closed or already slow.
     /// Crossing `max_pending` marks the connection a slow consumer (counted once) and
     /// wakes its task, which tells the client and closes.
+    #[inline]
     pub fn push(&self, encode: impl FnOnce(&mut BytesMut)) -> Result<(), Refused> {
         let mut buf = self.buf.lock();
         match self.state.load(Ordering::Acquire) {

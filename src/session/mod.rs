@@ -162,6 +162,7 @@ impl Session {
 
     /// Decides a publish and carries it out: routed now, queued for the sequencer
     /// (sent by [`Session::send_appends`]), or an API call.
+    #[inline]
     pub fn publish(&mut self, publish: Publish<'_>) -> Result<Published, Refusal> {
         let size = publish.size() as u64;
         let decision = match self.publisher.decide(&publish) {

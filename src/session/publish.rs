@@ -42,8 +42,11 @@ pub enum AskAck {
     /// The reply subject, when the policy or the headers ask for an ack (NATS and
     /// JetStream); otherwise the reply stays a plain reply subscribers may answer.
     Reply,
-    /// This address, always (MQTT QoS 1 and 2, `/ws`).
+    /// This address, always.
     To(AckTo),
+    /// The publishing connection's ack inbox under this number, always (MQTT QoS 1
+    /// and 2, `/ws`); the address is made only when the publish is stored.
+    Inbox(u16),
 }
 
 /// One publish, in native terms.
@@ -63,6 +66,9 @@ pub struct Publish<'a> {
     pub admission: Admission,
     /// A `$CANOPY.<op>` publish is an API call (the native protocol only).
     pub api_calls: bool,
+    /// The front end already parsed `subject` within the same limits (MQTT topics,
+    /// `/ws` subjects), so it is not validated again.
+    pub subject_checked: bool,
     /// Routing flags of the store's route tag (no echo, no responders).
     pub route_flags: u32,
 }
@@ -80,6 +86,7 @@ impl<'a> Publish<'a> {
             ack: AskAck::Nobody,
             admission: Admission::Refusable,
             api_calls: false,
+            subject_checked: false,
             route_flags: 0,
         }
     }
@@ -205,10 +212,13 @@ impl Publisher {
     }
 
     /// Decides `publish` without carrying it out.
+    #[inline]
     pub fn decide(&self, publish: &Publish<'_>) -> Result<Decision<'_>, Refusal> {
         let subject = publish.subject;
-        validate_native_subject(subject, &self.limits.subjects)
-            .map_err(|e| Refusal::InvalidSubject(e.to_string()))?;
+        if !publish.subject_checked {
+            validate_native_subject(subject, &self.limits.subjects)
+                .map_err(|e| Refusal::InvalidSubject(e.to_string()))?;
+        }
         let authz = self.broker.authorizer();
         if publish.api_calls && is_api_call(subject).is_some() {
             authz
@@ -274,6 +284,7 @@ impl Publisher {
     /// Carries out a decision: spawns the call, routes now, or queues the append in
     /// `appends`. `outbox` is the publisher's (for no-echo), `None` when it is gone.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn carry_out(
         &self,
         decision: Decision<'_>,
@@ -321,6 +332,10 @@ impl Publisher {
                 let ack = match publish.ack {
                     AskAck::Nobody => None,
                     AskAck::To(to) => Some(to),
+                    AskAck::Inbox(number) => Some(AckTo {
+                        address: crate::broker::envelope::ack_address(self.origin, number),
+                        flags: crate::broker::durable::ACK_MQTT,
+                    }),
                     AskAck::Reply => publish
                         .reply
                         .as_ref()

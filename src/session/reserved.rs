@@ -11,7 +11,12 @@
 const RESERVED: [&str; 4] = ["$CANOPY", "$SYS", "$JS", "$DLQ"];
 
 /// Whether `subject` (native rendering) is in a namespace of the server's.
+#[inline]
 pub fn is_reserved(subject: &str) -> bool {
+    // Nearly every subject answers at the first byte.
+    if !subject.starts_with('$') {
+        return false;
+    }
     let first = subject.split('.').next().unwrap_or(subject);
     RESERVED.contains(&first)
 }

@@ -25,12 +25,11 @@ use canopy_subjects::{Limits, Pattern, Subject};
 use futures::{SinkExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::durable::ACK_MQTT;
 use crate::broker::envelope::{self, AckInbox, MqttOptions, StoreAck};
 use crate::broker::metrics::Protocol;
 use crate::broker::{Broker, Outbox, Subscription};
 use crate::session::{self, AskAck, Publish, Session, SessionLimits, SubscribeRefusal};
-use crate::store::{AckTo, AppendOutcome, ReplayFrom, Snapshot};
+use crate::store::{AppendOutcome, ReplayFrom, Snapshot};
 use crate::tenancy::{Action, Principal};
 
 type Sink = futures::stream::SplitSink<WebSocket, Message>;
@@ -184,7 +183,6 @@ pub async fn serve(
         Arc::clone(&context.session_limits),
     );
     let mut connection = Connection {
-        id,
         broker,
         session,
         context,
@@ -307,7 +305,6 @@ pub async fn serve(
 const SLOW: &str = "slow consumer: messages were not read fast enough";
 
 struct Connection {
-    id: u64,
     context: Arc<WsContext>,
     broker: Arc<Broker>,
     /// Principal, tenant, outbox, quotas and publishes: what every front end shares.
@@ -412,10 +409,8 @@ impl Connection {
         let ack = self.next_ack;
         let publish = Publish {
             headers,
-            ack: AskAck::To(AckTo {
-                address: envelope::ack_address(self.id, ack),
-                flags: ACK_MQTT,
-            }),
+            ack: AskAck::Inbox(ack),
+            subject_checked: true,
             ..Publish::new(subject, payload)
         };
         let published = self.session.publish(publish).map_err(|refused| {

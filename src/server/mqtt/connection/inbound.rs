@@ -219,10 +219,7 @@ impl Connection {
             }
         }
         let ack = if qos > 0 {
-            AskAck::To(AckTo {
-                address: envelope::ack_address(self.id, packet_id),
-                flags: ACK_MQTT,
-            })
+            AskAck::Inbox(packet_id)
         } else {
             AskAck::Nobody
         };
@@ -241,6 +238,8 @@ impl Connection {
             retain: publish.retain,
             ack,
             admission,
+            // Parsed from the topic within the same limits.
+            subject_checked: true,
             ..session::Publish::new(subject.as_str(), publish.payload)
         };
         let published = self.session.publish(message);

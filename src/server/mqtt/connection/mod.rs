@@ -44,13 +44,12 @@ use super::session::{
 use super::state::{Arrival, InboundFlow, KeepAlive, OutAlias, OutboundFlow, Receipt};
 use super::translate;
 use super::transport::Inbound;
-use crate::broker::durable::ACK_MQTT;
 use crate::broker::envelope::{
     self, AckInbox, Envelope, MqttOptions, StoreAck, mqtt_flags, qos_cap,
 };
 use crate::broker::{Broker, Outbox, Subscription};
 use crate::session::{self, Admission, AskAck, Publisher, Refusal, Session, SubscribeRefusal};
-use crate::store::{AckTo, AppendOutcome, Expectation, ReplayFrom, Store};
+use crate::store::{AppendOutcome, Expectation, ReplayFrom, Store};
 use crate::tenancy::{Action, Principal};
 
 /// Bytes read from the socket at a time.
