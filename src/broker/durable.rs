@@ -241,23 +241,12 @@ impl StoreEvents for StoreRouter {
             bytes += (delivered * (message.payload.len() + message.headers.len())) as u64;
             if delivered == 0
                 && message.route.flags & FLAG_NO_RESPONDERS != 0
-                && let Some(reply) = message
-                    .route
-                    .reply
-                    .as_deref()
-                    .and_then(|r| std::str::from_utf8(r).ok())
+                && let Some(reply) = message.route.reply.as_deref()
             {
-                let status = Message {
-                    subject: reply,
-                    reply: None,
-                    headers: Some(canopy_protocols::native::no_responders_block()),
-                    payload: &[],
-                    ..Message::default()
-                };
-                broker.deliver_to_conn(
+                broker.tell_no_responders(
                     tenant,
                     message.route.origin,
-                    &status,
+                    reply,
                     &mut scratch,
                     &mut wakes,
                 );

@@ -80,25 +80,37 @@ impl Broker {
         delivered
     }
 
-    /// Delivers `msg` to one subscription of connection `conn` that matches: how a
-    /// server-generated status (no responders) reaches a requester.
-    pub fn deliver_to_conn(
+    /// Tells connection `conn` that its request to `reply` reached no subscriber
+    /// (NATS's no-responders status, a 503 header block on the reply subject), on
+    /// one of its own subscriptions that matches the reply: the same for a publish
+    /// routed now and one the sequencer routes.
+    pub fn tell_no_responders(
         &self,
         routes: &TenantRoutes,
         conn: u64,
-        msg: &Message<'_>,
+        reply: &[u8],
         scratch: &mut RouteScratch,
         wakes: &mut Wakes,
     ) -> bool {
+        let Ok(reply) = std::str::from_utf8(reply) else {
+            return false;
+        };
+        let status = Message {
+            subject: reply,
+            reply: None,
+            headers: Some(canopy_protocols::native::no_responders_block()),
+            payload: &[],
+            ..Message::default()
+        };
         let mut delivered = false;
         let spent = &mut scratch.spent;
         routes
             .trie
-            .for_each_match(msg.subject, &mut |plain, groups| {
+            .for_each_match(status.subject, &mut |plain, groups| {
                 let members = groups.iter().flat_map(|g| g.members.iter());
                 for sub in plain.iter().chain(members) {
                     if !delivered && sub.outbox.conn_id == conn {
-                        delivered = deliver(sub, msg, spent, wakes);
+                        delivered = deliver(sub, &status, spent, wakes);
                     }
                 }
             });

@@ -28,9 +28,8 @@ use crate::store::AppendRequest;
 use crate::tenancy::quota::{ConnectionSlot, Exceeded};
 use crate::tenancy::{Action, Denied, Principal};
 
-pub use inbox::{INBOX_PREFIX, InboxClaims, inbox_owner};
-pub use publish::{Admission, AskAck, Decision, Publish, Published, Publisher, Refusal};
-pub use reserved::{is_api_call, is_reserved};
+pub use inbox::InboxClaims;
+pub use publish::{Admission, AskAck, Decision, Publish, Published, Publisher, Refusal, Refused};
 
 /// Most messages one page of stored history holds, on every read path: the native
 /// API's get/replay, `/ws` replay and catch-up, MQTT backlogs (the `/ws` codec's
@@ -118,20 +117,12 @@ impl Session {
         self.outbox.conn_id
     }
 
-    pub fn broker(&self) -> &Arc<Broker> {
-        &self.publisher.broker
-    }
-
     pub fn routes(&self) -> &Arc<TenantRoutes> {
         &self.publisher.routes
     }
 
     pub fn principal(&self) -> &Principal {
         &self.publisher.principal
-    }
-
-    pub fn limits(&self) -> &SessionLimits {
-        &self.publisher.limits
     }
 
     /// Puts the connection in its logged-in principal's tenant (before anything
@@ -163,7 +154,19 @@ impl Session {
     /// Decides a publish and carries it out: routed now, queued for the sequencer
     /// (sent by [`Session::send_appends`]), or an API call.
     #[inline]
-    pub fn publish(&mut self, publish: Publish<'_>) -> Result<Published, Refusal> {
+    pub fn publish(&mut self, publish: Publish<'_>) -> Result<Published, Refused> {
+        self.publish_then(publish, |_| {})
+    }
+
+    /// [`Session::publish`], calling `taken` with the outbox once the publish is
+    /// taken and before it is carried out: NATS's `+OK` goes out before the
+    /// publish's deliveries, also those to the publisher's own subscriptions.
+    #[inline]
+    pub fn publish_then(
+        &mut self,
+        publish: Publish<'_>,
+        taken: impl FnOnce(&Outbox),
+    ) -> Result<Published, Refused> {
         let size = publish.size() as u64;
         let decision = match self.publisher.decide(&publish) {
             Ok(decision) => decision,
@@ -171,9 +174,11 @@ impl Session {
                 if let Some(wait) = refusal.wait() {
                     pause(&mut self.paused_until, wait);
                 }
-                return Err(refusal);
+                let answer = self.publisher.error_answer(&publish, &refusal);
+                return Err(Refused { refusal, answer });
             }
         };
+        taken(&self.outbox);
         if let Some(wait) = decision.throttled {
             pause(&mut self.paused_until, wait);
         }
@@ -214,12 +219,6 @@ impl Session {
                 .count_out(delivered, delivered_bytes);
         }
         self.wakes.wake_all();
-    }
-
-    /// Counts deliveries a front end made itself (a server status to a requester).
-    pub fn count_delivered(&mut self, msgs: usize, bytes: usize) {
-        self.delivered.0 += msgs as u64;
-        self.delivered.1 += bytes as u64;
     }
 
     /// Sends the publishes this batch made to stored subjects; waits only while the
@@ -320,14 +319,22 @@ impl Session {
         }
     }
 
+    /// Gives back every inbox the connection holds.
+    fn release_inboxes(&mut self) {
+        for token in self.inboxes.take() {
+            self.publisher
+                .routes
+                .inboxes
+                .release(&token, self.outbox.conn_id);
+        }
+    }
+
     /// Removes every subscription the connection holds and gives back its inboxes
     /// (its slot goes with the session).
     pub fn close(&mut self, subs: &[Arc<Subscription>]) {
         let Publisher { broker, routes, .. } = &*self.publisher;
         broker.unsubscribe_all(routes, subs);
-        for token in self.inboxes.take() {
-            routes.inboxes.release(&token, self.outbox.conn_id);
-        }
+        self.release_inboxes();
         self.subscriptions = 0;
     }
 }
@@ -340,12 +347,7 @@ fn pause(paused_until: &mut Option<tokio::time::Instant>, wait: std::time::Durat
 
 impl Drop for Session {
     fn drop(&mut self) {
-        for token in self.inboxes.take() {
-            self.publisher
-                .routes
-                .inboxes
-                .release(&token, self.outbox.conn_id);
-        }
+        self.release_inboxes();
     }
 }
 

@@ -14,10 +14,12 @@ use bytes::Bytes;
 use canopy_subjects::validate_native_subject;
 
 use crate::api;
-use crate::broker::durable::{StoreRequest, append_one};
+use crate::broker::durable::{
+    FLAG_NO_RESPONDERS, StoreRequest, ack_body, append_one, bad_request_body,
+};
 use crate::broker::{Broker, Message, Outbox, RouteScratch, TenantRoutes, Wakes};
 use crate::config::StorePolicy;
-use crate::store::{AckTo, AppendRequest, NewMessage, RouteTag};
+use crate::store::{AckTo, AppendOutcome, AppendRequest, NewMessage, RouteTag};
 use crate::tenancy::quota::Exceeded;
 use crate::tenancy::{Action, Denied, Principal};
 
@@ -135,6 +137,15 @@ impl Refusal {
             Refusal::BadHeader(why) => format!("Invalid Canopy Header: {why}"),
         }
     }
+}
+
+/// A publish that was not taken: why, and, for a NATS publish that asked the store
+/// for an ack, the error ack its reply subject gets instead of a protocol error.
+#[derive(Debug)]
+pub struct Refused {
+    pub refusal: Refusal,
+    /// (reply subject, ack body) in the store's vocabulary (JetStream's when asked).
+    pub answer: Option<(Bytes, Bytes)>,
 }
 
 /// What [`Publisher::decide`] found: where the publish goes, and what it costs.
@@ -325,6 +336,18 @@ impl Publisher {
                 let delivered = self
                     .broker
                     .route(&self.routes, skip, &message, scratch, wakes);
+                if delivered == 0
+                    && publish.route_flags & FLAG_NO_RESPONDERS != 0
+                    && let Some(reply) = publish.reply.as_deref()
+                {
+                    self.broker.tell_no_responders(
+                        &self.routes,
+                        self.origin,
+                        reply,
+                        scratch,
+                        wakes,
+                    );
+                }
                 Published::Routed { delivered }
             }
             Route::Store { policy, request } => {
@@ -380,6 +403,36 @@ impl Publisher {
                 appends.push(append);
                 Published::Stored { acked }
             }
+        }
+    }
+
+    /// The error ack a refused NATS publish gets on its reply subject when it asked
+    /// the store for one (its headers or the subject's policy say so), as the store
+    /// itself would answer: a bad Canopy header, or a quota. `None`: the refusal is
+    /// the protocol's own error.
+    pub fn error_answer(&self, publish: &Publish<'_>, refusal: &Refusal) -> Option<(Bytes, Bytes)> {
+        let reply = publish
+            .reply
+            .clone()
+            .filter(|_| matches!(publish.ack, AskAck::Reply))?;
+        let tenant = &self.routes.name;
+        match refusal {
+            Refusal::BadHeader(why) => Some((reply, bad_request_body(tenant, why))),
+            Refusal::OverQuota(exceeded) => {
+                let policy = self.broker.store_policy(publish.subject)?;
+                let request = if publish.headers.is_empty() {
+                    StoreRequest::default()
+                } else {
+                    StoreRequest::from_headers(&publish.headers).ok()?
+                };
+                let outcome = AppendOutcome::QuotaExceeded {
+                    reason: exceeded.to_string(),
+                };
+                request
+                    .wants_ack(policy)
+                    .then(|| (reply, ack_body(tenant, &outcome, request.jetstream)))
+            }
+            _ => None,
         }
     }
 

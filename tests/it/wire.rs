@@ -43,6 +43,14 @@ async fn verbose_clients_get_ok_after_each_operation() {
     assert_eq!(raw.line().await, "hello");
     raw.send("UNSUB 7\r\n").await;
     assert_eq!(raw.line().await, "+OK");
+    // The same on a subject that is not stored (routed at once, not by the
+    // sequencer): inboxes are left out of the default store policies.
+    raw.send("SUB _INBOX.me.* 8\r\n").await;
+    assert_eq!(raw.line().await, "+OK");
+    raw.send("PUB _INBOX.me.x 2\r\nhi\r\n").await;
+    assert_eq!(raw.line().await, "+OK");
+    assert_eq!(raw.line().await, "MSG _INBOX.me.x 8 2");
+    assert_eq!(raw.line().await, "hi");
     server.stop().await;
 }
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use canopy_protocols::native::{
     ClientDecoder, ClientOp, ConnectOptions, Limits, ServerInfo, encode_err, encode_info,
-    encode_ok, encode_ping, encode_pong, no_responders_block,
+    encode_ok, encode_ping, encode_pong,
 };
 use canopy_subjects::{Limits as SubjectLimits, Pattern};
 
@@ -29,15 +29,10 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::broker::durable::{
-    FLAG_NO_ECHO, FLAG_NO_RESPONDERS, StoreRequest, ack_body, bad_request_body,
-};
+use crate::broker::durable::{FLAG_NO_ECHO, FLAG_NO_RESPONDERS};
 use crate::broker::{Broker, Message, Outbox, Subscription};
 use crate::config::Config;
-use crate::session::{
-    AskAck, Publish, Published, Refusal, Session, SessionLimits, SubscribeRefusal,
-};
-use crate::store::AppendOutcome;
+use crate::session::{AskAck, Publish, Refusal, Refused, Session, SessionLimits, SubscribeRefusal};
 use crate::tenancy::{DEFAULT_TENANT, Principal};
 
 /// The version announced in INFO. Clients gate features (headers, no responders) on

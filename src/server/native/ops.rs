@@ -145,88 +145,43 @@ impl Connection {
             route_flags |= FLAG_NO_RESPONDERS;
         }
         let publish = Publish {
-            reply: reply.clone(),
+            reply,
             headers: headers.unwrap_or_default(),
             ack: AskAck::Reply,
             api_calls: true,
             route_flags,
             ..Publish::new(subject, payload)
         };
-        let headers = publish.headers.clone();
         // As nats-server does: the +OK, then deliveries (also to our own
         // subscriptions); an -ERR instead when refused.
-        let published = match self.session.publish(publish) {
-            Ok(published) => published,
-            Err(refusal) => {
-                return self.refuse_publish(&refusal, subject, reply.as_deref(), &headers);
+        let verbose = self.verbose;
+        let taken = self.session.publish_then(publish, |outbox| {
+            if verbose {
+                outbox.push_control(encode_ok);
             }
-        };
-        self.ok();
-        if let Published::Routed { delivered: 0 } = published
-            && self.no_responders
-            && let Some(reply) = reply.as_deref().and_then(|r| std::str::from_utf8(r).ok())
-        {
-            let status = Message {
-                subject: reply,
-                reply: None,
-                headers: Some(no_responders_block()),
-                payload: &[],
-                ..Message::default()
-            };
-            let session = &mut self.session;
-            self.broker.deliver_to_conn(
-                &session.publisher.routes,
-                self.id,
-                &status,
-                &mut session.scratch,
-                &mut session.wakes,
-            );
+        });
+        match taken {
+            Ok(_) => Ok(()),
+            Err(refused) => self.refuse_publish(refused),
         }
-        Ok(())
     }
 
     /// Tells the client its publish was refused (it was neither delivered nor
-    /// stored). A publish that waits for the store's ack gets an error ack instead,
-    /// as the store itself would answer; too large a message closes the connection,
-    /// as in NATS.
-    pub(super) fn refuse_publish(
-        &mut self,
-        refusal: &Refusal,
-        subject: &str,
-        reply: Option<&[u8]>,
-        headers: &[u8],
-    ) -> Result<(), Close> {
-        let text = refusal.nats_text();
-        if let Refusal::TooLarge { .. } = refusal {
+    /// stored): an error ack when it waits for the store's ack, as the store itself
+    /// would answer, else the NATS error; too large a message closes the
+    /// connection, as in NATS.
+    pub(super) fn refuse_publish(&mut self, refused: Refused) -> Result<(), Close> {
+        let text = refused.refusal.nats_text();
+        if let Refusal::TooLarge { .. } = refused.refusal {
             self.error(&text);
             return Err(Close::Fatal("maximum payload violation"));
         }
-        let broker = Arc::clone(&self.broker);
-        let reply = reply.and_then(|r| std::str::from_utf8(r).ok());
-        let policy = broker.store_policy(subject);
-        let answer = match refusal {
-            Refusal::BadHeader(why) => {
-                reply.map(|r| (r, bad_request_body(&self.session.routes().name, why)))
-            }
-            Refusal::OverQuota(exceeded) => policy.and_then(|policy| {
-                let request = if headers.is_empty() {
-                    StoreRequest::default()
-                } else {
-                    StoreRequest::from_headers(headers).ok()?
-                };
-                let reply = reply.filter(|_| request.wants_ack(policy))?;
-                let outcome = AppendOutcome::QuotaExceeded {
-                    reason: exceeded.to_string(),
-                };
-                Some((
-                    reply,
-                    ack_body(&self.session.routes().name, &outcome, request.jetstream),
-                ))
-            }),
-            _ => None,
-        };
-        match answer {
-            Some((reply, body)) => self.answer(reply, &body),
+        match refused
+            .answer
+            .as_ref()
+            .and_then(|(reply, body)| Some((std::str::from_utf8(reply).ok()?, body)))
+        {
+            Some((reply, body)) => self.answer(reply, body),
             None => self.error(&text),
         }
         Ok(())

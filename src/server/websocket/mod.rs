@@ -414,6 +414,7 @@ impl Connection {
             ..Publish::new(subject, payload)
         };
         let published = self.session.publish(publish).map_err(|refused| {
+            let refused = refused.refusal;
             let code = match &refused {
                 session::Refusal::InvalidSubject(_) => ErrorCode::InvalidSubject,
                 session::Refusal::Reserved(_) | session::Refusal::Denied(_) => ErrorCode::Forbidden,

@@ -242,7 +242,10 @@ impl Connection {
             subject_checked: true,
             ..session::Publish::new(subject.as_str(), publish.payload)
         };
-        let published = self.session.publish(message);
+        let published = self
+            .session
+            .publish(message)
+            .map_err(|refused| refused.refusal);
         if let Some(until) = self.session.paused_until {
             // Keep-alive counts from the end of a pause the server chose.
             self.keep_alive.heard(until);
@@ -349,7 +352,11 @@ impl Connection {
             admission: Admission::Throttled,
             ..session::Publish::new(subject, envelope.payload.clone())
         };
-        match self.session.publish(answer) {
+        match self
+            .session
+            .publish(answer)
+            .map_err(|refused| refused.refusal)
+        {
             Ok(session::Published::Stored { .. }) => {
                 // The append goes out in the next catch-up.
                 self.session.outbox.wake();
