@@ -125,18 +125,6 @@ impl Refusal {
             _ => None,
         }
     }
-
-    /// The NATS `-ERR` text for this refusal.
-    pub fn nats_text(&self) -> String {
-        match self {
-            Refusal::InvalidSubject(_) => "Invalid Publish Subject".to_owned(),
-            Refusal::Reserved(subject) => Denied::Publish(subject.clone()).to_string(),
-            Refusal::Denied(denied) => denied.to_string(),
-            Refusal::TooLarge { .. } => "Maximum Payload Violation".to_owned(),
-            Refusal::OverQuota(exceeded) => format!("Quota Exceeded: {exceeded}"),
-            Refusal::BadHeader(why) => format!("Invalid Canopy Header: {why}"),
-        }
-    }
 }
 
 /// A publish that was not taken: why, and, for a NATS publish that asked the store

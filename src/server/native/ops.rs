@@ -171,7 +171,7 @@ impl Connection {
     /// would answer, else the NATS error; too large a message closes the
     /// connection, as in NATS.
     pub(super) fn refuse_publish(&mut self, refused: Refused) -> Result<(), Close> {
-        let text = refused.refusal.nats_text();
+        let text = nats_text(&refused.refusal);
         if let Refusal::TooLarge { .. } = refused.refusal {
             self.error(&text);
             return Err(Close::Fatal("maximum payload violation"));
@@ -309,5 +309,17 @@ impl Connection {
             }
         }
         self.ok();
+    }
+}
+
+/// The NATS `-ERR` text for a refused publish.
+fn nats_text(refusal: &Refusal) -> String {
+    match refusal {
+        Refusal::InvalidSubject(_) => "Invalid Publish Subject".to_owned(),
+        Refusal::Reserved(subject) => crate::tenancy::Denied::Publish(subject.clone()).to_string(),
+        Refusal::Denied(denied) => denied.to_string(),
+        Refusal::TooLarge { .. } => "Maximum Payload Violation".to_owned(),
+        Refusal::OverQuota(exceeded) => format!("Quota Exceeded: {exceeded}"),
+        Refusal::BadHeader(why) => format!("Invalid Canopy Header: {why}"),
     }
 }
