@@ -112,6 +112,10 @@ pub struct MqttArgs {
     /// one address's ephemeral ports do not run out.
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub conns_per_source: usize,
+    /// mqtt-idle: handshakes in progress at once (a burst of devices arriving together
+    /// is the case that leaves memory behind).
+    #[arg(long, default_value_t = CONNECT_PARALLEL, value_name = "N")]
+    pub connect_parallel: usize,
     /// mqtt shapes: the keep-alive asked for in CONNECT, in seconds (0: none).
     #[arg(long, default_value_t = 0, value_name = "SECS")]
     pub keep_alive: u16,
@@ -132,6 +136,7 @@ impl Default for MqttArgs {
             conns: 20_000,
             hold_secs: 5,
             conns_per_source: 1000,
+            connect_parallel: CONNECT_PARALLEL,
             keep_alive: 0,
             retained: 100_000,
             stall_secs: 10,

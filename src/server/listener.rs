@@ -8,6 +8,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use futures::FutureExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -44,10 +45,19 @@ pub async fn accept_loop<F, Fut>(
         let _ = stream.set_nodelay(true);
         let admitted = open.fetch_add(1, Ordering::AcqRel) < max_open;
         let connection = serve(stream, peer, admitted);
-        let open = std::sync::Arc::clone(&open);
-        tracker.spawn(async move {
-            connection.await;
-            open.fetch_sub(1, Ordering::AcqRel);
-        });
+        let slot = OpenSlot(std::sync::Arc::clone(&open));
+        // A combinator, not `async move { connection.await; … }`: such a block keeps
+        // the captured future and the awaited one side by side, and every open
+        // connection would pay for its state twice.
+        tracker.spawn(connection.map(move |()| drop(slot)));
+    }
+}
+
+/// One connection counted as open until its task ends, however it ends.
+struct OpenSlot(std::sync::Arc<AtomicUsize>);
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -6,7 +6,7 @@
 //! 127.0.0.2, 127.0.0.3, … (`--conns-per-source` per address), so the ephemeral ports of
 //! one address do not run out.
 //!
-//! Owns: the connect concurrency ([`CONNECT_PARALLEL`] handshakes at once), the source
+//! Owns: the connect concurrency (`--connect-parallel` handshakes at once), the source
 //! addresses, the hold, and checking after the hold that the server closed none.
 //!
 //! Must never: keep per-connection buffers while holding (only the sockets), start more
@@ -23,7 +23,6 @@ use super::super::Options;
 use super::super::clock::now_ns;
 use super::super::histogram::Histogram;
 use super::super::measured::secs_between;
-use super::CONNECT_PARALLEL;
 use super::conn::{Dial, MqttConn, disconnect_bytes};
 use super::report::{IdleStats, MqttReport};
 
@@ -72,6 +71,7 @@ pub async fn idle(addr: SocketAddr, options: &Options) -> Result<MqttReport, Ben
         )));
     }
     let per_source = options.mqtt.conns_per_source.max(1);
+    let parallel = options.mqtt.connect_parallel.max(1);
     let sources = if source_of(addr, 0, per_source).is_some() {
         if source_of(addr, n - 1, per_source).is_none() {
             return Err(BenchError::Config(format!(
@@ -91,7 +91,7 @@ pub async fn idle(addr: SocketAddr, options: &Options) -> Result<MqttReport, Ben
     let mut last = start;
     let mut next = 0usize;
     while streams.len() < n {
-        while next < n && connecting.len() < CONNECT_PARALLEL {
+        while next < n && connecting.len() < parallel {
             let dial = dial.clone();
             let source = source_of(addr, next, per_source);
             connecting.spawn(async move {
@@ -150,7 +150,7 @@ pub async fn idle(addr: SocketAddr, options: &Options) -> Result<MqttReport, Ben
     let stats = IdleStats {
         conns: n,
         sources,
-        parallel: CONNECT_PARALLEL,
+        parallel,
         keep_alive: options.mqtt.keep_alive,
         connect_secs,
         connects_per_sec: n as f64 / connect_secs,

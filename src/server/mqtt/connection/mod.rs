@@ -22,6 +22,7 @@ use inbound::mqtt_code;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -34,7 +35,7 @@ use canopy_protocols::mqtt::{
 use canopy_subjects::{Pattern, Subject, Trie};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 use super::MqttContext;
@@ -133,17 +134,18 @@ pub async fn serve_on<R: Inbound, W: AsyncWrite + Unpin + Send>(
         }
         Ok(Ok(connect)) => connect,
     };
-    let Some(mut connection) =
+    let Some(connection) =
         // Boxed, like every rare step with store reads in it: a task's memory is the
         // size of its largest state, and an idle connection should not pay for them.
         Box::pin(Connection::accept(connect, peer, &context, certified, decoder, &mut writer)).await
     else {
         return;
     };
+    let mut connection = Box::new(connection);
     let metrics = Arc::clone(context.broker.metrics());
     metrics.connection_opened(crate::broker::metrics::Protocol::Mqtt);
     let close = connection
-        .run(&mut reader, &mut writer, rbuf, &shutdown)
+        .live(&mut reader, &mut writer, rbuf, &shutdown)
         .await;
     Box::pin(connection.finish(close, &mut writer)).await;
     metrics.connection_closed(crate::broker::metrics::Protocol::Mqtt);
@@ -202,6 +204,24 @@ async fn read_connect<R: Inbound>(
             Err(_) => return Err(None),
         }
     }
+}
+
+/// Why a turn of [`Connection::run`] starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// Right after CONNECT: packets may have come with it.
+    Connected,
+    /// The socket has bytes (or the end) to read.
+    Readable,
+    /// The outbox was woken: deliveries or store acks are waiting.
+    Woken,
+}
+
+/// How a turn of [`Connection::run`] ended.
+enum Turn {
+    Closed(Close),
+    /// Nothing to read, write or store: the connection can wait parked.
+    Idle,
 }
 
 /// Why a connection ends.
@@ -353,13 +373,81 @@ struct Connection {
 }
 
 impl Connection {
-    pub(super) async fn run(
+    /// Serves the connection until it ends, alternating between [`Connection::run`]
+    /// while there is traffic and [`Connection::park`] while there is none.
+    ///
+    /// Most connected devices say nothing for minutes. Parked, a connection's task
+    /// holds only what waiting needs (the socket's readiness, the outbox's wake, the
+    /// keep-alive timer); the state of serving traffic, its futures and buffers, is
+    /// boxed and exists only during a turn of `run`. One timer serves both, so going
+    /// back and forth registers none.
+    async fn live(
         &mut self,
         reader: &mut impl Inbound,
         writer: &mut (impl AsyncWrite + Unpin),
         mut rbuf: BytesMut,
         shutdown: &CancellationToken,
     ) -> Close {
+        let timer = tokio::time::sleep_until(self.deadline(None));
+        tokio::pin!(timer);
+        let mut wake = Wake::Connected;
+        loop {
+            let turn = self.run(reader, writer, rbuf, shutdown, timer.as_mut(), wake);
+            match Box::pin(turn).await {
+                Turn::Closed(close) => return close,
+                Turn::Idle => rbuf = BytesMut::new(),
+            }
+            wake = match self.park(reader, shutdown, timer.as_mut()).await {
+                Ok(wake) => wake,
+                Err(close) => return close,
+            };
+        }
+    }
+
+    /// Waits, holding nothing but the waits, until the client sends something, a
+    /// delivery or store ack arrives, or the connection must end.
+    async fn park(
+        &self,
+        reader: &mut impl Inbound,
+        shutdown: &CancellationToken,
+        mut timer: Pin<&mut Sleep>,
+    ) -> Result<Wake, Close> {
+        loop {
+            let due = self.deadline(None);
+            if due != timer.deadline() {
+                timer.as_mut().reset(due);
+            }
+            // Each arm is cancel-safe and none takes anything: `run` finds the
+            // readiness, the outbox's bytes and the acks where they were.
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Err(Close::Shutdown),
+                () = self.claim.handoff.taken_over() => return Err(Close::TakenOver),
+                () = self.session.routes().deleted.cancelled() => {
+                    return Err(Close::protocol(reason::ADMINISTRATIVE_ACTION, "the tenant was deleted"));
+                }
+                _ = self.session.outbox.woken() => return Ok(Wake::Woken),
+                ready = reader.ready() => return ready.map(|()| Wake::Readable).map_err(|_| Close::Gone),
+                () = timer.as_mut() => {
+                    if self.keep_alive_due().is_some_and(|due| due <= Instant::now()) {
+                        return Err(Close::protocol(reason::KEEP_ALIVE_TIMEOUT, "keep alive timeout"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One turn of traffic: reads, writes and store work until the connection ends
+    /// ([`Turn::Closed`]) or has nothing left to do ([`Turn::Idle`]).
+    async fn run(
+        &mut self,
+        reader: &mut impl Inbound,
+        writer: &mut (impl AsyncWrite + Unpin),
+        mut rbuf: BytesMut,
+        shutdown: &CancellationToken,
+        mut timer: Pin<&mut Sleep>,
+        wake: Wake,
+    ) -> Turn {
         let deadline = Duration::from_secs(self.context.config.mqtt.write_deadline_secs.max(1));
         // Buffers are taken only while there is traffic: an idle connection holds
         // neither, which is most of what a connected device costs.
@@ -367,17 +455,27 @@ impl Connection {
         let mut written = 0usize;
         let mut progress = Instant::now();
         let mut unflushed = false;
+        // Bytes to read are read by the loop's first step: park only after it.
+        let mut stepped = wake != Wake::Readable;
         let handoff = Arc::clone(&self.claim.handoff);
-        let timer = tokio::time::sleep_until(self.deadline(None));
-        tokio::pin!(timer);
         // Packets that arrived with CONNECT.
         if !rbuf.is_empty()
             && let Err(close) = self.process(&mut rbuf)
         {
-            return close;
+            return Turn::Closed(close);
         }
         if rbuf.is_empty() {
             rbuf = BytesMut::new();
+        }
+        // The wake that ended the park may have been a store ack: the outbox's wake
+        // was taken by `park`, so the acks are looked at here, not after a step.
+        if let Err(close) = self.take_store_acks() {
+            return Turn::Closed(close);
+        }
+        if self.has_store_work()
+            && let Err(close) = Box::pin(self.catch_up()).await
+        {
+            return Turn::Closed(close);
         }
         loop {
             if written >= out.len() {
@@ -390,13 +488,22 @@ impl Connection {
                 }
                 written = 0;
                 if self.session.outbox.is_slow() {
-                    return Close::protocol(
+                    return Turn::Closed(Close::protocol(
                         reason::QUOTA_EXCEEDED,
                         "slow consumer: the client does not read its messages fast enough",
-                    );
+                    ));
                 }
                 self.fill(&mut out);
                 progress = Instant::now();
+                if stepped
+                    && out.is_empty()
+                    && !unflushed
+                    && rbuf.is_empty()
+                    && self.session.paused_until.is_none()
+                    && !self.has_store_work()
+                {
+                    return Turn::Idle;
+                }
             }
             let writing = written < out.len();
             // One timer for the keep-alive and the write deadline, moved earlier only
@@ -455,12 +562,20 @@ impl Connection {
                                 }
                                 result
                             }
-                            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+                            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                                // Readiness outlives the read that drained the socket, so
+                                // the next wake finds nothing: the chunk reserved for it
+                                // must not stay with an idle connection.
+                                if rbuf.is_empty() {
+                                    rbuf = BytesMut::new();
+                                }
+                                Ok(())
+                            }
                             Err(_) => Err(Close::Gone),
                         }
                     }
                 },
-                () = &mut timer => {
+                () = timer.as_mut() => {
                     let now = Instant::now();
                     if writing && progress + deadline <= now {
                         self.session.outbox.mark_slow();
@@ -473,16 +588,17 @@ impl Connection {
                     }
                 }
             };
+            stepped = true;
             if let Err(close) = step {
-                return close;
+                return Turn::Closed(close);
             }
             if let Err(close) = self.take_store_acks() {
-                return close;
+                return Turn::Closed(close);
             }
             if self.has_store_work()
                 && let Err(close) = Box::pin(self.catch_up()).await
             {
-                return close;
+                return Turn::Closed(close);
             }
         }
     }
@@ -551,8 +667,9 @@ mod task_size {
     use super::*;
 
     /// Every connected device costs at least its task, whose size is the largest
-    /// state of `serve`: rare steps with store reads must stay boxed so that an idle
-    /// connection does not pay for them (the MQTT idle benchmark measures the rest).
+    /// state of `serve`: rare steps with store reads and the state of serving traffic
+    /// must stay boxed so that a parked connection does not pay for them (the MQTT idle
+    /// benchmark measures the rest).
     #[tokio::test]
     async fn an_idle_connection_task_stays_small() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -569,7 +686,7 @@ mod task_size {
         let context = Arc::new(MqttContext::new(config, broker, None));
         let task = serve(client, addr, context, CancellationToken::new());
         let size = std::mem::size_of_val(&task);
-        assert!(size <= 2_500, "the connection task grew to {size} bytes");
+        assert!(size <= 1_500, "the connection task grew to {size} bytes");
         assert!(std::mem::size_of::<Connection>() <= 1_000);
     }
 }
