@@ -57,6 +57,8 @@ use crate::tenancy::{Action, Principal};
 const READ_CHUNK: usize = 16 * 1024;
 /// Deliveries are encoded into the write buffer until it holds this much.
 const WRITE_BATCH: usize = 64 * 1024;
+/// How long a turn of traffic stays with nothing to do before the connection parks.
+const PARK_AFTER: Duration = Duration::from_secs(1);
 /// How often a persistent session's moving cursor is saved while connected.
 const SESSION_SAVE_EVERY: Duration = Duration::from_secs(5);
 /// Requests with correlation data one connection may have open; the oldest is
@@ -457,6 +459,10 @@ impl Connection {
         let mut unflushed = false;
         // Bytes to read are read by the loop's first step: park only after it.
         let mut stepped = wake != Wake::Readable;
+        // Since when the turn has had nothing to do, if it has not.
+        let mut idle_since: Option<Instant> = None;
+        // The turn read or wrote bytes.
+        let mut moved = false;
         let handoff = Arc::clone(&self.claim.handoff);
         // Packets that arrived with CONNECT.
         if !rbuf.is_empty()
@@ -502,17 +508,26 @@ impl Connection {
                     && self.session.paused_until.is_none()
                     && !self.has_store_work()
                 {
-                    return Turn::Idle;
+                    // A device that just connected usually goes quiet, and a wake
+                    // may have found nothing: park at once, so a burst of handshakes
+                    // leaves no turns behind. A turn that moved bytes parks after a
+                    // quiet spell, so that a busy connection does not pay a park and
+                    // a new turn between every two packets.
+                    if wake == Wake::Connected || !moved {
+                        return Turn::Idle;
+                    }
+                    idle_since.get_or_insert(progress);
                 }
             }
             let writing = written < out.len();
-            // One timer for the keep-alive and the write deadline, moved earlier only
-            // when it must be: registering a timer per loop turn would cost more than
-            // the turn itself under load.
-            let due = self.deadline(writing.then_some(progress + deadline));
+            // One timer for the keep-alive, the write deadline and the park, moved
+            // earlier only when it must be: registering a timer per loop turn would
+            // cost more than the turn itself under load.
+            let due = self.turn_deadline(writing.then_some(progress + deadline), idle_since);
             if due < timer.deadline() {
                 timer.as_mut().reset(due);
             }
+            let mut timed_out = false;
             // Every arm is cancel-safe: `write` and `read_buf` move no bytes unless
             // they complete, and the others keep no state when dropped.
             let step = tokio::select! {
@@ -526,6 +541,7 @@ impl Connection {
                     Ok(Some(0)) | Err(_) => Err(Close::Gone),
                     Ok(Some(n)) => {
                         written += n;
+                        moved = true;
                         progress = Instant::now();
                         // A TLS stream may hold what it took until flushed.
                         unflushed = true;
@@ -554,6 +570,7 @@ impl Connection {
                         match reader.try_read(&mut rbuf) {
                             Ok(0) => Err(Close::Gone),
                             Ok(_) => {
+                                moved = true;
                                 self.keep_alive.heard(Instant::now());
                                 let result = self.process(&mut rbuf);
                                 if rbuf.is_empty() {
@@ -582,13 +599,19 @@ impl Connection {
                         Err(Close::protocol(reason::QUOTA_EXCEEDED, "slow consumer: writes are blocked"))
                     } else if self.keep_alive_due().is_some_and(|due| due <= now) {
                         Err(Close::protocol(reason::KEEP_ALIVE_TIMEOUT, "keep alive timeout"))
+                    } else if idle_since.is_some_and(|since| since + PARK_AFTER <= now) {
+                        return Turn::Idle;
                     } else {
-                        timer.as_mut().reset(self.deadline(writing.then_some(progress + deadline)));
+                        timed_out = true;
+                        timer.as_mut().reset(self.turn_deadline(writing.then_some(progress + deadline), idle_since));
                         Ok(())
                     }
                 }
             };
             stepped = true;
+            if !timed_out {
+                idle_since = None;
+            }
             if let Err(close) = step {
                 return Turn::Closed(close);
             }
@@ -616,6 +639,12 @@ impl Connection {
             .chain(write)
             .min()
             .unwrap_or(far)
+    }
+
+    /// [`Connection::deadline`], or the end of a quiet spell when the turn is idle.
+    fn turn_deadline(&self, write: Option<Instant>, idle_since: Option<Instant>) -> Instant {
+        let due = self.deadline(write);
+        idle_since.map_or(due, |since| due.min(since + PARK_AFTER))
     }
 
     pub(super) fn persistent(&self) -> bool {
