@@ -117,6 +117,29 @@ impl Broker {
         self.remove_spent(routes, spent);
         delivered
     }
+
+    /// Whether a subscription that answers requests on `subject` matches it: a member
+    /// of a queue group, or a subscription to exactly this subject (NATS services
+    /// subscribe one or the other). A wildcard subscription outside any queue group
+    /// watches subjects; it does not answer them. `skip_conn` is a publisher that
+    /// does not see its own messages.
+    pub fn has_responder(
+        &self,
+        routes: &TenantRoutes,
+        subject: &str,
+        skip_conn: Option<u64>,
+    ) -> bool {
+        let mut found = false;
+        let other = |sub: &Arc<Subscription>| Some(sub.outbox.conn_id) != skip_conn;
+        routes.trie.for_each_match(subject, &mut |plain, groups| {
+            found = found
+                || groups.iter().any(|g| g.members.iter().any(other))
+                || plain
+                    .iter()
+                    .any(|sub| sub.pattern.is_literal() && other(sub));
+        });
+        found
+    }
 }
 
 /// Delivers one envelope per connection for overlapping MQTT subscriptions that

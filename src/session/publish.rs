@@ -280,6 +280,38 @@ impl Publisher {
         })
     }
 
+    /// Routes a publish to the live subscribers now, with NATS's no-responders
+    /// status for a request nobody received.
+    fn route_live(
+        &self,
+        publish: Publish<'_>,
+        outbox: Option<&Outbox>,
+        scratch: &mut RouteScratch,
+        wakes: &mut Wakes,
+    ) -> Published {
+        let message = Message {
+            subject: publish.subject,
+            reply: publish.reply.as_deref(),
+            headers: (!publish.headers.is_empty()).then_some(&publish.headers[..]),
+            payload: &publish.payload,
+            origin: self.origin,
+            flags: publish.flags,
+            ..Message::default()
+        };
+        let skip = outbox.filter(|o| !o.echo()).map(|o| o.conn_id);
+        let delivered = self
+            .broker
+            .route(&self.routes, skip, &message, scratch, wakes);
+        if delivered == 0
+            && publish.route_flags & FLAG_NO_RESPONDERS != 0
+            && let Some(reply) = publish.reply.as_deref()
+        {
+            self.broker
+                .tell_no_responders(&self.routes, self.origin, reply, scratch, wakes);
+        }
+        Published::Routed { delivered }
+    }
+
     /// Carries out a decision: spawns the call, routes now, or queues the append in
     /// `appends`. `outbox` is the publisher's (for no-echo), `None` when it is gone.
     #[allow(clippy::too_many_arguments)]
@@ -310,36 +342,24 @@ impl Publisher {
                 api::spawn(Arc::clone(&self.broker), call);
                 Published::Call
             }
-            Route::Live => {
-                let message = Message {
-                    subject: publish.subject,
-                    reply: publish.reply.as_deref(),
-                    headers: (!publish.headers.is_empty()).then_some(&publish.headers[..]),
-                    payload: &publish.payload,
-                    origin: self.origin,
-                    flags: publish.flags,
-                    ..Message::default()
-                };
-                let skip = outbox.filter(|o| !o.echo()).map(|o| o.conn_id);
-                let delivered = self
-                    .broker
-                    .route(&self.routes, skip, &message, scratch, wakes);
-                if delivered == 0
-                    && publish.route_flags & FLAG_NO_RESPONDERS != 0
-                    && let Some(reply) = publish.reply.as_deref()
-                {
-                    self.broker.tell_no_responders(
-                        &self.routes,
-                        self.origin,
-                        reply,
-                        scratch,
-                        wakes,
-                    );
-                }
-                Published::Routed { delivered }
-            }
+            Route::Live => self.route_live(publish, outbox, scratch, wakes),
             Route::Store { policy, request } => {
                 let to_reply = matches!(publish.ack, AskAck::Reply);
+                // A request with no store headers to a stored subject: a service's
+                // when one answers the subject (it is then not stored, and only the
+                // service answers), otherwise a JetStream publish the store answers
+                // with its PubAck. Either way the requester gets one answer.
+                let plain_request =
+                    to_reply && publish.reply.is_some() && !request.wants_ack(policy);
+                if plain_request {
+                    let skip = outbox.filter(|o| !o.echo()).map(|o| o.conn_id);
+                    if self
+                        .broker
+                        .has_responder(&self.routes, publish.subject, skip)
+                    {
+                        return self.route_live(publish, outbox, scratch, wakes);
+                    }
+                }
                 let ack = match publish.ack {
                     AskAck::Nobody => None,
                     AskAck::To(to) => Some(to),
@@ -347,30 +367,33 @@ impl Publisher {
                         address: crate::broker::envelope::ack_address(self.origin, number),
                         flags: crate::broker::durable::ACK_MQTT,
                     }),
-                    AskAck::Reply => publish
-                        .reply
-                        .as_ref()
-                        .filter(|_| request.wants_ack(policy))
-                        .map(|address| AckTo {
-                            address: address.clone(),
-                            flags: if request.jetstream {
-                                crate::broker::durable::ACK_JETSTREAM
-                            } else {
-                                0
-                            },
-                        }),
+                    AskAck::Reply => publish.reply.as_ref().map(|address| AckTo {
+                        address: address.clone(),
+                        flags: if request.jetstream || plain_request {
+                            crate::broker::durable::ACK_JETSTREAM
+                        } else {
+                            0
+                        },
+                    }),
                 };
                 let acked = ack.is_some();
-                // The reply belongs to the ack when the store answers; otherwise it
-                // is a plain request that subscribers may answer.
-                let reply = if to_reply && acked {
+                // The reply belongs to the ack when the store answers a publish that
+                // asked for one; otherwise it is a request that subscribers may answer.
+                // A JetStream publish keeps it for watchers, as NATS shows it, and
+                // gets no no-responders status: the store answers it.
+                let reply = if to_reply && acked && !plain_request {
                     None
                 } else {
                     publish.reply
                 };
+                let flags = if plain_request {
+                    publish.route_flags & !FLAG_NO_RESPONDERS
+                } else {
+                    publish.route_flags
+                };
                 let route = RouteTag {
                     origin: self.origin,
-                    flags: publish.route_flags,
+                    flags,
                     reply,
                 };
                 let message = NewMessage {

@@ -17,6 +17,7 @@ mod format;
 mod frontends;
 mod http;
 mod isolation;
+mod jetstream_publish;
 mod js;
 mod limits;
 mod login_memory;

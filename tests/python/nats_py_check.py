@@ -11,8 +11,13 @@ from nats.errors import NoRespondersError
 
 
 async def main(url: str) -> None:
-    nc = await nats.connect(url, name="nats-py-check")
-    other = await nats.connect(url, name="nats-py-other")
+    errors = []
+
+    async def record(error):
+        errors.append(error)
+
+    nc = await nats.connect(url, name="nats-py-check", error_cb=record)
+    other = await nats.connect(url, name="nats-py-other", error_cb=record)
 
     # Wildcards
     got = []
@@ -27,6 +32,9 @@ async def main(url: str) -> None:
     for _ in range(2):
         got.append((await rest.next_msg(timeout=5)).subject)
     assert got == ["py.1.temp", "py.1.hum"], got
+    # Unread messages would hold up the drain at the end.
+    await sub.unsubscribe()
+    await rest.unsubscribe()
 
     # Headers
     hsub = await nc.subscribe("py.headers")
@@ -44,12 +52,33 @@ async def main(url: str) -> None:
     reply = await nc.request("py.svc", b"ping", timeout=5)
     assert reply.data == b"pong:ping", reply
 
-    # No responders
+    # No responders, on a subject the default policies do not store (`_INBOX.>`)
     try:
-        await nc.request("nobody.home", b"", timeout=5)
+        await nc.request("_INBOX.nobody.home", b"", timeout=5)
         raise AssertionError("a request with no responders must fail")
     except NoRespondersError:
         pass
+
+    # JetStream's plain publish (a request without headers) to a stored subject that
+    # no service answers: the store answers with its PubAck, once per message.
+    js = nc.jetstream()
+    first = await js.publish("py.js.orders", b"one")
+    second = await js.publish("py.js.orders", b"two")
+    assert first.stream == "default", first
+    assert second.seq > first.seq, (first, second)
+    # A watcher with a wildcard does not answer: the publish is still the store's.
+    watch = await other.subscribe("py.js.>")
+    await other.flush()
+    third = await js.publish("py.js.orders", b"three")
+    assert third.seq > second.seq, third
+    seen = await watch.next_msg(timeout=5)
+    assert (seen.subject, seen.data) == ("py.js.orders", b"three"), seen
+    await watch.unsubscribe()
+    # A service subscribed to the subject answers it, and only the service does.
+    await other.subscribe("py.js.svc", cb=answer)
+    await other.flush()
+    reply = await nc.request("py.js.svc", b"ask", timeout=5)
+    assert reply.data == b"pong:ask", reply
 
     # Queue group: each message once across the members
     counts = {"a": 0, "b": 0}
@@ -85,6 +114,7 @@ async def main(url: str) -> None:
 
     await nc.drain()
     await other.drain()
+    assert not errors, errors
     print("nats-py: all checks passed")
 
 

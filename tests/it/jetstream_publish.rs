@@ -1,0 +1,167 @@
+//! JetStream's plain publish on the default config: `jetstream::Context::publish`
+//! (a request without headers) to a stored subject that no service answers is stored
+//! and answered with its PubAck, while a request to a subject a service answers (a
+//! subscription to exactly that subject, or a queue group member) reaches the service,
+//! gets only the service's answer, and is not stored. A wildcard watcher outside any
+//! queue group does not make it a request (it sees the reply subject, as in NATS).
+//! What is stored is what was acked.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use crate::common::{Stored, WAIT, header, replay_subject, start_default};
+
+async fn connect(server: &canopy::server::RunningServer) -> async_nats::Client {
+    async_nats::connect(server.native_url())
+        .await
+        .expect("connect")
+}
+
+async fn js_publish(
+    js: &async_nats::jetstream::Context,
+    subject: &str,
+    payload: &str,
+) -> async_nats::jetstream::publish::PublishAck {
+    let pending = tokio::time::timeout(
+        WAIT,
+        js.publish(subject.to_owned(), payload.to_owned().into()),
+    )
+    .await
+    .expect("publish within the wait")
+    .unwrap_or_else(|e| panic!("publish to {subject}: {e}"));
+    tokio::time::timeout(WAIT, pending)
+        .await
+        .expect("ack within the wait")
+        .unwrap_or_else(|e| panic!("ack for {subject}: {e}"))
+}
+
+#[tokio::test]
+async fn a_plain_jetstream_publish_is_stored_and_acked() {
+    let server = start_default().await;
+    let client = connect(&server).await;
+    let js = async_nats::jetstream::new(client.clone());
+    let first = js_publish(&js, "orders.42", "one").await;
+    let second = js_publish(&js, "orders.42", "two").await;
+    assert_eq!(first.stream, "default");
+    assert!(second.sequence > first.sequence, "{first:?} {second:?}");
+    assert!(!first.duplicate && !second.duplicate);
+
+    // A watcher on a wildcard sees the message but does not answer it.
+    let watcher = connect(&server).await;
+    let mut watch = watcher.subscribe("orders.>").await.expect("sub");
+    watcher.flush().await.expect("flush");
+    let third = js_publish(&js, "orders.42", "three").await;
+    assert!(third.sequence > second.sequence);
+    let seen = tokio::time::timeout(WAIT, watch.next())
+        .await
+        .expect("the watcher gets it")
+        .expect("subscription open");
+    assert_eq!(&seen.payload[..], b"three");
+    assert!(
+        seen.reply.is_some(),
+        "watchers see the reply subject, as NATS shows it"
+    );
+
+    let texts: Vec<String> = replay_subject(&client, "orders.42")
+        .await
+        .iter()
+        .map(Stored::text)
+        .collect();
+    assert_eq!(
+        texts,
+        ["one", "two", "three"],
+        "what was acked is what is stored"
+    );
+    server.stop().await;
+}
+
+/// Answers every request on `subscriber` with `pong:<payload>`.
+fn answer_all(
+    client: async_nats::Client,
+    mut subscriber: async_nats::Subscriber,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Some(request) = subscriber.next().await {
+            if let Some(reply) = request.reply {
+                let answer = format!("pong:{}", String::from_utf8_lossy(&request.payload));
+                let _ = client.publish(reply, answer.into()).await;
+                let _ = client.flush().await;
+            }
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_request_a_queue_group_answers_gets_only_the_service_answer() {
+    let server = start_default().await;
+    let service = connect(&server).await;
+    // A wildcard in a queue group answers: NATS services (and `nats reply`) subscribe so.
+    let a = service
+        .queue_subscribe("svc.*", "workers".into())
+        .await
+        .expect("sub");
+    let b = service
+        .queue_subscribe("svc.*", "workers".into())
+        .await
+        .expect("sub");
+    service.flush().await.expect("flush");
+    let answering = [
+        answer_all(service.clone(), a),
+        answer_all(service.clone(), b),
+    ];
+
+    let client = connect(&server).await;
+    let inbox = client.new_inbox();
+    let mut replies = client.subscribe(inbox.clone()).await.expect("sub");
+    client
+        .publish_with_reply("svc.price", inbox.clone(), "ask".into())
+        .await
+        .expect("publish");
+    // An acked publish as a marker: an ack for the request would come before its own.
+    client
+        .publish_with_reply_and_headers(
+            "marker.x",
+            inbox,
+            header("Canopy-Ack", "durable"),
+            "marker".into(),
+        )
+        .await
+        .expect("publish");
+    client.flush().await.expect("flush");
+    let mut answers = Vec::new();
+    let mut acks = Vec::new();
+    while answers.is_empty() || acks.is_empty() {
+        let message = tokio::time::timeout(WAIT, replies.next())
+            .await
+            .expect("replies within the wait")
+            .expect("inbox open");
+        let text = String::from_utf8_lossy(&message.payload).into_owned();
+        if text.starts_with("pong:") {
+            answers.push(text);
+        } else {
+            acks.push(text);
+        }
+    }
+    // Nothing else comes: one answer, and the marker's ack only.
+    let late = tokio::time::timeout(Duration::from_millis(300), replies.next()).await;
+    assert!(late.is_err(), "a second answer arrived: {late:?}");
+    assert_eq!(answers, ["pong:ask"]);
+    assert_eq!(acks.len(), 1, "{acks:?}");
+    assert!(acks[0].contains("\"marker.x\""), "{}", acks[0]);
+    assert!(
+        replay_subject(&client, "svc.price").await.is_empty(),
+        "a request a service answered is not stored"
+    );
+
+    // The same through async-nats's request: the service's answer.
+    let answer = tokio::time::timeout(WAIT, client.request("svc.quote", "q".into()))
+        .await
+        .expect("answer within the wait")
+        .expect("request");
+    assert_eq!(&answer.payload[..], b"pong:q");
+    for task in answering {
+        task.abort();
+    }
+    server.stop().await;
+}
