@@ -540,3 +540,50 @@ pub async fn http_request(
         .unwrap_or_default();
     (status, body)
 }
+
+/// Publishes a request without store headers to `subject` and then an acked marker to
+/// `marker`, both with one inbox as their reply subject, and returns what arrived there
+/// until an answer (`pong:…`, from a service) and an ack came: the answers and the
+/// acks. Acks leave in sequence order, so an ack for the request would come before the
+/// marker's.
+pub async fn request_then_marker(
+    client: &async_nats::Client,
+    subject: &str,
+    payload: &str,
+    marker: &str,
+) -> (Vec<String>, Vec<String>) {
+    use futures::StreamExt;
+    let inbox = client.new_inbox();
+    let mut replies = client.subscribe(inbox.clone()).await.expect("sub");
+    client
+        .publish_with_reply(subject.to_owned(), inbox.clone(), payload.to_owned().into())
+        .await
+        .expect("publish");
+    client
+        .publish_with_reply_and_headers(
+            marker.to_owned(),
+            inbox,
+            header("Canopy-Ack", "durable"),
+            "marker".into(),
+        )
+        .await
+        .expect("publish");
+    client.flush().await.expect("flush");
+    let (mut answers, mut acks) = (Vec::new(), Vec::new());
+    while answers.is_empty() || acks.is_empty() {
+        let message = tokio::time::timeout(WAIT, replies.next())
+            .await
+            .expect("replies within the wait")
+            .expect("inbox open");
+        let text = String::from_utf8_lossy(&message.payload).into_owned();
+        if text.starts_with("pong:") {
+            answers.push(text);
+        } else {
+            acks.push(text);
+        }
+    }
+    // Nothing else comes: a second answer or ack would show here.
+    let late = tokio::time::timeout(std::time::Duration::from_millis(300), replies.next()).await;
+    assert!(late.is_err(), "a further reply arrived: {late:?}");
+    (answers, acks)
+}

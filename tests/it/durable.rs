@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 
 use crate::common::{
     Stored, WAIT, file_config, header, header_of, list_subjects, local_folder_config,
-    publish_acked, replay_all, replay_collect, replay_page, replay_start, replay_subject, start,
-    start_default, store_request, subjects_page, test_config,
+    publish_acked, replay_all, replay_collect, replay_page, replay_start, replay_subject,
+    request_then_marker, start, start_default, store_request, subjects_page, test_config,
 };
 
 async fn connect(server: &canopy::server::RunningServer) -> async_nats::Client {
@@ -452,38 +452,7 @@ async fn requests_without_ack_headers_reach_the_responder_not_the_store() {
         .expect("request");
     assert_eq!(&answer.payload[..], b"pong:hi");
 
-    // Everything that arrives on one inbox: a request without store headers, then an
-    // acked publish as a marker. Acks leave in sequence order, so an ack for the
-    // request would arrive before the marker's.
-    let inbox = client.new_inbox();
-    let mut replies = client.subscribe(inbox.clone()).await.expect("sub");
-    client
-        .publish_with_reply("svc.echo", inbox.clone(), "again".into())
-        .await
-        .expect("publish");
-    client
-        .publish_with_reply_and_headers(
-            "svc.marker",
-            inbox,
-            header("Canopy-Ack", "durable"),
-            "marker".into(),
-        )
-        .await
-        .expect("publish");
-    client.flush().await.expect("flush");
-    let (mut answers, mut acks) = (Vec::new(), Vec::new());
-    while answers.is_empty() || acks.is_empty() {
-        let message = tokio::time::timeout(WAIT, replies.next())
-            .await
-            .expect("replies within the wait")
-            .expect("inbox open");
-        let text = String::from_utf8_lossy(&message.payload).into_owned();
-        if text.starts_with("pong:") {
-            answers.push(text);
-        } else {
-            acks.push(text);
-        }
-    }
+    let (answers, acks) = request_then_marker(&client, "svc.echo", "again", "svc.marker").await;
     assert_eq!(answers, ["pong:again"]);
     assert_eq!(acks.len(), 1, "only the marker is acked: {acks:?}");
     let ack: Value = serde_json::from_str(&acks[0]).expect("ack json");

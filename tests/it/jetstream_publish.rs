@@ -6,11 +6,9 @@
 //! queue group does not make it a request (it sees the reply subject, as in NATS).
 //! What is stored is what was acked.
 
-use std::time::Duration;
-
 use futures::StreamExt;
 
-use crate::common::{Stored, WAIT, header, replay_subject, start_default};
+use crate::common::{Stored, WAIT, replay_subject, request_then_marker, start_default};
 
 async fn connect(server: &canopy::server::RunningServer) -> async_nats::Client {
     async_nats::connect(server.native_url())
@@ -112,40 +110,7 @@ async fn a_request_a_queue_group_answers_gets_only_the_service_answer() {
     ];
 
     let client = connect(&server).await;
-    let inbox = client.new_inbox();
-    let mut replies = client.subscribe(inbox.clone()).await.expect("sub");
-    client
-        .publish_with_reply("svc.price", inbox.clone(), "ask".into())
-        .await
-        .expect("publish");
-    // An acked publish as a marker: an ack for the request would come before its own.
-    client
-        .publish_with_reply_and_headers(
-            "marker.x",
-            inbox,
-            header("Canopy-Ack", "durable"),
-            "marker".into(),
-        )
-        .await
-        .expect("publish");
-    client.flush().await.expect("flush");
-    let mut answers = Vec::new();
-    let mut acks = Vec::new();
-    while answers.is_empty() || acks.is_empty() {
-        let message = tokio::time::timeout(WAIT, replies.next())
-            .await
-            .expect("replies within the wait")
-            .expect("inbox open");
-        let text = String::from_utf8_lossy(&message.payload).into_owned();
-        if text.starts_with("pong:") {
-            answers.push(text);
-        } else {
-            acks.push(text);
-        }
-    }
-    // Nothing else comes: one answer, and the marker's ack only.
-    let late = tokio::time::timeout(Duration::from_millis(300), replies.next()).await;
-    assert!(late.is_err(), "a second answer arrived: {late:?}");
+    let (answers, acks) = request_then_marker(&client, "svc.price", "ask", "marker.x").await;
     assert_eq!(answers, ["pong:ask"]);
     assert_eq!(acks.len(), 1, "{acks:?}");
     assert!(acks[0].contains("\"marker.x\""), "{}", acks[0]);
