@@ -37,6 +37,7 @@ fn settings(folder: &std::path::Path) -> StoreSettings {
         url: StoreUrl::File(folder.to_owned()),
         flush_interval: Duration::from_millis(2),
         dedupe_window: Duration::from_secs(60),
+        local_gc: Duration::from_secs(10),
         max_batch: 1024,
         queue_depth: 8192,
         s3: S3Settings::default(),

@@ -15,6 +15,9 @@ pub struct StoreConfig {
     pub flush_interval_ms: u64,
     /// How long msg ids are remembered for dedupe.
     pub dedupe_window_secs: u64,
+    /// On a `file://` folder: how often the engine's garbage collector removes old
+    /// manifests and write-ahead log files, and how old they must be.
+    pub local_gc_secs: u64,
     /// Most publishes per group commit.
     pub max_batch: usize,
     /// Publishes queued for the sequencer before publishers wait.
@@ -113,6 +116,7 @@ impl Default for StoreConfig {
             url: "file://./canopy-data".into(),
             flush_interval_ms: 2,
             dedupe_window_secs: 120,
+            local_gc_secs: 10,
             max_batch: 1024,
             queue_depth: 8192,
             block_cache_mb: 64,

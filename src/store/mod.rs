@@ -250,6 +250,9 @@ pub struct StoreSettings {
     pub flush_interval: Duration,
     /// How long a msg id is remembered.
     pub dedupe_window: Duration,
+    /// On a local folder: the garbage collector's interval for manifests and the
+    /// write-ahead log, and the age their files must have.
+    pub local_gc: Duration,
     /// Most appends one group commit takes.
     pub max_batch: usize,
     /// Appends that may wait for the sequencer before publishers are held back.

@@ -139,7 +139,7 @@ pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, Stor
         StoreUrl::S3 { prefix, .. } if !prefix.is_empty() => format!("{prefix}/db"),
         _ => "db".to_owned(),
     };
-    let engine_settings = Settings {
+    let mut engine_settings = Settings {
         flush_interval: Some(settings.flush_interval),
         // Smaller memtables and a cap on what waits for upload keep memory flat with
         // many subjects (the defaults, 64 MiB L0 files and 1 GiB unflushed, made a
@@ -148,12 +148,41 @@ pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, Stor
         max_unflushed_bytes: 128 * 1024 * 1024,
         ..Settings::default()
     };
+    if lock.is_some() {
+        engine_settings.garbage_collector_options = Some(local_collector(settings.local_gc));
+    }
     let db = Db::builder(path, object_store)
         .with_settings(engine_settings)
         .with_db_cache(cache(settings), 0)
         .build()
         .await?;
     Ok(Opened { db, lock })
+}
+
+/// The engine's garbage collector on a local folder.
+///
+/// `LocalFileSystem` has no conditional overwrite, which the collector's boundary
+/// files need (it logged `PutMode::Update not yet implemented` and deleted nothing),
+/// and SlateDB says to turn them off for such stores. What they guard against, a
+/// stalled second writer resuming after the collector's `min_age`, cannot happen
+/// here: the folder's lock keeps every other process out for as long as this one
+/// runs. So it runs soon and often for manifests and the WAL, whose old files from
+/// earlier runs go within seconds instead of piling up at every restart.
+fn local_collector(every: std::time::Duration) -> slatedb::config::GarbageCollectorOptions {
+    use slatedb::config::{GarbageCollectorDirectoryOptions, GarbageCollectorOptions};
+    let directory = Some(GarbageCollectorDirectoryOptions {
+        interval: Some(every),
+        min_age: every,
+        dry_run: false,
+    });
+    // Compacted files keep the default age: a compaction's output is unreferenced
+    // until it commits, and a long compaction must not lose it.
+    GarbageCollectorOptions {
+        manifest_options: directory,
+        wal_options: directory,
+        boundary_files_enabled: false,
+        ..GarbageCollectorOptions::default()
+    }
 }
 
 /// SST blocks and indexes kept in memory. Without them every seek (a head recovery,

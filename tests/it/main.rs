@@ -20,6 +20,7 @@ mod isolation;
 mod jetstream_publish;
 mod js;
 mod limits;
+mod local_folder;
 mod login_memory;
 mod logins;
 mod mqtt;
