@@ -38,6 +38,7 @@ fn settings(folder: &std::path::Path) -> StoreSettings {
         flush_interval: Duration::from_millis(2),
         dedupe_window: Duration::from_secs(60),
         local_gc: Duration::from_secs(10),
+        compress: true,
         max_batch: 1024,
         queue_depth: 8192,
         s3: S3Settings::default(),

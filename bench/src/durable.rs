@@ -318,6 +318,8 @@ struct Publisher {
     free: Vec<u32>,
     cursor: usize,
     payload: Vec<u8>,
+    /// xorshift state for `--random-payload`; 0 when payloads repeat one byte.
+    noise: u64,
     headers: Vec<u8>,
     reply: Vec<u8>,
     idle: Duration,
@@ -329,6 +331,7 @@ impl Publisher {
         subjects: Vec<Bytes>,
         window: usize,
         size: usize,
+        random: bool,
         timeout: Duration,
     ) -> Result<Publisher, BenchError> {
         let mut conn = Conn::connect_with(addr, "durable publisher", timeout, true, false).await?;
@@ -354,6 +357,12 @@ impl Publisher {
             free: (0..window as u32).rev().collect(),
             cursor: 0,
             payload: vec![b'x'; size],
+            // Any odd seed; different per publisher through the inbox's address.
+            noise: if random {
+                (inbox.as_ptr() as u64) | 1
+            } else {
+                0
+            },
             headers: Vec::with_capacity(96),
             reply: Vec::with_capacity(48),
             idle: timeout,
@@ -365,6 +374,15 @@ impl Publisher {
         self.reply.clear();
         self.reply.extend_from_slice(&self.inbox);
         let _ = write!(self.reply, "{slot}");
+        if self.noise != 0 {
+            for chunk in self.payload.chunks_mut(8) {
+                self.noise ^= self.noise << 13;
+                self.noise ^= self.noise >> 7;
+                self.noise ^= self.noise << 17;
+                let bytes = self.noise.to_le_bytes();
+                chunk.copy_from_slice(&bytes[..chunk.len()]);
+            }
+        }
         stamp(&mut self.payload);
         let subject = self.subjects.get(local).map_or(&[][..], |s| &s[..]);
         let head = self.heads.get(local).copied().unwrap_or(0);
@@ -541,6 +559,7 @@ async fn load(addr: &str, options: &Options, msgs: u64, expect: bool) -> Result<
                 subjects,
                 args.ack_window,
                 options.size,
+                args.random_payload,
                 options.timeout,
             )
             .await?,

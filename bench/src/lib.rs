@@ -276,6 +276,10 @@ pub struct DurableArgs {
     /// --subjects >= --publishers x --ack-window.
     #[arg(long)]
     pub expect: bool,
+    /// durable/replay: payloads of fresh pseudo-random bytes after the timestamp, which
+    /// do not compress (the default repeats one byte, which compresses to nothing).
+    #[arg(long)]
+    pub random_payload: bool,
     /// replay: subjects whose replay is timed (spread over the subjects).
     #[arg(long, default_value_t = 20, value_name = "N")]
     pub replay_samples: usize,
@@ -295,6 +299,7 @@ impl Default for DurableArgs {
             prefix: "bench.d".into(),
             ack_window: 256,
             expect: false,
+            random_payload: false,
             replay_samples: 20,
             replay_max: 100,
             stream: "BENCH".into(),

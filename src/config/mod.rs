@@ -54,7 +54,7 @@ pub use access::{AuthzConfig, LimitsConfig};
 pub use listeners::{
     HttpConfig, MqttConfig, NativeConfig, ServerConfig, TlsConfig, WebsocketConfig,
 };
-pub use store::{AckMode, RetentionConfig, StoreConfig, StorePolicy};
+pub use store::{AckMode, Compression, RetentionConfig, StoreConfig, StorePolicy};
 
 impl Config {
     /// Loads the configuration: the file if given (defaults otherwise), then every

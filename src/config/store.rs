@@ -15,6 +15,8 @@ pub struct StoreConfig {
     pub flush_interval_ms: u64,
     /// How long msg ids are remembered for dedupe.
     pub dedupe_window_secs: u64,
+    /// Compress the store's files with LZ4 (`lz4`, the default) or not (`none`).
+    pub compression: Compression,
     /// On a `file://` folder: how often the engine's garbage collector removes old
     /// manifests and write-ahead log files, and how old they must be.
     pub local_gc_secs: u64,
@@ -117,6 +119,7 @@ impl Default for StoreConfig {
             flush_interval_ms: 2,
             dedupe_window_secs: 120,
             local_gc_secs: 10,
+            compression: Compression::Lz4,
             max_batch: 1024,
             queue_depth: 8192,
             block_cache_mb: 64,
@@ -133,4 +136,15 @@ impl Default for StoreConfig {
             s3: crate::store::S3Settings::default(),
         }
     }
+}
+
+/// How the store's files are compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// Every SST (write-ahead log, L0, compacted) in LZ4 blocks.
+    #[default]
+    Lz4,
+    /// Stored as written.
+    None,
 }

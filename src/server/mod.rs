@@ -81,6 +81,7 @@ fn store_settings(config: &Config) -> Result<StoreSettings, ServerError> {
         flush_interval: Duration::from_millis(store.flush_interval_ms.max(1)),
         dedupe_window: Duration::from_secs(store.dedupe_window_secs),
         local_gc: Duration::from_secs(store.local_gc_secs.max(1)),
+        compress: store.compression == crate::config::Compression::Lz4,
         max_batch: store.max_batch,
         queue_depth: store.queue_depth,
         s3: store.s3.clone(),

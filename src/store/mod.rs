@@ -253,6 +253,8 @@ pub struct StoreSettings {
     /// On a local folder: the garbage collector's interval for manifests and the
     /// write-ahead log, and the age their files must have.
     pub local_gc: Duration,
+    /// Compress the engine's SSTs with LZ4.
+    pub compress: bool,
     /// Most appends one group commit takes.
     pub max_batch: usize,
     /// Appends that may wait for the sequencer before publishers are held back.

@@ -15,7 +15,7 @@ use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use slatedb::Db;
-use slatedb::config::Settings;
+use slatedb::config::{CompressionCodec, Settings};
 
 use super::{FORMAT_VERSION, StoreError, StoreSettings, keys};
 
@@ -150,6 +150,19 @@ pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, Stor
     };
     if lock.is_some() {
         engine_settings.garbage_collector_options = Some(local_collector(settings.local_gc));
+    }
+    // Keys of one subject share their prefix and messages are often text: LZ4 takes
+    // stored bytes down several times for little CPU, and SSTs name their codec, so
+    // stores written before open as they are. The compaction worker must rewrite
+    // SSTs with the same codec.
+    let codec = settings.compress.then_some(CompressionCodec::Lz4);
+    engine_settings.compression_codec = codec;
+    if let Some(worker) = engine_settings
+        .compactor_options
+        .as_mut()
+        .and_then(|compactor| compactor.worker.as_mut())
+    {
+        worker.compression_codec = codec;
     }
     let db = Db::builder(path, object_store)
         .with_settings(engine_settings)

@@ -46,6 +46,7 @@ fn settings(object_store: Arc<dyn ObjectStore>) -> StoreSettings {
         flush_interval: Duration::from_millis(1),
         dedupe_window: Duration::from_secs(60),
         local_gc: Duration::from_secs(10),
+        compress: true,
         max_batch: 256,
         queue_depth: 1024,
         s3: S3Settings::default(),
