@@ -348,7 +348,7 @@ impl Publisher {
                 // A request with no store headers to a stored subject: a service's
                 // when one answers the subject (it is then not stored, and only the
                 // service answers), otherwise a JetStream publish the store answers
-                // with its PubAck. Either way the requester gets one answer.
+                // with its PubAck (and that only watchers see). Stored means acked.
                 let plain_request =
                     to_reply && publish.reply.is_some() && !request.wants_ack(policy);
                 if plain_request {

@@ -152,9 +152,9 @@ pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, Stor
         engine_settings.garbage_collector_options = Some(local_collector(settings.local_gc));
     }
     // Keys of one subject share their prefix and messages are often text: LZ4 takes
-    // stored bytes down several times for little CPU, and SSTs name their codec, so
-    // stores written before open as they are. The compaction worker must rewrite
-    // SSTs with the same codec.
+    // their stored bytes down several times, and costs CPU mostly where payloads do
+    // not compress (BENCHMARKS.md). SSTs name their codec, so stores written before
+    // open as they are. The compaction worker must rewrite SSTs with the same codec.
     let codec = settings.compress.then_some(CompressionCodec::Lz4);
     engine_settings.compression_codec = codec;
     if let Some(worker) = engine_settings
