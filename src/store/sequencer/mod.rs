@@ -71,6 +71,9 @@ pub(super) struct Sequencer {
     /// The number of the last round whose write reached the engine: its messages
     /// are read from the engine, which also sees what purges deleted since.
     written: Arc<AtomicU64>,
+    /// Flush the write-ahead log as soon as an ack waits (a local folder), not on the
+    /// engine's timer.
+    eager_flush: bool,
 }
 
 /// A message by tenant, subject and version.
@@ -120,6 +123,8 @@ impl Sequencer {
             recent_sizes: VecDeque::new(),
             rounds: 0,
             written: Arc::new(AtomicU64::new(0)),
+            eager_flush: matches!(settings.url, super::StoreUrl::File(_))
+                && settings.object_store.is_none(),
         }
     }
 
@@ -130,6 +135,7 @@ impl Sequencer {
             Arc::clone(&self.events),
             self.durable_tx.clone(),
             Arc::clone(&self.stats),
+            self.eager_flush.then(|| Arc::clone(&self.db)),
         ));
         let (write_tx, write_rx) = mpsc::channel(WRITES_AHEAD);
         let writer = tokio::spawn(write_rounds(

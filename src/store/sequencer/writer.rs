@@ -7,7 +7,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use slatedb::config::WriteOptions;
+use futures::FutureExt;
+use slatedb::config::{FlushOptions, FlushType, WriteOptions};
 use slatedb::{Db, WriteBatch, WriteHandle};
 use tokio::sync::{mpsc, watch};
 
@@ -140,15 +141,34 @@ pub(super) async fn write_rounds(
 
 /// Waits for each write's durability in order, then sends its acks and moves the
 /// durable watch.
+///
+/// With `eager` (a local folder), a write that is not durable yet and has no other
+/// write queued behind it is flushed at once instead of at the next tick of the
+/// engine's flush timer, so a lone publish waits for one flush, not for the timer;
+/// a busy store keeps the timer's larger groups. On object storage every flush is
+/// a billed PUT, and the timer (`store.flush_interval_ms`) paces them.
 pub(super) async fn acknowledge(
     mut queue: mpsc::Receiver<PendingDurable>,
     events: Arc<dyn StoreEvents>,
     durable: watch::Sender<u64>,
     stats: Arc<super::stats::StoreStats>,
+    eager: Option<Arc<Db>>,
 ) {
     while let Some(pending) = queue.recv().await {
         let result = match &pending.handle {
             Some(handle) => {
+                // Only when no later write waits behind this one: a queue means a
+                // busy store, where the timer's larger groups cost fewer fsyncs.
+                if let Some(db) = &eager
+                    && queue.is_empty()
+                    && handle.await_durable().now_or_never().is_none()
+                {
+                    // A failed flush shows in the handle's own result below.
+                    let wal = FlushOptions {
+                        flush_type: FlushType::Wal,
+                    };
+                    let _ = db.flush_with_options(wal).await;
+                }
                 let result = handle.await_durable().await;
                 stats.durable.record(pending.written_at.elapsed());
                 result
