@@ -65,6 +65,9 @@ pub(super) fn failure_reason(what: &str, error: &slatedb::Error) -> String {
     }
 }
 
+/// Acks a round may carry and still be flushed at once on a local folder.
+const EAGER_MAX_ACKS: usize = 8;
+
 /// Writes decided rounds in order. A failed write, and every round decided before the
 /// sequencer learned of it (their versions follow the lost ones), is refused, so a
 /// subject's versions never skip.
@@ -142,8 +145,8 @@ pub(super) async fn write_rounds(
 /// Waits for each write's durability in order, then sends its acks and moves the
 /// durable watch.
 ///
-/// With `eager` (a local folder), a write that is not durable yet and has no other
-/// write queued behind it is flushed at once instead of at the next tick of the
+/// With `eager` (a local folder), a small write that is not durable yet and has no
+/// other write queued behind it is flushed at once instead of at the next tick of the
 /// engine's flush timer, so a lone publish waits for one flush, not for the timer;
 /// a busy store keeps the timer's larger groups. On object storage every flush is
 /// a billed PUT, and the timer (`store.flush_interval_ms`) paces them.
@@ -157,10 +160,12 @@ pub(super) async fn acknowledge(
     while let Some(pending) = queue.recv().await {
         let result = match &pending.handle {
             Some(handle) => {
-                // Only when no later write waits behind this one: a queue means a
-                // busy store, where the timer's larger groups cost fewer fsyncs.
+                // Only for a small write with none queued behind it: a queue or a
+                // large round means a busy store, where the timer's larger groups
+                // cost fewer fsyncs.
                 if let Some(db) = &eager
                     && queue.is_empty()
+                    && pending.acks.len() + pending.barriers.len() <= EAGER_MAX_ACKS
                     && handle.await_durable().now_or_never().is_none()
                 {
                     // A failed flush shows in the handle's own result below.
