@@ -415,6 +415,15 @@ pub async fn replay_subject(client: &async_nats::Client, subject: &str) -> Vec<S
     replay_all(client, serde_json::json!({"subject": subject, "max": 1000})).await
 }
 
+/// The payloads of every stored message of one subject, as text, in version order.
+pub async fn replay_texts(client: &async_nats::Client, subject: &str) -> Vec<String> {
+    replay_subject(client, subject)
+        .await
+        .iter()
+        .map(Stored::text)
+        .collect()
+}
+
 /// One `$CANOPY.subjects` page: the parsed JSON reply.
 pub async fn subjects_page(
     client: &async_nats::Client,

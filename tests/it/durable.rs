@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use crate::common::{
     Stored, WAIT, file_config, header, header_of, list_subjects, local_folder_config,
     publish_acked, replay_all, replay_collect, replay_page, replay_start, replay_subject,
-    request_then_marker, start, start_default, store_request, subjects_page, test_config,
+    replay_texts, request_then_marker, start, start_default, store_request, subjects_page,
+    test_config,
 };
 
 async fn connect(server: &canopy::server::RunningServer) -> async_nats::Client {
@@ -204,11 +205,7 @@ async fn jetstream_msg_ids_dedupe_under_the_default_policy() {
     assert!(api.to_string().contains("wrong last sequence"), "{api}");
 
     let client = connect(&server).await;
-    let texts: Vec<String> = replay_subject(&client, "jsid.a")
-        .await
-        .iter()
-        .map(Stored::text)
-        .collect();
+    let texts = replay_texts(&client, "jsid.a").await;
     assert_eq!(
         texts,
         ["x", "y", "z"],
@@ -257,11 +254,7 @@ async fn expected_version_zero_means_the_subject_must_not_exist() {
     )
     .await;
     assert_eq!(version(&next), 2, "{next}");
-    let texts: Vec<String> = replay_subject(&client, "ev.new")
-        .await
-        .iter()
-        .map(Stored::text)
-        .collect();
+    let texts = replay_texts(&client, "ev.new").await;
     assert_eq!(texts, ["a", "c"]);
     server.stop().await;
 }
@@ -414,11 +407,7 @@ async fn live_subscribers_see_a_stored_subject_in_version_order() {
         (1..=total as u64).collect::<Vec<_>>(),
         "live delivery follows version order"
     );
-    let replayed: Vec<String> = replay_subject(&watcher, "live.order")
-        .await
-        .iter()
-        .map(Stored::text)
-        .collect();
+    let replayed = replay_texts(&watcher, "live.order").await;
     assert_eq!(replayed, received, "replay order is the live order");
     server.stop().await;
 }
@@ -825,11 +814,7 @@ async fn append_stores_all_messages_or_none() {
     assert_eq!((ok["count"].as_u64(), version(&ok)), (Some(3), 5), "{ok}");
     let again = append(&client, body).await;
     assert_eq!(again["duplicate"], true, "{again}");
-    let texts: Vec<String> = replay_subject(&client, "agg.1")
-        .await
-        .iter()
-        .map(Stored::text)
-        .collect();
+    let texts = replay_texts(&client, "agg.1").await;
     assert_eq!(texts.len(), 5);
     assert_eq!(texts[2..], ["c", "d", "e"]);
     server.stop().await;

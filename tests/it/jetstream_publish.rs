@@ -8,7 +8,7 @@
 
 use futures::StreamExt;
 
-use crate::common::{Stored, WAIT, replay_subject, request_then_marker, start_default};
+use crate::common::{WAIT, replay_subject, replay_texts, request_then_marker, start_default};
 
 async fn connect(server: &canopy::server::RunningServer) -> async_nats::Client {
     async_nats::connect(server.native_url())
@@ -61,11 +61,7 @@ async fn a_plain_jetstream_publish_is_stored_and_acked() {
         "watchers see the reply subject, as NATS shows it"
     );
 
-    let texts: Vec<String> = replay_subject(&client, "orders.42")
-        .await
-        .iter()
-        .map(Stored::text)
-        .collect();
+    let texts = replay_texts(&client, "orders.42").await;
     assert_eq!(
         texts,
         ["one", "two", "three"],

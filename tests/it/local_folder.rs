@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::common::{Stored, local_folder_config, publish_acked, replay_subject, start};
+use crate::common::{local_folder_config, publish_acked, replay_texts, start};
 
 /// Manifests the engine keeps (the current one and at most a few in flight).
 const KEPT: usize = 4;
@@ -39,11 +39,7 @@ async fn restarts_leave_no_pile_of_manifests() {
         }
         counts.push(manifests(folder.path()));
         if round + 1 == RESTARTS {
-            let texts: Vec<String> = replay_subject(&client, "gc.round")
-                .await
-                .iter()
-                .map(Stored::text)
-                .collect();
+            let texts = replay_texts(&client, "gc.round").await;
             let expected: Vec<String> = (0..RESTARTS).map(|r| r.to_string()).collect();
             assert_eq!(texts, expected, "every acked message survives the restarts");
         }
