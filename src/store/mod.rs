@@ -20,6 +20,7 @@ mod record;
 pub mod reduce;
 mod retained;
 mod retention;
+mod runs;
 mod sequencer;
 mod snapshot;
 pub mod stats;
@@ -45,8 +46,10 @@ pub use tenants::{TenantLimits, TenantRecord, check_tenant_name, new_tenant};
 pub use users::{Permissions, Rules, TokenRecord, UserRecord, check_user_name};
 
 /// The on-store format this binary writes. Older formats are opened (and migrated
-/// when one exists); newer ones are refused.
-pub const FORMAT_VERSION: u64 = 1;
+/// when one exists); newer ones are refused. Format 2 keeps a subject's messages of
+/// one round under one key (a run); a format 1 message is a run of one, so a format 1
+/// store opens as it is and is marked format 2 (older binaries then refuse it).
+pub const FORMAT_VERSION: u64 = 2;
 
 /// Folds waiting for the compactor; more are skipped (the next multiple covers them).
 const COMPACTION_QUEUE: usize = 1024;
@@ -287,6 +290,10 @@ pub struct Store {
     bytes_full: Arc<TenantSet>,
     /// Tenants with a retention age of their own, for retention passes.
     tenant_max_age: parking_lot::RwLock<std::collections::HashMap<Arc<str>, u64>>,
+    /// Held by whatever deletes old versions outside the sequencer (purge, retention,
+    /// a snapshot dropping what it covers): a run cut in two is written again, which
+    /// must not bring back versions another deletion just removed.
+    deleting: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A set of tenant names the sequencer keeps and front ends ask about on every
@@ -329,10 +336,12 @@ impl Store {
         let (durable_tx, durable) = watch::channel(0);
         let stop = tokio_util::sync::CancellationToken::new();
         let (jobs, job_queue) = mpsc::channel(COMPACTION_QUEUE);
+        let deleting = Arc::new(tokio::sync::Mutex::new(()));
         tokio::spawn(snapshot::compactor(
             Arc::clone(&db),
             durable.clone(),
             job_queue,
+            Arc::clone(&deleting),
         ));
         let stats = Arc::new(stats::StoreStats::default());
         let bytes_full = Arc::new(TenantSet::default());
@@ -356,6 +365,7 @@ impl Store {
             stats,
             bytes_full,
             tenant_max_age: Default::default(),
+            deleting,
             clock: settings.clock,
         })
     }

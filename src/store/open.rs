@@ -256,7 +256,13 @@ pub(super) async fn check_format(db: &Db) -> Result<(), StoreError> {
                     known: FORMAT_VERSION,
                 });
             }
-            // Format 1 is the first: nothing older to migrate yet.
+            // Format 1 values read as format 2 (each message a run of one): nothing
+            // to migrate, but the record moves on, so a binary that cannot read runs
+            // refuses the store instead of misreading it.
+            if found < FORMAT_VERSION {
+                super::put_durably(db, keys::FORMAT_KEY, FORMAT_VERSION.to_be_bytes()).await?;
+                tracing::info!(from = found, to = FORMAT_VERSION, "store format upgraded");
+            }
             Ok(())
         }
         None => {

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use canopy_subjects::Pattern;
 use slatedb::WriteBatch;
 
-use super::{Store, StoreError, keys, put_durably, record, write_durably};
+use super::{Store, StoreError, keys, put_durably, record, runs, write_durably};
 
 /// Deletes per engine write.
 const DELETE_CHUNK: usize = 1000;
@@ -25,6 +25,7 @@ pub struct Purged {
 impl Store {
     /// Deletes every message and snapshot of `subject` up to its current head.
     pub async fn purge_subject(&self, tenant: &str, subject: &str) -> Result<Purged, StoreError> {
+        let _deleting = self.deleting.lock().await;
         let Some(head) = self.get(tenant, subject, None).await? else {
             return Ok(Purged::default());
         };
@@ -35,11 +36,26 @@ impl Store {
             record::encode_marker(head.version, head.offset),
         )
         .await?;
-        let (messages, bytes) = self
-            .delete_range(
-                keys::message(tenant, subject, 1)..keys::message(tenant, subject, head.version + 1),
+        let (mut messages, mut bytes) = (0, 0);
+        loop {
+            let mut batch = WriteBatch::new();
+            let deleted = runs::delete_through(
+                self.db(),
+                tenant,
+                subject,
+                head.version,
+                DELETE_CHUNK,
+                &mut batch,
             )
             .await?;
+            write_durably(self.db(), batch).await?;
+            messages += deleted.messages;
+            bytes += deleted.bytes;
+            if deleted.done {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
         self.release(tenant, bytes).await;
         self.delete_range(keys::snapshots_up_to(tenant, subject, head.version))
             .await?;
@@ -83,11 +99,8 @@ impl Store {
         }
     }
 
-    /// Deletes the range; returns the keys deleted and the header and payload bytes
-    /// of those that were messages.
-    async fn delete_range(&self, range: std::ops::Range<Bytes>) -> Result<(u64, u64), StoreError> {
-        let mut deleted = 0;
-        let mut bytes = 0;
+    /// Deletes the range (of snapshots), in chunks.
+    async fn delete_range(&self, range: std::ops::Range<Bytes>) -> Result<(), StoreError> {
         loop {
             // A fresh scan per chunk: an iterator is not kept across our own writes.
             let mut chunk = self.db().scan(range.clone()).await?;
@@ -98,16 +111,12 @@ impl Store {
                     break;
                 };
                 batch.delete(&kv.key);
-                if let Some(message) = record::decode_record(kv.value) {
-                    bytes += (message.headers.len() + message.payload.len()) as u64;
-                }
                 n += 1;
             }
             if n == 0 {
-                return Ok((deleted, bytes));
+                return Ok(());
             }
             write_durably(self.db(), batch).await?;
-            deleted += n as u64;
             tokio::task::yield_now().await;
         }
     }

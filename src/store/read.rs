@@ -9,9 +9,10 @@
 use bytes::Bytes;
 use canopy_subjects::{Pattern, PatternToken, Subject};
 use slatedb::IterationOrder;
-use slatedb::config::{DurabilityLevel, ReadOptions, ScanOptions};
+use slatedb::config::{DurabilityLevel, ScanOptions};
 
 use super::record::{self, Record};
+use super::runs::{self, Seen};
 use super::{Store, StoreError, keys};
 
 /// One stored message.
@@ -78,10 +79,6 @@ fn durable_scan() -> ScanOptions {
     ScanOptions::default().with_durability_filter(DurabilityLevel::Remote)
 }
 
-fn durable_read() -> ReadOptions {
-    ReadOptions::default().with_durability_filter(DurabilityLevel::Remote)
-}
-
 pub(super) fn stored(subject: &str, version: u64, record: Record) -> StoredMessage {
     StoredMessage {
         subject: subject.to_owned(),
@@ -102,31 +99,13 @@ impl Store {
         subject: &str,
         version: Option<u64>,
     ) -> Result<Option<StoredMessage>, StoreError> {
-        match version {
-            Some(version) => {
-                let value = self
-                    .db()
-                    .get_with_options(keys::message(tenant, subject, version), &durable_read())
-                    .await?;
-                Ok(value
-                    .and_then(record::decode_record)
-                    .map(|r| stored(subject, version, r)))
-            }
-            None => {
-                let options = durable_scan().with_order(IterationOrder::Descending);
-                let mut newest = self
-                    .db()
-                    .scan_with_options(keys::message_range(tenant, subject, 1), &options)
-                    .await?;
-                Ok(match newest.next().await? {
-                    Some(kv) => {
-                        let version = keys::message_version(&kv.key).unwrap_or(0);
-                        record::decode_record(kv.value).map(|r| stored(subject, version, r))
-                    }
-                    None => None,
-                })
-            }
-        }
+        let found = match version {
+            Some(version) => runs::at(self.db(), tenant, subject, version, Seen::Durable)
+                .await?
+                .map(|r| (version, r)),
+            None => runs::newest(self.db(), tenant, subject, Seen::Durable).await?,
+        };
+        Ok(found.map(|(version, r)| stored(subject, version, r)))
     }
 
     /// A page of one subject's history: only that subject's key range is read.
@@ -144,10 +123,7 @@ impl Store {
             // An offset or a time is found by walking the subject from its start.
             ReplayFrom::Offset(_) | ReplayFrom::Time(_) => 1,
         };
-        let mut iter = self
-            .db()
-            .scan_with_options(keys::message_range(tenant, subject, start), &durable_scan())
-            .await?;
+        let mut iter = runs::Scan::open(self.db(), tenant, subject, start, Seen::Durable).await?;
         let mut page = ReplayPage {
             next: start,
             ..ReplayPage::default()
@@ -157,13 +133,9 @@ impl Store {
             if page.messages.len() >= max.max(1) || bytes >= max_bytes {
                 return Ok(page);
             }
-            let Some(kv) = iter.next().await? else {
+            let Some((version, record)) = iter.next().await? else {
                 page.caught_up = true;
                 return Ok(page);
-            };
-            let version = keys::message_version(&kv.key).unwrap_or(0);
-            let Some(record) = record::decode_record(kv.value) else {
-                continue;
             };
             page.next = version + 1;
             let wanted = match from {
@@ -213,6 +185,7 @@ impl Store {
             _ => 0,
         };
         let mut batches = self.batches_from(tenant, from_offset).await?;
+        let mut recent = runs::RecentRuns::default();
         let mut page = ReplayPage {
             next: from_offset,
             ..ReplayPage::default()
@@ -239,11 +212,10 @@ impl Store {
                 if !matches(subject) {
                     continue;
                 }
-                let value = self
-                    .db()
-                    .get_with_options(keys::message(tenant, subject, *version), &durable_read())
+                let record = recent
+                    .at(self.db(), tenant, subject, *version, Seen::Durable)
                     .await?;
-                if let Some(record) = value.and_then(record::decode_record) {
+                if let Some(record) = record {
                     bytes += record.payload.len() + record.headers.len();
                     page.messages.push(stored(subject, *version, record));
                 }

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //!  message record  offset:u64be time_ms:u64be flags:u8 header_len:u24be headers payload
+//!  run             0xFF count:u32be { record_len:u32be message record }*   (format 2)
 //!  retained        version:u64be message record
 //!  batch entry     time_ms:u64be count:u32be { subject_len:u16be subject version:u64be bytes:u32be }*
 //!  msg id entry    version:u64be offset:u64be time_ms:u64be subject
@@ -62,6 +63,80 @@ fn put_record(
     out.put_u32(u32::from(flags) << 24 | len);
     out.put_slice(headers.get(..MAX_HEADERS).unwrap_or(headers));
     out.put_slice(payload);
+}
+
+/// The first byte of a run: a value holding `count` consecutive versions of one
+/// subject, keyed by the first. A single message is stored as a bare record, whose
+/// first byte is the top byte of its offset and so 0 below 2^56 offsets: the two
+/// never look alike, and every format 1 value reads as a run of one.
+pub const RUN_MARK: u8 = 0xFF;
+const RUN_HEADER: usize = 1 + 4;
+
+/// One run's value, built record by record into one buffer.
+#[derive(Debug)]
+pub struct RunBuilder {
+    out: BytesMut,
+    count: u32,
+}
+
+impl RunBuilder {
+    pub fn new(capacity: usize) -> Self {
+        let mut out = BytesMut::with_capacity(RUN_HEADER + 4 + RECORD_FIXED + capacity);
+        out.put_u8(RUN_MARK);
+        out.put_u32(0);
+        RunBuilder { out, count: 0 }
+    }
+
+    pub fn push(&mut self, offset: u64, time_ms: u64, flags: u8, headers: &[u8], payload: &[u8]) {
+        let headers = headers.get(..MAX_HEADERS).unwrap_or(headers);
+        let len = RECORD_FIXED + headers.len() + payload.len();
+        self.out.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+        put_record(&mut self.out, offset, time_ms, flags, headers, payload);
+        self.count += 1;
+    }
+
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Bytes of the value so far.
+    pub fn bytes(&self) -> usize {
+        self.out.len()
+    }
+
+    /// The value: a bare record for a run of one, else the run.
+    pub fn finish(mut self) -> Bytes {
+        if self.count == 1 {
+            return self.out.freeze().slice(RUN_HEADER + 4..);
+        }
+        self.out[1..RUN_HEADER].copy_from_slice(&self.count.to_be_bytes());
+        self.out.freeze()
+    }
+}
+
+/// The records of one stored value, in version order: one for a bare record, the
+/// run's for a run. `None` when it is malformed.
+pub fn decode_run(mut value: Bytes) -> Option<Vec<Record>> {
+    if value.first() != Some(&RUN_MARK) {
+        return decode_record(value).map(|r| vec![r]);
+    }
+    if value.len() < RUN_HEADER {
+        return None;
+    }
+    value.advance(1);
+    let count = usize::try_from(value.get_u32()).ok()?;
+    let mut records = Vec::with_capacity(count.min(value.len() / (4 + RECORD_FIXED)));
+    for _ in 0..count {
+        if value.len() < 4 {
+            return None;
+        }
+        let len = usize::try_from(value.get_u32()).ok()?;
+        if len > value.len() {
+            return None;
+        }
+        records.push(decode_record(value.split_to(len))?);
+    }
+    value.is_empty().then_some(records)
 }
 
 /// A retained message: the subject's version it came from, then its record.
@@ -229,6 +304,39 @@ mod tests {
         let mut lying = BytesMut::from(&value[..]);
         lying[16..20].copy_from_slice(&u32::MAX.to_be_bytes());
         assert_eq!(decode_record(lying.freeze()), None);
+    }
+
+    #[test]
+    fn runs_round_trip_and_a_run_of_one_is_a_bare_record() {
+        let mut one = RunBuilder::new(16);
+        one.push(7, 1234, 2, b"", b"only");
+        assert_eq!(one.finish(), encode_record(7, 1234, 2, b"", b"only"));
+        assert_eq!(
+            decode_run(encode_record(7, 1234, 2, b"", b"only")).map(|r| r.len()),
+            Some(1)
+        );
+
+        let mut run = RunBuilder::new(64);
+        run.push(10, 5, 0, b"NATS/1.0\r\nA: b\r\n\r\n", b"first");
+        run.push(12, 5, 1, b"", b"");
+        run.push(13, 6, 0, b"", b"third");
+        assert_eq!(run.count(), 3);
+        let value = run.finish();
+        assert_eq!(value[0], RUN_MARK);
+        let records = decode_run(value.clone()).expect("decodes");
+        let offsets: Vec<u64> = records.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, [10, 12, 13]);
+        assert_eq!(&records[0].headers[..], b"NATS/1.0\r\nA: b\r\n\r\n");
+        assert_eq!(&records[0].payload[..], b"first");
+        assert_eq!((records[1].flags, records[1].payload.len()), (1, 0));
+        assert_eq!(&records[2].payload[..], b"third");
+        // Cut anywhere, or with a count that lies, it is refused rather than misread.
+        for cut in 1..value.len() {
+            assert_eq!(decode_run(value.slice(..cut)), None, "cut at {cut}");
+        }
+        let mut lying = BytesMut::from(&value[..]);
+        lying[1..5].copy_from_slice(&2u32.to_be_bytes());
+        assert_eq!(decode_run(lying.freeze()), None);
     }
 
     #[test]

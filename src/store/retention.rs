@@ -17,7 +17,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use slatedb::{Db, WriteBatch};
 use tokio_util::sync::CancellationToken;
 
-use super::{Store, StoreError, keys, put_durably, record, write_durably};
+use super::{Store, StoreError, keys, put_durably, record, runs, write_durably};
 
 /// Deletes per engine write.
 const DELETE_CHUNK: usize = 1000;
@@ -83,8 +83,10 @@ impl Store {
             }
             let own_age = self.tenant_max_age.read().get(tenant.as_str()).copied();
             let now = self.clock.now_ms();
-            let pass =
-                enforce_tenant(self.db(), &tenant, rules, own_age.unwrap_or(0), now, stop).await?;
+            let pass = {
+                let _deleting = self.deleting.lock().await;
+                enforce_tenant(self.db(), &tenant, rules, own_age.unwrap_or(0), now, stop).await?
+            };
             self.release(&tenant, pass.bytes).await;
             total.messages += pass.messages;
             total.bytes += pass.bytes;
@@ -255,13 +257,14 @@ async fn delete(db: &Db, tenant: &str, work: &mut Work) -> Result<(u64, u64), St
     let count = work.messages.len() as u64;
     let mut bytes = 0;
     let mut batch = WriteBatch::new();
-    for (subject, version, _, size) in work.messages.drain(..) {
-        let key = keys::message(tenant, &subject, version);
-        if db.get(&key).await?.is_some() {
-            bytes += u64::from(size);
-        }
-        batch.delete(key);
+    // Oldest first, so each subject loses a prefix of its versions: everything up
+    // to the highest one listed (what a purge or a version limit took is gone).
+    for (subject, (version, _)) in &highest {
+        let deleted =
+            runs::delete_through(db, tenant, subject, *version, usize::MAX, &mut batch).await?;
+        bytes += deleted.bytes;
     }
+    work.messages.clear();
     for (key, rewrite) in work.batches.drain(..) {
         match rewrite {
             Some(value) => batch.put(&key, value),

@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use slatedb::config::{DurabilityLevel, ReadOptions, ScanOptions};
+use slatedb::config::{DurabilityLevel, ScanOptions};
 use slatedb::{Db, IterationOrder, WriteBatch};
 use tokio::sync::{mpsc, watch};
 
 use super::reduce::ReducerKind;
+use super::runs::{self, Seen};
 use super::{Store, StoreError, keys, now_ms, put_durably, record, write_durably};
 
 /// A stored snapshot.
@@ -78,10 +79,6 @@ fn decode(subject: &str, version: u64, mut value: Bytes) -> Option<Snapshot> {
         json: stamp & JSON_FLAG != 0,
         payload: value,
     })
-}
-
-fn durable_read() -> ReadOptions {
-    ReadOptions::default().with_durability_filter(DurabilityLevel::Remote)
 }
 
 /// The newest snapshot of `subject` at or below `at_or_below`.
@@ -151,9 +148,10 @@ pub(super) async fn compactor(
     db: Arc<Db>,
     mut durable: watch::Receiver<u64>,
     mut jobs: mpsc::Receiver<CompactionJob>,
+    deleting: Arc<tokio::sync::Mutex<()>>,
 ) {
     while let Some(job) = jobs.recv().await {
-        if let Err(error) = compact(&db, &mut durable, &job).await {
+        if let Err(error) = compact(&db, &deleting, &mut durable, &job).await {
             tracing::warn!(
                 %error,
                 tenant = &*job.tenant,
@@ -167,6 +165,7 @@ pub(super) async fn compactor(
 
 async fn compact(
     db: &Db,
+    deleting: &tokio::sync::Mutex<()>,
     durable: &mut watch::Receiver<u64>,
     job: &CompactionJob,
 ) -> Result<(), StoreError> {
@@ -174,8 +173,10 @@ async fn compact(
     let deadline = tokio::time::Instant::now() + DURABLE_WAIT;
     loop {
         durable.borrow_and_update();
-        let key = keys::message(tenant, subject, target);
-        if db.get_with_options(&key, &durable_read()).await?.is_some() {
+        if runs::at(db, tenant, subject, target, Seen::Durable)
+            .await?
+            .is_some()
+        {
             break;
         }
         if tokio::time::timeout_at(deadline, durable.changed())
@@ -199,18 +200,11 @@ async fn compact(
         ReducerKind::Last => base.as_ref().is_some_and(|s| s.json),
     };
     let mut state: Option<Vec<u8>> = base.map(|s| s.payload.to_vec());
-    let options = ScanOptions::default().with_durability_filter(DurabilityLevel::Remote);
-    let mut events = db
-        .scan_with_options(keys::message_range(tenant, subject, from), &options)
-        .await?;
-    while let Some(kv) = events.next().await? {
-        let version = keys::message_version(&kv.key).unwrap_or(u64::MAX);
+    let mut events = runs::Scan::open(db, tenant, subject, from, Seen::Durable).await?;
+    while let Some((version, event)) = events.next().await? {
         if version > target {
             break;
         }
-        let Some(event) = record::decode_record(kv.value) else {
-            continue;
-        };
         match reducer.fold(state.as_deref(), &event.payload) {
             Ok(next) => {
                 state = Some(next);
@@ -233,7 +227,7 @@ async fn compact(
     )
     .await?;
     if !job.compaction.keep_history {
-        drop_covered(db, tenant, subject, target).await?;
+        drop_covered(db, deleting, tenant, subject, target).await?;
     }
     Ok(())
 }
@@ -242,25 +236,26 @@ async fn compact(
 /// subject's head is still recovered from its own range.
 async fn drop_covered(
     db: &Db,
+    deleting: &tokio::sync::Mutex<()>,
     tenant: &str,
     subject: &str,
     version: u64,
 ) -> Result<(), StoreError> {
-    let mut keys_seen = db
-        .scan(keys::message(tenant, subject, 1)..keys::message(tenant, subject, version))
+    let _deleting = deleting.lock().await;
+    loop {
+        let mut batch = WriteBatch::new();
+        let deleted = runs::delete_through(
+            db,
+            tenant,
+            subject,
+            version.saturating_sub(1),
+            DELETE_CHUNK,
+            &mut batch,
+        )
         .await?;
-    let mut batch = WriteBatch::new();
-    let mut pending = 0;
-    while let Some(kv) = keys_seen.next().await? {
-        batch.delete(&kv.key);
-        pending += 1;
-        if pending == DELETE_CHUNK {
-            write_durably(db, std::mem::take(&mut batch)).await?;
-            pending = 0;
+        write_durably(db, batch).await?;
+        if deleted.done {
+            return Ok(());
         }
     }
-    if pending > 0 {
-        write_durably(db, batch).await?;
-    }
-    Ok(())
 }

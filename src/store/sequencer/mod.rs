@@ -44,7 +44,7 @@ const WRITES_AHEAD: usize = 2;
 pub(super) struct Sequencer {
     db: Arc<Db>,
     events: Arc<dyn StoreEvents>,
-    tenants: HashMap<Arc<str>, TenantState>,
+    tenants: SeededMap<Arc<str>, TenantState>,
     window_ms: u64,
     max_batch: usize,
     clock: crate::clock::Clock,
@@ -55,7 +55,7 @@ pub(super) struct Sequencer {
     epoch_seen: u64,
     stats: Arc<super::stats::StoreStats>,
     /// Stored limits of the tenants that have any.
-    limits: HashMap<Arc<str>, StoredLimits>,
+    limits: SeededMap<Arc<str>, StoredLimits>,
     /// Bytes deleted outside the sequencer, not yet taken off the tenants' usage.
     released: HashMap<Arc<str>, u64>,
     /// Tenants at their bytes limit, for front ends to refuse early.
@@ -63,6 +63,10 @@ pub(super) struct Sequencer {
     /// Sizes of the messages a subject's version limit drops this round, read by
     /// `load`: (tenant, subject, version) to header and payload bytes.
     dropped_sizes: HashMap<MessageKey, u64>,
+    /// Dropped versions that `load` found inside a run of several (written before the
+    /// subject had a version limit): the key to delete with it, `Some` when it is
+    /// the run's last version, so the run goes once all of it is out of the window.
+    dropped_in_runs: HashMap<MessageKey, Option<u64>>,
     /// Sizes of the messages of version-limited subjects appended in the last
     /// rounds, which may not be in the engine yet when `load` looks for them.
     recent_sizes: VecDeque<(u64, HashMap<MessageKey, u64>)>,
@@ -84,6 +88,11 @@ type MessageKey = (Arc<str>, Arc<str>, u64);
 const UNWRITTEN_ROUNDS: usize = WRITES_AHEAD + 2;
 
 /// A tenant's part of one round: its first offset and (subject, version, bytes) list.
+/// The maps the sequencer looks up once or more per append, keyed by tenant and
+/// subject names that clients choose: foldhash, seeded at random per map, costs a
+/// fraction of SipHash on short keys.
+pub(super) type SeededMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 type RoundIndex = (u64, Vec<(Arc<str>, u64, u32)>);
 
 /// One accepted message, by position in the round's requests.
@@ -107,7 +116,7 @@ impl Sequencer {
         Self {
             db,
             events,
-            tenants: HashMap::new(),
+            tenants: SeededMap::default(),
             window_ms: u64::try_from(settings.dedupe_window.as_millis()).unwrap_or(u64::MAX),
             max_batch: settings.max_batch.max(1),
             clock: settings.clock.clone(),
@@ -116,10 +125,11 @@ impl Sequencer {
             failures: Arc::new(AtomicU64::new(0)),
             epoch_seen: 0,
             stats,
-            limits: HashMap::new(),
+            limits: SeededMap::default(),
             released: HashMap::new(),
             bytes_full,
             dropped_sizes: HashMap::new(),
+            dropped_in_runs: HashMap::new(),
             recent_sizes: VecDeque::new(),
             rounds: 0,
             written: Arc::new(AtomicU64::new(0)),

@@ -13,6 +13,7 @@ use slatedb::WriteBatch;
 use slatedb::config::{PutOptions, Ttl};
 
 use crate::store::record::{self, MsgIdEntry};
+use crate::store::runs::{self, RUN_MAX_BYTES, RUN_MAX_MESSAGES, Seen};
 use crate::store::snapshot::CompactionJob;
 use crate::store::{
     AppendOutcome, AppendRequest, Durability, Expectation, Sequenced, StoreError, StoredUsage, keys,
@@ -20,7 +21,38 @@ use crate::store::{
 
 use super::tenant::{encode_usage, load_head, load_next_offset, load_usage};
 use super::writer::RoundWrite;
-use super::{Assigned, RoundIndex, Sequencer, UNWRITTEN_ROUNDS};
+use super::{Assigned, RoundIndex, SeededMap, Sequencer, UNWRITTEN_ROUNDS};
+
+/// The messages of one subject in one round, written as one key.
+struct OpenRun {
+    first: u64,
+    builder: record::RunBuilder,
+}
+
+impl OpenRun {
+    fn new(first: u64, payload: usize) -> OpenRun {
+        OpenRun {
+            first,
+            builder: record::RunBuilder::new(payload),
+        }
+    }
+
+    /// Whether `version` can go on this run: the next one, and the run not full.
+    fn takes(&self, version: u64) -> bool {
+        version == self.first + u64::from(self.builder.count())
+            && self.builder.count() < RUN_MAX_MESSAGES
+            && self.builder.bytes() < RUN_MAX_BYTES
+    }
+
+    fn write(self, batch: &mut WriteBatch, tenant: &str, subject: &str) {
+        if self.builder.count() > 0 {
+            batch.put(
+                keys::message(tenant, subject, self.first),
+                self.builder.finish(),
+            );
+        }
+    }
+}
 
 impl Sequencer {
     /// Decides and routes one round of appends, and prepares its write.
@@ -45,12 +77,14 @@ impl Sequencer {
         let mut acks = Vec::new();
         let mut immediate = Vec::new();
         // Per tenant: first offset and (subject, version) list of this round.
-        let mut index: HashMap<Arc<str>, RoundIndex> = HashMap::new();
+        let mut index: SeededMap<Arc<str>, RoundIndex> = SeededMap::default();
         let msg_id_options = PutOptions {
             ttl: Ttl::ExpireAfterMillis(self.window_ms.max(1)),
         };
 
         let mut this_round_sizes = HashMap::new();
+        // Per (tenant, subject): the run of this round's messages being built.
+        let mut runs: SeededMap<(Arc<str>, Arc<str>), OpenRun> = SeededMap::default();
         // Tenants whose usage this round changes, each once.
         let mut changed: Vec<Arc<str>> = Vec::new();
         for (tenant, bytes) in self.released.drain() {
@@ -165,16 +199,38 @@ impl Sequencer {
                 new_head.version += 1;
                 new_head.offset = *next_offset;
                 *next_offset += 1;
-                batch.put(
-                    keys::message(&request.tenant, &request.subject, new_head.version),
-                    record::encode_record(
+                if request.max_versions > 0 {
+                    // The sequencer drops this subject's oldest version by key, in
+                    // the same write: one key per version.
+                    batch.put(
+                        keys::message(&request.tenant, &request.subject, new_head.version),
+                        record::encode_record(
+                            new_head.offset,
+                            now,
+                            message.flags,
+                            &message.headers,
+                            &message.payload,
+                        ),
+                    );
+                } else {
+                    let run = runs
+                        .entry((Arc::clone(&request.tenant), Arc::clone(&request.subject)))
+                        .or_insert_with(|| OpenRun::new(new_head.version, message.payload.len()));
+                    if !run.takes(new_head.version) {
+                        let full = std::mem::replace(
+                            run,
+                            OpenRun::new(new_head.version, message.payload.len()),
+                        );
+                        full.write(&mut batch, &request.tenant, &request.subject);
+                    }
+                    run.builder.push(
                         new_head.offset,
                         now,
                         message.flags,
                         &message.headers,
                         &message.payload,
-                    ),
-                );
+                    );
+                }
                 if request.retain {
                     // MQTT's rule: an empty retained publish clears the retained
                     // message; the publish itself is still stored and delivered.
@@ -197,12 +253,15 @@ impl Sequencer {
                 }
                 if request.max_versions > 0 && new_head.version > request.max_versions {
                     let dropped = new_head.version - request.max_versions;
-                    batch.delete(keys::message(&request.tenant, &request.subject, dropped));
                     let key = (
                         Arc::clone(&request.tenant),
                         Arc::clone(&request.subject),
                         dropped,
                     );
+                    let delete = self.dropped_in_runs.remove(&key).unwrap_or(Some(dropped));
+                    if let Some(version) = delete {
+                        batch.delete(keys::message(&request.tenant, &request.subject, version));
+                    }
                     let size = self
                         .dropped_sizes
                         .remove(&key)
@@ -293,6 +352,7 @@ impl Sequencer {
         }
 
         self.dropped_sizes.clear();
+        self.dropped_in_runs.clear();
         if self.recent_sizes.len() >= UNWRITTEN_ROUNDS {
             self.recent_sizes.pop_front();
         }
@@ -312,6 +372,9 @@ impl Sequencer {
             }
         }
 
+        for ((tenant, subject), run) in runs {
+            run.write(&mut batch, &tenant, &subject);
+        }
         for (tenant, (first, messages)) in &index {
             batch.put(
                 keys::batch(tenant, *first),
@@ -409,12 +472,25 @@ impl Sequencer {
                         .find_map(|(_, sizes)| sizes.get(&key).copied());
                     let size = match recent {
                         Some(size) => Some(size),
-                        None => self
-                            .db
-                            .get(keys::message(&request.tenant, &request.subject, dropped))
-                            .await?
-                            .and_then(record::decode_record)
-                            .map(|r| (r.headers.len() + r.payload.len()) as u64),
+                        None => {
+                            let run = runs::run_holding(
+                                &self.db,
+                                &request.tenant,
+                                &request.subject,
+                                dropped,
+                                Seen::Written,
+                            )
+                            .await?;
+                            if let Some(run) = run.as_ref().filter(|r| r.records.len() > 1) {
+                                let last = run.end() - 1 == dropped;
+                                self.dropped_in_runs
+                                    .insert(key.clone(), last.then_some(run.first));
+                            }
+                            run.and_then(|r| {
+                                r.get(dropped)
+                                    .map(|r| (r.headers.len() + r.payload.len()) as u64)
+                            })
+                        }
                     };
                     // Not found: appended earlier in this very round, whose sizes
                     // the round itself keeps.

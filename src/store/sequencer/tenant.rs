@@ -10,6 +10,7 @@ use slatedb::config::ScanOptions;
 use slatedb::{Db, IterationOrder};
 
 use crate::store::record::{self, MsgIdEntry};
+use crate::store::runs::{self, Seen};
 use crate::store::{StoreError, StoredUsage, keys};
 
 use super::MSG_ID_CACHE;
@@ -29,7 +30,7 @@ pub(super) struct TenantState {
     pub(super) usage: StoredUsage,
     /// The usage changed this round: its key is written with the round.
     pub(super) usage_changed: bool,
-    pub(super) heads: HashMap<Box<str>, Head>,
+    pub(super) heads: super::SeededMap<Box<str>, Head>,
     pub(super) msg_ids: MsgIds,
 }
 
@@ -144,14 +145,10 @@ pub(super) async fn load_head(db: &Db, tenant: &str, subject: &str) -> Result<He
     let Some(marker) = db.get(keys::subject_marker(tenant, subject)).await? else {
         return Ok(Head::default());
     };
-    let options = ScanOptions::default().with_order(IterationOrder::Descending);
-    let mut newest = db
-        .scan_with_options(keys::message_range(tenant, subject, 1), &options)
-        .await?;
-    if let Some(kv) = newest.next().await? {
+    if let Some((version, newest)) = runs::newest(db, tenant, subject, Seen::Written).await? {
         return Ok(Head {
-            version: keys::message_version(&kv.key).unwrap_or(0),
-            offset: record::decode_record(kv.value).map_or(0, |r| r.offset),
+            version,
+            offset: newest.offset,
         });
     }
     let (version, offset) = record::decode_marker(marker).unwrap_or((0, 0));

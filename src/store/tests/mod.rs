@@ -17,6 +17,7 @@ mod appends;
 mod format;
 mod retained;
 mod retention;
+mod runs;
 mod tenants;
 
 #[derive(Default)]

@@ -1,0 +1,305 @@
+//! A subject's messages as runs: the one place that knows a message key may hold
+//! several consecutive versions.
+//!
+//! The sequencer writes each subject's messages of one round as one run, keyed by its
+//! first version (`record::RunBuilder`), so a subject published to a thousand times a
+//! round costs the engine one key, not a thousand. Everything that reads or deletes a
+//! subject's messages comes through here: the newest message, one version, a scan
+//! from a version, and deleting a prefix of versions (the only deletion there is:
+//! purge, retention, snapshots and version limits all drop the oldest first).
+//!
+//! Must never: write a run's versions anywhere but under its first version, or leave
+//! a version readable under two keys.
+
+use bytes::Bytes;
+use slatedb::config::{DurabilityLevel, ReadOptions, ScanOptions};
+use slatedb::{Db, DbIterator, IterationOrder, WriteBatch};
+
+use super::record::{self, Record};
+use super::{StoreError, keys};
+
+/// A run holds at most this many messages...
+pub(super) const RUN_MAX_MESSAGES: u32 = 1024;
+/// ...and about this many bytes, so reading one version never reads much more.
+pub(super) const RUN_MAX_BYTES: usize = 64 * 1024;
+
+/// What a read may see: only what is durable, or also what is in the engine's
+/// memory (the sequencer, which wrote it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Seen {
+    Durable,
+    Written,
+}
+
+impl Seen {
+    fn scan(self) -> ScanOptions {
+        match self {
+            Seen::Durable => ScanOptions::default().with_durability_filter(DurabilityLevel::Remote),
+            Seen::Written => ScanOptions::default(),
+        }
+    }
+
+    fn read(self) -> ReadOptions {
+        match self {
+            Seen::Durable => ReadOptions::default().with_durability_filter(DurabilityLevel::Remote),
+            Seen::Written => ReadOptions::default(),
+        }
+    }
+}
+
+/// One stored run: its first version and its records in version order.
+#[derive(Debug, Clone)]
+pub(super) struct Run {
+    pub first: u64,
+    pub records: Vec<Record>,
+}
+
+impl Run {
+    fn decode(key: &[u8], value: Bytes) -> Option<Run> {
+        let first = keys::message_version(key)?;
+        Some(Run {
+            first,
+            records: record::decode_run(value)?,
+        })
+    }
+
+    /// The version after the run's last.
+    pub fn end(&self) -> u64 {
+        self.first + self.records.len() as u64
+    }
+
+    pub fn get(&self, version: u64) -> Option<&Record> {
+        let index = usize::try_from(version.checked_sub(self.first)?).ok()?;
+        self.records.get(index)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.records
+            .iter()
+            .map(|r| (r.headers.len() + r.payload.len()) as u64)
+            .sum()
+    }
+}
+
+/// The run with the highest first version below `below` (none below: `None`).
+async fn run_before(
+    db: &Db,
+    tenant: &str,
+    subject: &str,
+    below: u64,
+    seen: Seen,
+) -> Result<Option<Run>, StoreError> {
+    // The engine refuses an empty range (it panics): nothing is below version 1.
+    if below <= 1 {
+        return Ok(None);
+    }
+    let options = seen.scan().with_order(IterationOrder::Descending);
+    let mut iter = db
+        .scan_with_options(
+            keys::message(tenant, subject, 1)..keys::message(tenant, subject, below),
+            &options,
+        )
+        .await?;
+    Ok(iter
+        .next()
+        .await?
+        .and_then(|kv| Run::decode(&kv.key, kv.value)))
+}
+
+/// The subject's newest message and its version.
+pub(super) async fn newest(
+    db: &Db,
+    tenant: &str,
+    subject: &str,
+    seen: Seen,
+) -> Result<Option<(u64, Record)>, StoreError> {
+    let Some(mut run) = run_before(db, tenant, subject, u64::MAX, seen).await? else {
+        return Ok(None);
+    };
+    let version = run.end() - 1;
+    Ok(run.records.pop().map(|r| (version, r)))
+}
+
+/// The run holding `version`, if that version is stored.
+pub(super) async fn run_holding(
+    db: &Db,
+    tenant: &str,
+    subject: &str,
+    version: u64,
+    seen: Seen,
+) -> Result<Option<Run>, StoreError> {
+    // A version that starts a run (every message of a subject published once a
+    // round) is one point read, which bloom filters answer.
+    let key = keys::message(tenant, subject, version);
+    if let Some(value) = db.get_with_options(&key, &seen.read()).await? {
+        return Ok(Run::decode(&key, value));
+    }
+    let run = run_before(db, tenant, subject, version, seen).await?;
+    Ok(run.filter(|r| r.get(version).is_some()))
+}
+
+/// One version of a subject.
+pub(super) async fn at(
+    db: &Db,
+    tenant: &str,
+    subject: &str,
+    version: u64,
+    seen: Seen,
+) -> Result<Option<Record>, StoreError> {
+    let run = run_holding(db, tenant, subject, version, seen).await?;
+    Ok(run.and_then(|r| r.get(version).cloned()))
+}
+
+/// A subject's messages from a version on, in version order.
+pub(super) struct Scan {
+    iter: DbIterator,
+    from: u64,
+    run: std::vec::IntoIter<Record>,
+    next_version: u64,
+}
+
+impl Scan {
+    pub async fn open(
+        db: &Db,
+        tenant: &str,
+        subject: &str,
+        from: u64,
+        seen: Seen,
+    ) -> Result<Scan, StoreError> {
+        let from = from.max(1);
+        // The run holding `from` may start before it.
+        let start = match run_before(db, tenant, subject, from, seen).await? {
+            Some(run) if run.end() > from => run.first,
+            _ => from,
+        };
+        let iter = db
+            .scan_with_options(keys::message_range(tenant, subject, start), &seen.scan())
+            .await?;
+        Ok(Scan {
+            iter,
+            from,
+            run: Vec::new().into_iter(),
+            next_version: start,
+        })
+    }
+
+    /// The next message and its version; `None` at the end of what is stored.
+    pub async fn next(&mut self) -> Result<Option<(u64, Record)>, StoreError> {
+        loop {
+            if let Some(record) = self.run.next() {
+                let version = self.next_version;
+                self.next_version += 1;
+                if version >= self.from {
+                    return Ok(Some((version, record)));
+                }
+                continue;
+            }
+            let Some(kv) = self.iter.next().await? else {
+                return Ok(None);
+            };
+            // A value that does not decode is skipped, as reads skip what they
+            // cannot trust.
+            if let Some(run) = Run::decode(&kv.key, kv.value) {
+                self.next_version = run.first;
+                self.run = run.records.into_iter();
+            }
+        }
+    }
+}
+
+/// The last runs read for one page of a pattern replay, one per subject, so a page
+/// that reads a run's versions one by one reads the run once.
+#[derive(Default)]
+pub(super) struct RecentRuns {
+    runs: std::collections::HashMap<String, Run>,
+}
+
+/// Subjects whose last run a page keeps.
+const RECENT_RUNS: usize = 256;
+
+impl RecentRuns {
+    pub async fn at(
+        &mut self,
+        db: &Db,
+        tenant: &str,
+        subject: &str,
+        version: u64,
+        seen: Seen,
+    ) -> Result<Option<Record>, StoreError> {
+        if let Some(record) = self.runs.get(subject).and_then(|run| run.get(version)) {
+            return Ok(Some(record.clone()));
+        }
+        let Some(run) = run_holding(db, tenant, subject, version, seen).await? else {
+            return Ok(None);
+        };
+        let record = run.get(version).cloned();
+        if run.records.len() > 1 {
+            if self.runs.len() >= RECENT_RUNS {
+                self.runs.clear();
+            }
+            self.runs.insert(subject.to_owned(), run);
+        }
+        Ok(record)
+    }
+}
+
+/// What deleting a prefix of a subject removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Deleted {
+    pub messages: u64,
+    /// Header and payload bytes of the messages removed.
+    pub bytes: u64,
+    /// Every version up to the limit is gone; otherwise call again after writing.
+    pub done: bool,
+}
+
+/// Adds to `batch` the deletion of every version of `subject` up to `last`, reading at
+/// most `max_keys` keys: runs wholly below go, and a run reaching past `last` is
+/// written again from `last + 1`. The caller writes the batch; while `done` is
+/// false, it calls again afterwards. Callers deleting the same subject at once must
+/// not overlap (the store's deletion lock), or a rewritten run could bring back
+/// versions another deletion removed.
+pub(super) async fn delete_through(
+    db: &Db,
+    tenant: &str,
+    subject: &str,
+    last: u64,
+    max_keys: usize,
+    batch: &mut WriteBatch,
+) -> Result<Deleted, StoreError> {
+    let mut deleted = Deleted::default();
+    if last == 0 {
+        deleted.done = true;
+        return Ok(deleted);
+    }
+    let end = keys::message(tenant, subject, last.saturating_add(1));
+    let mut iter = db.scan(keys::message(tenant, subject, 1)..end).await?;
+    for _ in 0..max_keys.max(1) {
+        let Some(kv) = iter.next().await? else {
+            deleted.done = true;
+            return Ok(deleted);
+        };
+        batch.delete(&kv.key);
+        let Some(run) = Run::decode(&kv.key, kv.value) else {
+            continue;
+        };
+        if run.end() <= last.saturating_add(1) {
+            deleted.messages += run.records.len() as u64;
+            deleted.bytes += run.bytes();
+            continue;
+        }
+        let keep = usize::try_from(last + 1 - run.first).unwrap_or(usize::MAX);
+        let mut rest = record::RunBuilder::new(0);
+        for (i, r) in run.records.iter().enumerate() {
+            if i < keep {
+                deleted.messages += 1;
+                deleted.bytes += (r.headers.len() + r.payload.len()) as u64;
+            } else {
+                rest.push(r.offset, r.time_ms, r.flags, &r.headers, &r.payload);
+            }
+        }
+        batch.put(keys::message(tenant, subject, last + 1), rest.finish());
+    }
+    deleted.done = iter.next().await?.is_none();
+    Ok(deleted)
+}
