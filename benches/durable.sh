@@ -12,7 +12,10 @@
 #      reading one subject's first 100 messages, median over 20 subjects;
 #   3. RSS after storing 1,000,000 distinct subjects (one message each);
 #   4. the live shapes of benches/live.sh against Canopy with storing on (the default
-#      policies) and off (CANOPY_STORE__POLICIES=[]): what storing costs.
+#      policies) and off (CANOPY_STORE__POLICIES=[]): what storing costs;
+#   5. only when asked (PHASES=sustained): 10,000,000 acked publishes from 10 publishers
+#      over 1,000 subjects on each server, with the longest wait between two acks, ack
+#      p99.9 and VmRSS every second (`$OUT/sustained-*-rss.txt`).
 #
 # Needs nats-server on PATH or in /usr/sbin (Debian: apt-get install nats-server). Loopback
 # only. The load tool and the servers share this machine's CPUs: say so with the numbers.
@@ -29,6 +32,7 @@ NATS_SERVER=${NATS_SERVER:-$(command -v nats-server || echo /usr/sbin/nats-serve
 DURABLE_MSGS=$((${DURABLE_MSGS:-500000} / SCALE))
 REPLAY_MSGS=$((${REPLAY_MSGS:-1000000} / SCALE))
 RSS_SUBJECTS=$((${RSS_SUBJECTS:-1000000} / SCALE))
+SUSTAINED_MSGS=$((${SUSTAINED_MSGS:-10000000} / SCALE))
 out=${OUT:-target/bench-durable}
 
 [[ -x $NATS_SERVER ]] || { echo "durable.sh: nats-server not found" >&2; exit 1; }
@@ -145,6 +149,51 @@ if [[ $PHASES == *rss* ]]; then
       "$label" "$RSS_SUBJECTS" "$loaded" "$before" "$(rss_kib "$pid")" "$(hwm_kib "$pid")" >>"$out/rss.jsonl"
   done
   stop_servers
+fi
+
+if [[ $PHASES == *sustained* ]]; then
+  # 10 publishers x 256 unacked over 1,000 subjects, every publish acked: does the
+  # server keep up without stalls (the longest wait between two acks of one
+  # publisher), and does its memory stay flat (VmRSS sampled every second)?
+  echo "phase: sustained ($SUSTAINED_MSGS acked msgs from 10 publishers)" >&2
+  for label in ${SUSTAINED_SERVERS:-canopy nats-server}; do
+    if [[ $label == canopy ]]; then
+      start_canopy canopy-sustained
+      pid=$canopy_pid port=$canopy_port
+    else
+      start_nats nats-sustained
+      pid=$nats_pid port=$nats_port
+    fi
+    samples="$out/sustained-$label-rss.txt"
+    (while kill -0 "$pid" 2>/dev/null; do
+      echo "$(date +%s.%N) $(rss_kib "$pid")"
+      sleep 1
+    done) >"$samples" &
+    sampler=$!
+    bench "$label" "$port" sustained durable "$SUSTAINED_MSGS" --publishers 10 --subjects 1000 \
+      || echo "  $label: sustained run FAILED" >&2
+    sleep 10 # memory after the load, once flushes and compaction settled
+    kill "$sampler" 2>/dev/null || true
+    wait "$sampler" 2>/dev/null || true
+    stop_servers
+    python3 - "$out/runs.jsonl" "$samples" "$label" <<'PY' >&2
+import json, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+mine = [r["result"] for r in runs if r["run"] == "sustained" and r["server_label"] == sys.argv[3]]
+rss = [(float(t), int(k)) for t, k in (l.split() for l in open(sys.argv[2]) if len(l.split()) == 2)]
+if not mine or not rss:
+    sys.exit(0)
+r = mine[-1]
+lat, t0 = r["latency"], rss[0][0]
+warm = [k for t, k in rss if t - t0 >= 10]
+print(f'  {sys.argv[3]}: {r["msgs_per_sec"]:,.0f} acks/s; ack p50 {lat["p50_ns"] / 1e6:.2f} ms, '
+      f'p99 {lat["p99_ns"] / 1e6:.2f} ms, p99.9 {lat["p999_ns"] / 1e6:.2f} ms, max '
+      f'{lat["max_ns"] / 1e6:.1f} ms; longest gap between acks '
+      f'{r["durable"]["max_ack_gap_ns"] / 1e6:.1f} ms; RSS MiB after 10 s min '
+      f'{min(warm or [0]) / 1024:.0f} max {max(warm or [0]) / 1024:.0f}, at the end '
+      f'{rss[-1][1] / 1024:.0f}')
+PY
+  done
 fi
 
 if [[ $PHASES == *live* ]]; then

@@ -484,7 +484,7 @@ impl Publisher {
                     *flag = false;
                 }
                 answered += 1;
-                acked.acks.last_ns = now;
+                acked.answered_at(now);
                 match read_ack(self.kind, headers.as_deref(), &payload) {
                     Ok(head) => {
                         acked.acks.count += 1;
@@ -624,6 +624,7 @@ fn durable_report(
             ack_window: args.ack_window,
             expect,
             errors: load.acked.iter().map(|a| a.errors).sum(),
+            max_ack_gap_ns: load.acked.iter().map(|a| a.max_gap_ns).max().unwrap_or(0),
         }),
         ..Report::new(options, info, measured)
     })

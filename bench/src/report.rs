@@ -47,6 +47,8 @@ pub struct DurableInfo {
     pub expect: bool,
     /// Publishes answered with an error (a run with any fails).
     pub errors: u64,
+    /// The longest any publisher waited between two acks in a row.
+    pub max_ack_gap_ns: u64,
 }
 
 /// Timed reads of one subject's first messages each.
@@ -90,7 +92,7 @@ impl fmt::Display for Report {
             write!(
                 f,
                 "{:<7} {} acked of {} x {} B, {} pub over {} subjects, window {}{}: {} acks/s \
-                 in {:.2} s; ack latency {} [{} {}; {}]",
+                 in {:.2} s; ack latency {}, longest gap between acks {} [{} {}; {}]",
                 self.shape,
                 m.delivered,
                 m.msgs,
@@ -102,6 +104,7 @@ impl fmt::Display for Report {
                 rate(m.msgs_per_sec),
                 m.elapsed_secs,
                 percentiles(&m.latency),
+                micros(d.max_ack_gap_ns),
                 d.server_kind,
                 self.server_version,
                 d.acks,

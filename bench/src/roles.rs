@@ -121,6 +121,9 @@ pub struct Acked {
     pub errors: u64,
     /// What the first refusal said.
     pub first_error: Option<String>,
+    /// The longest wait between two answers in a row (the first counted from the
+    /// start): a server that stalls shows here whatever its average.
+    pub max_gap_ns: u64,
 }
 
 impl Acked {
@@ -133,7 +136,14 @@ impl Acked {
             },
             errors: 0,
             first_error: None,
+            max_gap_ns: 0,
         }
+    }
+
+    /// An answer came at `now`.
+    pub fn answered_at(&mut self, now: u64) {
+        self.max_gap_ns = self.max_gap_ns.max(now.saturating_sub(self.acks.last_ns));
+        self.acks.last_ns = now;
     }
 
     /// Counts one refused publish, keeping what the first refusal said.

@@ -139,15 +139,8 @@ pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, Stor
         StoreUrl::S3 { prefix, .. } if !prefix.is_empty() => format!("{prefix}/db"),
         _ => "db".to_owned(),
     };
-    let mut engine_settings = Settings {
-        flush_interval: Some(settings.flush_interval),
-        // Smaller memtables and a cap on what waits for upload keep memory flat with
-        // many subjects (the defaults, 64 MiB L0 files and 1 GiB unflushed, made a
-        // million subjects cost about a GiB here).
-        l0_sst_size_bytes: 16 * 1024 * 1024,
-        max_unflushed_bytes: 128 * 1024 * 1024,
-        ..Settings::default()
-    };
+    let remote = matches!(settings.url, StoreUrl::S3 { .. }) && settings.object_store.is_none();
+    let mut engine_settings = engine_settings(settings, remote);
     if lock.is_some() {
         engine_settings.garbage_collector_options = Some(local_collector(settings.local_gc));
     }
@@ -170,6 +163,53 @@ pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, Stor
         .build()
         .await?;
     Ok(Opened { db, lock })
+}
+
+/// The engine's sizes and timers, chosen for a sustained ingest on a small machine
+/// (BENCHMARKS.md, "Sustained load"): every buffer that grows with the write rate is
+/// capped, and compaction is found and started within 100 ms of being needed instead
+/// of SlateDB's 5 s, which let L0 fill and stopped every write for seconds.
+///
+/// - Memtables of 8 MiB and at most 64 MiB waiting for upload (SlateDB: 64 MiB and
+///   1 GiB): the memtable's keys, values and skiplist nodes were most of the memory.
+/// - Room for 16 L0 files before writes wait for compaction (SlateDB: 8).
+/// - Compactions write 32 MiB files, two at a time, one subcompaction each (SlateDB:
+///   256 MiB, four, four): each running compaction holds its output file and its
+///   inputs' read-ahead in memory.
+/// - On a local folder a read-ahead of one 256 KiB block per input; object storage
+///   keeps SlateDB's four 2 MiB fetches, which hide its latency, and polls the
+///   manifest once a second, since every poll is a billed request.
+fn engine_settings(settings: &StoreSettings, remote: bool) -> Settings {
+    use std::time::Duration;
+    let poll = if remote {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_millis(100)
+    };
+    let mut engine = Settings {
+        flush_interval: Some(settings.flush_interval),
+        l0_sst_size_bytes: 8 * 1024 * 1024,
+        max_unflushed_bytes: 64 * 1024 * 1024,
+        l0_max_ssts: 16,
+        l0_max_ssts_per_key: 16,
+        manifest_poll_interval: poll,
+        ..Settings::default()
+    };
+    if let Some(compactor) = engine.compactor_options.as_mut() {
+        compactor.poll_interval = poll;
+        compactor.max_concurrent_compactions = 2;
+        if let Some(worker) = compactor.worker.as_mut() {
+            worker.compactions_poll_interval = poll;
+            worker.max_sst_size = 32 * 1024 * 1024;
+            worker.max_concurrent_compactions = 2;
+            worker.max_subcompactions = 1;
+            if !remote {
+                worker.max_fetch_tasks = 1;
+                worker.bytes_to_fetch = 256 * 1024;
+            }
+        }
+    }
+    engine
 }
 
 /// The engine's garbage collector on a local folder.

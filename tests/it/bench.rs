@@ -122,6 +122,18 @@ async fn durable_and_replay_shapes_count_every_ack() {
         assert_eq!(report["durable"]["server_kind"], "canopy");
         assert_eq!(report["durable"]["expect"], expect);
         assert_eq!(report["durable"]["errors"], 0);
+        // The longest wait between acks is at least one ack's own latency, and no
+        // more than the run.
+        let gap = report["durable"]["max_ack_gap_ns"].as_u64().expect("a gap");
+        let elapsed = report["elapsed_secs"].as_f64().expect("elapsed");
+        assert!(
+            gap >= report["latency"]["min_ns"].as_u64().expect("min"),
+            "{gap}"
+        );
+        assert!(
+            (gap as f64) <= elapsed * 1e9 + 1e6,
+            "{gap} over {elapsed} s"
+        );
     }
     // 2000 messages over 100 fresh subjects: 20 each; read the first 10 of 5 subjects.
     let replay = [
