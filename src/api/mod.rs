@@ -217,6 +217,21 @@ fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
         .map_err(|e| ApiError::new(400, format!("the request is not the JSON expected: {e}")))
 }
 
+/// The first steps of every call about one subject: the JSON body parsed, its subject
+/// checked, and the caller allowed `action` on it.
+fn subject_request<T: for<'de> Deserialize<'de>>(
+    broker: &Broker,
+    call: &ApiCall,
+    action: Action,
+    subject: impl FnOnce(&T) -> &str,
+) -> Result<T, ApiError> {
+    let request: T = parse(&call.body)?;
+    let name = subject(&request);
+    check_subject(name)?;
+    authorize(broker, &call.principal, action, name)?;
+    Ok(request)
+}
+
 fn check_subject(subject: &str) -> Result<(), ApiError> {
     let limits = canopy_subjects::Limits::default();
     validate_native_subject(subject, &limits)

@@ -18,6 +18,7 @@ use crate::tenancy::Action;
 
 use super::{
     Answer, ApiCall, ApiError, MAX_PAGE, MAX_PAGE_BYTES, MAX_WAIT, authorize, check_subject, parse,
+    subject_request,
 };
 
 #[derive(Deserialize)]
@@ -34,9 +35,8 @@ pub(super) async fn get(
     call: &ApiCall,
     answer: &mut Answer,
 ) -> Result<(), ApiError> {
-    let request: GetRequest = parse(&call.body)?;
-    check_subject(&request.subject)?;
-    authorize(broker, &call.principal, Action::Subscribe, &request.subject)?;
+    let request: GetRequest =
+        subject_request(broker, call, Action::Subscribe, |r: &GetRequest| &r.subject)?;
     match store.get(tenant, &request.subject, request.version).await? {
         Some(message) => {
             answer.message(&message);

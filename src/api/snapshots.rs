@@ -12,7 +12,7 @@ use crate::tenancy::Action;
 
 use super::read::GetRequest;
 use super::write::payload_of;
-use super::{Answer, ApiCall, ApiError, authorize, check_subject, parse};
+use super::{Answer, ApiCall, ApiError, subject_request};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,9 +32,8 @@ pub(super) async fn put_snapshot(
     call: &ApiCall,
     answer: &mut Answer,
 ) -> Result<(), ApiError> {
-    let request: PutSnapshot = parse(&call.body)?;
-    check_subject(&request.subject)?;
-    authorize(broker, &call.principal, Action::Publish, &request.subject)?;
+    let request: PutSnapshot =
+        subject_request(broker, call, Action::Publish, |r: &PutSnapshot| &r.subject)?;
     let payload = payload_of(request.data, request.data_base64)?;
     store
         .put_snapshot(
@@ -58,9 +57,8 @@ pub(super) async fn get_snapshot(
     call: &ApiCall,
     answer: &mut Answer,
 ) -> Result<(), ApiError> {
-    let request: GetRequest = parse(&call.body)?;
-    check_subject(&request.subject)?;
-    authorize(broker, &call.principal, Action::Subscribe, &request.subject)?;
+    let request: GetRequest =
+        subject_request(broker, call, Action::Subscribe, |r: &GetRequest| &r.subject)?;
     match store
         .snapshot(tenant, &request.subject, request.version)
         .await?

@@ -16,7 +16,7 @@ use crate::broker::Broker;
 use crate::store::{AckTo, AppendRequest, Expectation, NewMessage, RouteTag, Store};
 use crate::tenancy::Action;
 
-use super::{Answer, ApiCall, ApiError, authorize, check_subject, parse};
+use super::{Answer, ApiCall, ApiError, authorize, check_subject, parse, subject_request};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,9 +37,8 @@ struct AppendBody {
 }
 
 pub(super) async fn append(broker: &Broker, store: &Store, call: &ApiCall) -> Result<(), ApiError> {
-    let request: AppendBody = parse(&call.body)?;
-    check_subject(&request.subject)?;
-    authorize(broker, &call.principal, Action::Publish, &request.subject)?;
+    let request: AppendBody =
+        subject_request(broker, call, Action::Publish, |r: &AppendBody| &r.subject)?;
     let Some(policy) = broker.store_policy(&request.subject) else {
         return Err(ApiError::new(
             400,
