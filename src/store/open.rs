@@ -165,6 +165,9 @@ pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, Stor
     Ok(Opened { db, lock })
 }
 
+/// L0 files before the engine stops writes until a compaction makes room (SlateDB: 8).
+pub(super) const L0_MAX_SSTS: usize = 16;
+
 /// The engine's sizes and timers, chosen for a sustained ingest on a small machine
 /// (BENCHMARKS.md, "Sustained load"): every buffer that grows with the write rate is
 /// capped, and compaction is found and started within 100 ms of being needed instead
@@ -190,8 +193,8 @@ fn engine_settings(settings: &StoreSettings, remote: bool) -> Settings {
         flush_interval: Some(settings.flush_interval),
         l0_sst_size_bytes: 8 * 1024 * 1024,
         max_unflushed_bytes: 64 * 1024 * 1024,
-        l0_max_ssts: 16,
-        l0_max_ssts_per_key: 16,
+        l0_max_ssts: L0_MAX_SSTS,
+        l0_max_ssts_per_key: L0_MAX_SSTS,
         manifest_poll_interval: poll,
         ..Settings::default()
     };

@@ -68,6 +68,37 @@ pub(super) fn failure_reason(what: &str, error: &slatedb::Error) -> String {
 /// Acks a round may carry and still be flushed at once on a local folder.
 const EAGER_MAX_ACKS: usize = 8;
 
+/// L0 files from which writes are slowed down. SlateDB stops every write once L0 holds
+/// `open::L0_MAX_SSTS` files and waits for a compaction, for seconds on a busy machine;
+/// slowing down before, harder as L0 fills, gives the compactor time and turns that
+/// stop into later acks.
+const L0_SLOW: usize = super::super::open::L0_MAX_SSTS / 2;
+
+/// How full L0 is, read from the engine's manifest at most every 10 ms.
+#[derive(Default)]
+struct Pacing {
+    checked: Option<std::time::Instant>,
+    l0: usize,
+}
+
+impl Pacing {
+    async fn pace(&mut self, db: &Db) {
+        let now = std::time::Instant::now();
+        if self
+            .checked
+            .is_none_or(|at| now.duration_since(at) >= std::time::Duration::from_millis(10))
+        {
+            self.l0 = db.manifest().l0().len();
+            self.checked = Some(now);
+        }
+        if let Some(over) = self.l0.checked_sub(L0_SLOW) {
+            // 0.25 ms a round at half full, doubling per file, at most 16 ms.
+            let wait = std::time::Duration::from_micros(250 << over.min(6));
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
 /// Writes decided rounds in order. A failed write, and every round decided before the
 /// sequencer learned of it (their versions follow the lost ones), is refused, so a
 /// subject's versions never skip.
@@ -80,9 +111,13 @@ pub(super) async fn write_rounds(
     stats: Arc<super::stats::StoreStats>,
     written: Arc<AtomicU64>,
 ) {
+    let mut pacing = Pacing::default();
     while let Some(round) = rounds.recv().await {
         let started = std::time::Instant::now();
         let failed_before = failures.load(Ordering::Acquire);
+        if round.batch.is_some() && round.epoch == failed_before {
+            pacing.pace(&db).await;
+        }
         let result = match round.batch {
             None => Ok(None),
             Some(_) if round.epoch != failed_before => {
