@@ -91,12 +91,17 @@ impl Pacing {
             self.l0 = db.manifest().l0().len();
             self.checked = Some(now);
         }
-        if let Some(over) = self.l0.checked_sub(L0_SLOW) {
-            // 0.25 ms a round at half full, doubling per file, at most 16 ms.
-            let wait = std::time::Duration::from_micros(250 << over.min(6));
+        if let Some(wait) = pause_for(self.l0) {
             tokio::time::sleep(wait).await;
         }
     }
+}
+
+/// How long a round waits with `l0` files in L0: nothing below `L0_SLOW`, then 0.25 ms,
+/// doubling per file, at most 16 ms.
+fn pause_for(l0: usize) -> Option<std::time::Duration> {
+    let over = l0.checked_sub(L0_SLOW)?;
+    Some(std::time::Duration::from_micros(250 << over.min(6)))
 }
 
 /// Writes decided rounds in order. A failed write, and every round decided before the
@@ -244,5 +249,27 @@ pub(super) async fn acknowledge(
         for passed in pending.barriers {
             let _ = passed.send(());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{L0_SLOW, pause_for};
+
+    #[test]
+    fn rounds_wait_longer_as_l0_fills_and_never_past_16_ms() {
+        assert_eq!(pause_for(0), None);
+        assert_eq!(pause_for(L0_SLOW - 1), None);
+        assert_eq!(pause_for(L0_SLOW), Some(Duration::from_micros(250)));
+        assert_eq!(pause_for(L0_SLOW + 2), Some(Duration::from_millis(1)));
+        assert_eq!(pause_for(L0_SLOW + 6), Some(Duration::from_millis(16)));
+        assert_eq!(pause_for(usize::MAX), Some(Duration::from_millis(16)));
+        // The engine stops writes at L0_MAX_SSTS: by then a round waits the longest.
+        assert_eq!(
+            pause_for(crate::store::open::L0_MAX_SSTS),
+            Some(Duration::from_millis(16))
+        );
     }
 }
