@@ -170,7 +170,7 @@ async fn enforce_tenant(
             let expired = max_age > 0 && batch.time_ms.saturating_add(max_age) < now;
             if expired || (cap > 0 && stored > cap) {
                 work.messages
-                    .push((subject.clone(), *version, first + i as u64, *size));
+                    .push((subject.clone(), *version, first + i as u64));
                 stored = stored.saturating_sub(u64::from(*size));
                 *size = DELETED;
                 changed = true;
@@ -213,8 +213,8 @@ pub(super) fn live_bytes(batch: &record::BatchEntry) -> u64 {
 /// Deletions gathered by a pass, written in chunks.
 #[derive(Default)]
 struct Work {
-    /// (subject, version, offset, bytes) of each message to delete.
-    messages: Vec<(String, u64, u64, u32)>,
+    /// (subject, version, offset) of each message to delete.
+    messages: Vec<(String, u64, u64)>,
     /// Batch index keys to delete (`None`) or rewrite with entries marked deleted.
     batches: Vec<(Bytes, Option<Bytes>)>,
     /// The offset after the newest batch key deleted: the tenant's next offset can
@@ -230,7 +230,7 @@ async fn delete(db: &Db, tenant: &str, work: &mut Work) -> Result<(u64, u64), St
         return Ok((0, 0));
     }
     let mut highest: HashMap<&str, (u64, u64)> = HashMap::new();
-    for (subject, version, offset, _) in &work.messages {
+    for (subject, version, offset) in &work.messages {
         let entry = highest.entry(subject).or_insert((0, 0));
         if *version > entry.0 {
             *entry = (*version, *offset);
