@@ -122,8 +122,8 @@ impl Default for StoreConfig {
             compression: Compression::Lz4,
             max_batch: 1024,
             queue_depth: 8192,
-            block_cache_mb: 64,
-            meta_cache_mb: 64,
+            block_cache_mb: 32,
+            meta_cache_mb: 32,
             policies: vec![
                 StorePolicy {
                     pattern: "_INBOX.>".into(),
