@@ -120,6 +120,19 @@ impl Shape {
         )
     }
 
+    /// The shapes whose publishers `--rate` paces.
+    pub fn is_paced(self) -> bool {
+        matches!(
+            self,
+            Shape::PubSub
+                | Shape::FanIn
+                | Shape::FanOut
+                | Shape::MqttFanIn
+                | Shape::MqttFanOut
+                | Shape::WsFanOut
+        )
+    }
+
     /// `--max-in-flight` when left out: 20,000, but mqtt-fanout
     /// [`mqtt::FANOUT_MAX_IN_FLIGHT`] (per subscriber, with 100 of them) and ws-fanout
     /// [`ws::FANOUT_MAX_IN_FLIGHT`] (per subscriber, with 1,000 of them).
@@ -401,6 +414,12 @@ impl fmt::Display for Outcome {
 
 /// Runs one shape against one server in `options.protocol` and reports it.
 pub async fn run(options: &Options) -> Result<Outcome, BenchError> {
+    if options.ws.rate > 0 && !options.shape.is_paced() {
+        return Err(BenchError::Config(format!(
+            "--rate paces pubsub, fanin, fanout, mqtt-fanin, mqtt-fanout and ws-fanout, not {}",
+            options.shape.name()
+        )));
+    }
     match options.protocol {
         Protocol::Nats => run_nats(options).await.map(Outcome::Nats),
         Protocol::Mqtt => mqtt::run(options).await.map(Outcome::Mqtt),

@@ -25,6 +25,8 @@ pub struct Report {
     /// Counts, span, rates and latency (reqrep: round trip; durable/replay: send -> ack).
     #[serde(flatten)]
     pub measured: Measured,
+    /// Publishes per second the publishers were paced at (0: unpaced).
+    pub rate: u64,
     /// durable/replay: what was asked of the store (`latency` is then send -> ack).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub durable: Option<DurableInfo>,
@@ -79,6 +81,7 @@ impl Report {
             server_version: info.version,
             server_go: info.go,
             measured,
+            rate: options.ws.rate,
             durable: None,
             replay: None,
         }
@@ -134,11 +137,15 @@ impl fmt::Display for Report {
                 rate(m.msgs_per_sec)
             ),
             None => format!(
-                "{} msgs x {} B, {} pub -> {} sub: {} msgs/s received ({} published/s)",
+                "{} msgs x {} B, {} pub -> {} sub{}: {} msgs/s received ({} published/s)",
                 m.msgs,
                 m.size,
                 m.publishers,
                 m.subscribers,
+                match self.rate {
+                    0 => String::new(),
+                    paced => format!(", paced at {paced}/s"),
+                },
                 rate(m.msgs_per_sec),
                 rate(m.published_per_sec)
             ),

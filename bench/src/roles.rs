@@ -199,7 +199,8 @@ pub struct PublishPlan {
 
 impl PublishPlan {
     /// Publisher `p` of `publishers`: its share of `options.msgs` round robin over
-    /// `subjects`, waiting up to `timeout` for pongs and for the subscribers.
+    /// `subjects` (and of `--rate`, when the run is paced), waiting up to `timeout` for
+    /// pongs and for the subscribers.
     pub fn share_of(
         options: &Options,
         subjects: Arc<[Bytes]>,
@@ -216,7 +217,7 @@ impl PublishPlan {
             flush_every: options.flush_every,
             timeout,
             flow: flow.clone(),
-            rate: 0,
+            rate: share(options.ws.rate, publishers, p),
             batch: 0,
         }
     }

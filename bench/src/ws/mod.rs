@@ -94,8 +94,9 @@ pub struct WsArgs {
     /// ws-fanout: subjects `devices.<k>.temp` the publisher goes round.
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub devices: usize,
-    /// ws-fanout: publishes per second on a fixed schedule (0: as fast as
-    /// --max-in-flight lets the publisher go).
+    /// ws-fanout, pubsub, fanin, fanout: publishes per second on a fixed schedule, shared
+    /// by the publishers (0: as fast as --max-in-flight lets them go). Latency at a
+    /// steady rate below saturation measures the server, not its queues.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub rate: u64,
     /// ws-fanout: what the WebSocket speaks: canopy (the JSON API), nats (the NATS
@@ -161,7 +162,6 @@ async fn fanout(options: &Options) -> Result<WsReport, BenchError> {
     let stall = options.mqtt.stall();
     let flow = Arc::new(Flow::new(subscribers.len(), options.max_in_flight));
     let mut plan = PublishPlan::share_of(options, subjects, (0, 1), &flow, stall);
-    plan.rate = options.ws.rate;
     // A 64 KiB batch is ~430 publishes, ~430,000 deliveries here: write at most a
     // quarter of the bound at once so it holds.
     if options.max_in_flight > 0 {
