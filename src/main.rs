@@ -1,5 +1,5 @@
 //! The `canopy` command line: the server (`serve`) and the tools people use against
-//! it (`pub`, `sub`, `tenant`, `user`, `bench`, `config`; logins and TLS through the
+//! it (`pub`, `sub`, `tenant`, `user`, `group`, `bench`, `config`; logins and TLS through the
 //! connection flags of `cli::connect`). Errors end here as one readable message and a
 //! non-zero exit status, never a panic.
 
@@ -79,6 +79,10 @@ enum Command {
     /// Create, list and delete a tenant's users; issue and revoke their tokens.
     #[command(subcommand)]
     User(cli::users::UserCommand),
+    /// Create, list, show and delete consumer groups (each subject to one member at a
+    /// time, in order).
+    #[command(subcommand)]
+    Group(cli::groups::GroupCommand),
     /// Measure live pub/sub throughput and latency of any NATS-protocol server.
     #[command(
         long_about = "Measure live pub/sub throughput and latency of any NATS-protocol \
@@ -393,6 +397,7 @@ async fn run(command: Command) -> Result<()> {
         }
         Command::Tenant(command) => run_tenant(command).await,
         Command::User(command) => cli::users::run(command).await,
+        Command::Group(command) => cli::groups::run(command).await,
         Command::Purge(args) => {
             let (mut client, timeout) = connect(&args.connect, "canopy purge").await?;
             cli::streams::purge(&mut client, &args.target, args.yes, timeout).await

@@ -9,6 +9,7 @@
 //! page in memory per request, and never block a connection task: each request runs
 //! in its own task, and at most [`MAX_CONCURRENT`] run at once.
 
+mod groups;
 mod read;
 mod snapshots;
 pub mod tenants;
@@ -202,11 +203,12 @@ async fn dispatch(
         "purge" => purge(broker, store, tenant, call, answer).await,
         op if op.starts_with("tenant.") => tenants::dispatch(broker, store, call, answer).await,
         op if op.starts_with("user.") => users::dispatch(broker, store, call, answer).await,
+        op if op.starts_with("group.") => groups::dispatch(broker, store, call, answer).await,
         other => Err(ApiError::new(
             404,
             format!(
                 "no API `{PREFIX}{other}`: use get, replay, subjects, append, snapshot.put, \
-                 snapshot.get, purge, tenant.* or user.*"
+                 snapshot.get, purge, tenant.*, user.* or group.*"
             ),
         )),
     }

@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod connect;
+pub mod groups;
 pub mod pubsub;
 pub mod serve;
 pub mod streams;

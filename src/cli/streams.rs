@@ -185,15 +185,17 @@ impl std::str::FromStr for StartAt {
     }
 }
 
-fn parse_ago(text: &str) -> Option<Duration> {
+/// A span like 500ms, 30s, 5m, 2h or 1d.
+pub(super) fn parse_ago(text: &str) -> Option<Duration> {
     let split = text.find(|c: char| !c.is_ascii_digit())?;
     let (number, unit) = text.split_at(split);
     let n: u64 = number.parse().ok()?;
     let seconds = match unit {
+        "ms" => return Some(Duration::from_millis(n)),
         "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86_400,
+        "m" => n.checked_mul(60)?,
+        "h" => n.checked_mul(3600)?,
+        "d" => n.checked_mul(86_400)?,
         _ => return None,
     };
     Some(Duration::from_secs(seconds))

@@ -229,7 +229,7 @@ impl Dispatcher {
     }
 
     fn ack_wait_ms(&self) -> u64 {
-        u64::try_from(self.limits.ack_wait.as_millis()).unwrap_or(u64::MAX)
+        self.limits.ack_wait_ms
     }
 
     /// A subject's stored cursor and newest version, at start.

@@ -10,14 +10,15 @@
 
 pub mod dispatch;
 
-use std::time::Duration;
-
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// Where a new group starts reading its subjects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum StartAt {
     /// Only messages stored after the group was created.
+    #[default]
     New,
     /// Every message still stored.
     All,
@@ -25,35 +26,59 @@ pub enum StartAt {
     Time(u64),
 }
 
-/// A group's definition, as `canopy group create` gives it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A group's definition: what `canopy group create` sends and what is stored, as JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GroupSpec {
     pub name: String,
     /// The subjects the group consumes, with NATS wildcards (`orders.>`).
     pub pattern: String,
-    pub limits: Limits,
+    /// How long a member has to ack (or send in-progress) before the message goes again.
+    #[serde(default = "default_ack_wait_ms")]
+    pub ack_wait_ms: u64,
+    /// Deliveries of one message before it goes to the dead-letter subject (0: no limit).
+    #[serde(default = "default_max_deliveries")]
+    pub max_deliveries: u32,
+    /// Messages of one subject outstanding at once; 1 keeps each subject in strict order.
+    #[serde(default = "default_per_subject")]
+    pub per_subject: u32,
+    /// Messages outstanding at one member at once.
+    #[serde(default = "default_per_member")]
+    pub per_member: u32,
+    #[serde(default)]
     pub start: StartAt,
-    /// Where messages that ran out of deliveries go; `$DLQ.<group>.<subject>` when unset.
+    /// Where messages that ran out of deliveries go, the subject appended;
+    /// `$DLQ.<group>` when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<String>,
 }
 
-/// How a group delivers: ack deadline, redeliveries and how much may be outstanding.
+fn default_ack_wait_ms() -> u64 {
+    Limits::default().ack_wait_ms
+}
+fn default_max_deliveries() -> u32 {
+    Limits::default().max_deliveries
+}
+fn default_per_subject() -> u32 {
+    Limits::default().per_subject
+}
+fn default_per_member() -> u32 {
+    Limits::default().per_member
+}
+
+/// How a group delivers: what the dispatcher needs of its definition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// How long a member has to ack (or send in-progress) before the message goes again.
-    pub ack_wait: Duration,
-    /// Deliveries of one message before it goes to the dead-letter subject (0: no limit).
+    pub ack_wait_ms: u64,
     pub max_deliveries: u32,
-    /// Messages of one subject outstanding at once; 1 keeps each subject in strict order.
     pub per_subject: u32,
-    /// Messages outstanding at one member at once.
     pub per_member: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            ack_wait: Duration::from_secs(30),
+            ack_wait_ms: 30_000,
             max_deliveries: 5,
             per_subject: 1,
             per_member: 1_000,
@@ -65,6 +90,8 @@ impl Default for Limits {
 pub const MAX_NAME: usize = 64;
 /// Most messages outstanding per subject or per member a group may ask for.
 pub const MAX_IN_FLIGHT: u32 = 100_000;
+/// The longest ack wait: a day.
+pub const MAX_ACK_WAIT_MS: u64 = 86_400_000;
 
 /// Why a group definition is refused.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -73,13 +100,39 @@ pub enum SpecError {
     Name(String),
     #[error("the group's pattern is not a valid subject pattern: {0}")]
     Pattern(String),
-    #[error("ack wait must be between 1 ms and 1 day")]
+    #[error("the dead-letter prefix is not a valid subject: {0}")]
+    DeadLetter(String),
+    #[error("ack_wait_ms must be between 1 and {MAX_ACK_WAIT_MS} (a day)")]
     AckWait,
-    #[error("in flight per subject and per member must be between 1 and {MAX_IN_FLIGHT}")]
+    #[error("per_subject and per_member must be between 1 and {MAX_IN_FLIGHT}")]
     InFlight,
 }
 
 impl GroupSpec {
+    /// A definition with the default limits, starting at new messages.
+    pub fn new(name: impl Into<String>, pattern: impl Into<String>) -> Self {
+        let limits = Limits::default();
+        Self {
+            name: name.into(),
+            pattern: pattern.into(),
+            ack_wait_ms: limits.ack_wait_ms,
+            max_deliveries: limits.max_deliveries,
+            per_subject: limits.per_subject,
+            per_member: limits.per_member,
+            start: StartAt::New,
+            dead_letter: None,
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            ack_wait_ms: self.ack_wait_ms,
+            max_deliveries: self.max_deliveries,
+            per_subject: self.per_subject,
+            per_member: self.per_member,
+        }
+    }
+
     /// Checks a definition before it is stored; the pattern with the subjects crate's
     /// own parser, so a group matches exactly what a subscription with it would.
     pub fn check(&self) -> Result<(), SpecError> {
@@ -94,13 +147,15 @@ impl GroupSpec {
         }
         canopy_subjects::Pattern::parse_native(&self.pattern)
             .map_err(|e| SpecError::Pattern(e.to_string()))?;
-        if self.limits.ack_wait < Duration::from_millis(1)
-            || self.limits.ack_wait > Duration::from_secs(86_400)
-        {
+        if let Some(prefix) = &self.dead_letter {
+            canopy_subjects::validate_native_subject(prefix, &canopy_subjects::Limits::default())
+                .map_err(|e| SpecError::DeadLetter(e.to_string()))?;
+        }
+        if !(1..=MAX_ACK_WAIT_MS).contains(&self.ack_wait_ms) {
             return Err(SpecError::AckWait);
         }
         let in_range = |n: u32| (1..=MAX_IN_FLIGHT).contains(&n);
-        if !in_range(self.limits.per_subject) || !in_range(self.limits.per_member) {
+        if !in_range(self.per_subject) || !in_range(self.per_member) {
             return Err(SpecError::InFlight);
         }
         Ok(())

@@ -1,17 +1,16 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use proptest::prelude::*;
 
 use super::dispatch::{AckError, DeadReason, Delivery, Dispatcher, MemberId};
-use super::{GroupSpec, Limits, SpecError, StartAt};
+use super::{GroupSpec, Limits, MAX_IN_FLIGHT, SpecError, StartAt};
 
 const WAIT: u64 = 1_000;
 
 fn limits(per_subject: u32, max_deliveries: u32) -> Limits {
     Limits {
-        ack_wait: Duration::from_millis(WAIT),
+        ack_wait_ms: WAIT,
         max_deliveries,
         per_subject,
         per_member: 100,
@@ -229,43 +228,57 @@ fn the_laggiest_subjects_come_first() {
 
 #[test]
 fn group_definitions_are_checked() {
-    let spec = |name: &str, pattern: &str, limits: Limits| GroupSpec {
-        name: name.into(),
-        pattern: pattern.into(),
-        limits,
-        start: StartAt::New,
-        dead_letter: None,
-    };
-    let ok = spec("billing", "orders.>", Limits::default());
+    let ok = GroupSpec::new("billing", "orders.>");
     assert_eq!(ok.check(), Ok(()));
     assert_eq!(
         ok.dead_letter_subject("orders.eu.7"),
         "$DLQ.billing.orders.eu.7"
     );
+    let bad = |change: fn(&mut GroupSpec)| {
+        let mut spec = GroupSpec::new("billing", "orders.>");
+        change(&mut spec);
+        spec.check()
+    };
     assert!(matches!(
-        spec("bad name", "orders.>", Limits::default()).check(),
+        bad(|s| s.name = "bad name".into()),
         Err(SpecError::Name(_))
     ));
     assert!(matches!(
-        spec("b", "orders.>.x", Limits::default()).check(),
+        bad(|s| s.pattern = "orders.>.x".into()),
         Err(SpecError::Pattern(_))
     ));
-    let zero = Limits {
-        per_subject: 0,
-        ..Limits::default()
-    };
+    assert!(matches!(
+        bad(|s| s.dead_letter = Some("dead..letters".into())),
+        Err(SpecError::DeadLetter(_))
+    ));
+    assert_eq!(bad(|s| s.per_subject = 0), Err(SpecError::InFlight));
     assert_eq!(
-        spec("b", "orders.>", zero).check(),
+        bad(|s| s.per_member = MAX_IN_FLIGHT + 1),
         Err(SpecError::InFlight)
     );
-    let no_wait = Limits {
-        ack_wait: Duration::ZERO,
-        ..Limits::default()
-    };
+    assert_eq!(bad(|s| s.ack_wait_ms = 0), Err(SpecError::AckWait));
+}
+
+#[test]
+fn a_definition_reads_back_from_json_with_defaults_and_refuses_unknown_fields() {
+    let spec: GroupSpec =
+        serde_json::from_str(r#"{"name": "billing", "pattern": "orders.>", "start": "all"}"#)
+            .unwrap();
+    assert_eq!(spec.limits(), Limits::default());
+    assert_eq!(spec.start, StartAt::All);
+    let timed: GroupSpec = serde_json::from_str(
+        r#"{"name": "b", "pattern": "o.*", "start": {"time": 1700000000000}, "per_subject": 4}"#,
+    )
+    .unwrap();
     assert_eq!(
-        spec("b", "orders.>", no_wait).check(),
-        Err(SpecError::AckWait)
+        (timed.start, timed.per_subject),
+        (StartAt::Time(1_700_000_000_000), 4)
     );
+    let back: GroupSpec = serde_json::from_slice(&serde_json::to_vec(&timed).unwrap()).unwrap();
+    assert_eq!(back, timed);
+    let typo =
+        serde_json::from_str::<GroupSpec>(r#"{"name": "b", "pattern": "o", "ack_wiat_ms": 5}"#);
+    assert!(typo.unwrap_err().to_string().contains("unknown field"));
 }
 
 /// What a model consumer does next.

@@ -13,6 +13,8 @@
 //!  subjects  'c' tenant 0x00                                -> how many subjects the tenant has (u64be)
 //!  tenant    't' tenant 0x00                                -> the tenant's record (JSON, tenants.rs)
 //!  user      'u' tenant 0x00 name                           -> a user's record (JSON, users.rs)
+//!  group     'k' tenant 0x00 name                           -> a consumer group's definition (JSON, groups.rs)
+//!  cursor    'z' tenant 0x00 group 0x00 subject 0x00        -> the group's cursor in the subject (u64be)
 //!  format    'x' "format"                                   -> format version
 //! ```
 //!
@@ -33,9 +35,13 @@ pub const SESSION: u8 = b'q';
 pub const USAGE: u8 = b'c';
 pub const TENANT: u8 = b't';
 pub const USER: u8 = b'u';
+pub const GROUP: u8 = b'k';
+pub const CURSOR: u8 = b'z';
 /// Every kind of key that belongs to one tenant's data (not its record).
-pub const TENANT_KINDS: [u8; 10] = [
+pub const TENANT_KINDS: [u8; 12] = [
     USER,
+    GROUP,
+    CURSOR,
     MESSAGE,
     SUBJECT,
     BATCH,
@@ -139,6 +145,45 @@ pub fn user(tenant: &str, name: &str) -> Bytes {
     let mut key = prefix(USER, tenant, name.len());
     key.put_slice(name.as_bytes());
     key.freeze()
+}
+
+/// The key of a consumer group's definition.
+pub fn group(tenant: &str, name: &str) -> Bytes {
+    let mut key = prefix(GROUP, tenant, name.len());
+    key.put_slice(name.as_bytes());
+    key.freeze()
+}
+
+/// `'z' tenant 0 group 0`: the start of a group's cursors.
+fn cursor_prefix(tenant: &str, group: &str, extra: usize) -> BytesMut {
+    let mut key = prefix(CURSOR, tenant, group.len() + 1 + extra);
+    key.put_slice(group.as_bytes());
+    key.put_u8(0);
+    key
+}
+
+/// The key of a group's cursor in one subject.
+pub fn cursor(tenant: &str, group: &str, subject: &str) -> Bytes {
+    let mut key = cursor_prefix(tenant, group, subject.len() + 1);
+    key.put_slice(subject.as_bytes());
+    key.put_u8(0);
+    key.freeze()
+}
+
+/// Every cursor of one group.
+pub fn cursor_range(tenant: &str, group: &str) -> std::ops::Range<Bytes> {
+    let start = cursor_prefix(tenant, group, 0);
+    let mut end = start.clone();
+    let last = end.len() - 1;
+    end[last] = 1;
+    start.freeze()..end.freeze()
+}
+
+/// The subject of a cursor key.
+pub fn cursor_subject<'k>(key: &'k [u8], tenant: &str, group: &str) -> Option<&'k str> {
+    let start = 2 + tenant.len() + group.len() + 1;
+    let rest = key.get(start..key.len().checked_sub(1)?)?;
+    std::str::from_utf8(rest).ok()
 }
 
 /// Every tenant record.

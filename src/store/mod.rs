@@ -11,6 +11,7 @@
 //! returns untouched. Everything above it goes through this module's API, so an
 //! engine upgrade touches this folder only.
 
+mod groups;
 mod keys;
 pub mod observed;
 mod open;

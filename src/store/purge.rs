@@ -99,8 +99,11 @@ impl Store {
         }
     }
 
-    /// Deletes the range (of snapshots), in chunks.
-    async fn delete_range(&self, range: std::ops::Range<Bytes>) -> Result<(), StoreError> {
+    /// Deletes a range of keys (snapshots, a group's cursors), in chunks.
+    pub(super) async fn delete_range(
+        &self,
+        range: std::ops::Range<Bytes>,
+    ) -> Result<(), StoreError> {
         loop {
             // A fresh scan per chunk: an iterator is not kept across our own writes.
             let mut chunk = self.db().scan(range.clone()).await?;

@@ -15,6 +15,7 @@ mod durable;
 mod faults;
 mod format;
 mod frontends;
+mod groups;
 mod http;
 mod isolation;
 mod jetstream_publish;

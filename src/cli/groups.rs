@@ -1,0 +1,190 @@
+//! `canopy group ...`: the `$CANOPY.group.*` API for people. Creates, lists, shows
+//! and deletes the tenant's consumer groups; one line per group, or JSON with
+//! `--json`. This module only builds requests and prints answers: what a group does
+//! is the server's.
+
+use anyhow::{Result, bail};
+use clap::Subcommand;
+use serde_json::{Value, json};
+
+use super::connect::ConnectArgs;
+use super::streams::{call_json, parse_ago};
+
+#[derive(Subcommand)]
+pub enum GroupCommand {
+    /// Create group NAME consuming the subjects matching PATTERN (e.g. 'orders.>').
+    ///
+    /// Each subject goes to one member at a time, in version order; members join by
+    /// consuming.
+    Create {
+        /// The group's name: 1 to 64 of A-Z, a-z, 0-9, '-' and '_'.
+        name: String,
+        /// The subjects it consumes, with NATS wildcards.
+        pattern: String,
+        /// How long a member has to ack a message before it goes again (500ms, 30s, 5m).
+        #[arg(long, default_value = "30s", value_name = "SPAN")]
+        ack_wait: String,
+        /// Deliveries of one message before it goes to the dead-letter subject (0: no limit).
+        #[arg(long, default_value_t = 5, value_name = "N")]
+        max_deliveries: u32,
+        /// Messages of one subject outstanding at once (1: strict order per subject).
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        per_subject: u32,
+        /// Messages outstanding at one member at once.
+        #[arg(long, default_value_t = 1000, value_name = "N")]
+        per_member: u32,
+        /// Where to start: `new` (messages stored from now on), `all` (everything
+        /// stored), or an age (30s, 5m, 2h, 1d: messages stored since then).
+        #[arg(long, default_value = "new", value_name = "WHERE")]
+        start: String,
+        /// Dead-letter subjects are PREFIX.<subject> (default `$DLQ.<group>.<subject>`).
+        #[arg(long, value_name = "PREFIX")]
+        dead_letter: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connect: ConnectArgs,
+    },
+    /// List the tenant's groups.
+    List {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connect: ConnectArgs,
+    },
+    /// Show group NAME: its definition and the subjects it has cursors in.
+    Info {
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connect: ConnectArgs,
+    },
+    /// Delete group NAME and its cursors.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        connect: ConnectArgs,
+    },
+}
+
+/// The API's `start` for what the user typed.
+fn start(text: &str) -> Result<Value> {
+    Ok(match text {
+        "new" => json!("new"),
+        "all" => json!("all"),
+        age => match parse_ago(age) {
+            Some(age) => {
+                let age = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
+                json!({"time": canopy::store::now_ms().saturating_sub(age)})
+            }
+            None => bail!("--start is `new`, `all` or an age like 30s, 5m, 2h, 1d, not `{age}`"),
+        },
+    })
+}
+
+/// One line for a group.
+fn line(group: &Value) -> String {
+    let text = |key: &str| group[key].as_str().unwrap_or("?").to_owned();
+    let number = |key: &str| group[key].as_u64().unwrap_or(0);
+    let mut line = format!(
+        "{}  {}  ack wait {} ms, {} deliveries, {} in flight per subject, {} per member, \
+         dead letters to {}",
+        text("name"),
+        text("pattern"),
+        number("ack_wait_ms"),
+        number("max_deliveries"),
+        number("per_subject"),
+        number("per_member"),
+        text("dead_letter_subject"),
+    );
+    if let Some(subjects) = group["subjects"].as_u64() {
+        line.push_str(&format!(", cursors in {subjects} subjects"));
+    }
+    line
+}
+
+fn print(value: &Value, json: bool) {
+    if json {
+        println!("{value}");
+    } else {
+        println!("{}", line(value));
+    }
+}
+
+/// Runs a `canopy group` subcommand.
+pub async fn run(command: GroupCommand) -> Result<()> {
+    match command {
+        GroupCommand::Create {
+            name,
+            pattern,
+            ack_wait,
+            max_deliveries,
+            per_subject,
+            per_member,
+            start: from,
+            dead_letter,
+            json,
+            connect,
+        } => {
+            let Some(wait) = parse_ago(&ack_wait) else {
+                bail!("--ack-wait is a span like 500ms, 30s or 5m, not `{ack_wait}`");
+            };
+            let mut body = json!({
+                "name": name,
+                "pattern": pattern,
+                "ack_wait_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                "max_deliveries": max_deliveries,
+                "per_subject": per_subject,
+                "per_member": per_member,
+                "start": start(&from)?,
+            });
+            if let Some(prefix) = dead_letter {
+                body["dead_letter"] = json!(prefix);
+            }
+            let (mut client, timeout) = connect.connect("canopy group").await?;
+            let answer = call_json(&mut client, "$CANOPY.group.create", &body, timeout).await?;
+            print(&answer, json);
+            Ok(())
+        }
+        GroupCommand::List { json, connect } => {
+            let (mut client, timeout) = connect.connect("canopy group").await?;
+            let answer = call_json(&mut client, "$CANOPY.group.list", &json!({}), timeout).await?;
+            for group in answer["groups"].as_array().into_iter().flatten() {
+                print(group, json);
+            }
+            Ok(())
+        }
+        GroupCommand::Info {
+            name,
+            json,
+            connect,
+        } => {
+            let (mut client, timeout) = connect.connect("canopy group").await?;
+            let answer = call_json(
+                &mut client,
+                "$CANOPY.group.info",
+                &json!({"name": name}),
+                timeout,
+            )
+            .await?;
+            print(&answer, json);
+            Ok(())
+        }
+        GroupCommand::Delete { name, connect } => {
+            let (mut client, timeout) = connect.connect("canopy group").await?;
+            call_json(
+                &mut client,
+                "$CANOPY.group.delete",
+                &json!({"name": name}),
+                timeout,
+            )
+            .await?;
+            eprintln!("deleted group {name}");
+            Ok(())
+        }
+    }
+}
