@@ -6,13 +6,17 @@
 //! every subject it matches. Changes are serialised so two creates of one name cannot
 //! both succeed. This module must never decide deliveries: that is `crate::groups`'.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use super::{Answer, ApiCall, ApiError, PREFIX, authorize, parse};
 use crate::broker::Broker;
-use crate::groups::GroupSpec;
+use crate::broker::groups::{ACK_PREFIX, Pull, Reply, ReplyKind};
+use crate::groups::{GroupSpec, StoredGroup as Stored};
 use crate::store::{Store, now_ms};
 use crate::tenancy::Action;
 
@@ -25,15 +29,29 @@ struct GroupRef {
     name: String,
 }
 
-/// A definition as stored: the spec and when it was made.
-#[derive(serde::Serialize, Deserialize)]
-struct Stored {
-    spec: GroupSpec,
-    created_ms: u64,
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Next {
+    group: String,
+    /// Messages at most in this answer.
+    #[serde(default = "one")]
+    max: usize,
+    /// How long to wait for a first message when none is ready.
+    #[serde(default)]
+    wait_ms: u64,
+    /// Who is consuming; by default the caller's reply inbox prefix.
+    member: Option<String>,
 }
 
+fn one() -> usize {
+    1
+}
+
+/// Most messages one `group.next` answer carries.
+pub const MAX_NEXT: usize = 1_000;
+
 pub(super) async fn dispatch(
-    broker: &Broker,
+    broker: &Arc<Broker>,
     store: &Store,
     call: &ApiCall,
     answer: &mut Answer,
@@ -67,7 +85,11 @@ pub(super) async fn dispatch(
             store
                 .create_group(tenant, &stored.spec.name, &record)
                 .await?;
-            group_json(&stored)
+            let body = group_json(&stored);
+            if let Some(store) = broker.store() {
+                broker.groups().start(broker, store, tenant, stored);
+            }
+            body
         }
         "group.list" => {
             let groups: Vec<Value> = store
@@ -85,21 +107,62 @@ pub(super) async fn dispatch(
             let cursors = store.cursors(tenant, &name).await?;
             let mut info = group_json(&stored);
             info["subjects"] = json!(cursors.len());
+            info["live"] = broker
+                .groups()
+                .info(tenant, &name)
+                .await
+                .unwrap_or(Value::Null);
             info
         }
         "group.delete" => {
             let GroupRef { name } = parse(&call.body)?;
             let _change = CHANGES.lock().await;
             found(store, tenant, &name).await?;
+            broker.groups().stop(tenant, &name);
             store.delete_group(tenant, &name).await?;
             json!({"name": name, "deleted": true})
+        }
+        "group.next" => {
+            let next: Next = parse(&call.body)?;
+            if !(1..=MAX_NEXT).contains(&next.max) {
+                return Err(ApiError::new(400, format!("max is 1 to {MAX_NEXT}")));
+            }
+            let stored = found(store, tenant, &next.group).await?;
+            authorize(
+                broker,
+                &call.principal,
+                Action::Subscribe,
+                &stored.spec.pattern,
+            )?;
+            let reply = call.reply.clone().unwrap_or_default();
+            // A client's inbox prefix (`_INBOX.<id>` of `_INBOX.<id>.<n>`) is one
+            // member; a reply subject of two tokens is its own.
+            let member = next.member.unwrap_or_else(|| match reply.rsplit_once('.') {
+                Some((inbox, _)) if inbox.contains('.') => inbox.to_owned(),
+                _ => reply.clone(),
+            });
+            let pull = Pull {
+                member,
+                max: next.max,
+                wait: Duration::from_millis(next.wait_ms).min(super::MAX_WAIT),
+                reply,
+                routes: Arc::clone(&call.routes),
+            };
+            if !broker.groups().pull(tenant, &next.group, pull).await {
+                return Err(ApiError::new(
+                    503,
+                    format!("group {} is not running", next.group),
+                ));
+            }
+            // The group answers on the reply subject itself.
+            return Ok(());
         }
         other => {
             return Err(ApiError::new(
                 404,
                 format!(
-                    "no API `{PREFIX}{other}`: use group.create, group.list, group.info or \
-                     group.delete"
+                    "no API `{PREFIX}{other}`: use group.create, group.list, group.info, \
+                     group.delete or group.next"
                 ),
             ));
         }
@@ -122,4 +185,45 @@ async fn found(store: &Store, tenant: &str, name: &str) -> Result<Stored, ApiErr
         .ok_or_else(|| ApiError::new(404, format!("no group {name}")))?;
     serde_json::from_slice(&record)
         .map_err(|e| ApiError::new(500, format!("the stored group {name} is unreadable: {e}")))
+}
+
+/// An ack, nack, in-progress or term published to a delivery's reply subject
+/// (`$CANOPY.group.ack.<group>.<version>.<attempt>.<subject>`), handed to its group.
+/// With a reply subject it is confirmed once the group has taken it; a subject that
+/// is not a delivery's is ignored.
+pub(super) fn reply(broker: &Arc<Broker>, call: &ApiCall) {
+    let Some(rest) = format!("{PREFIX}{}", call.operation)
+        .strip_prefix(ACK_PREFIX)
+        .map(str::to_owned)
+    else {
+        return;
+    };
+    let mut tokens = rest.splitn(4, '.');
+    let (Some(group), Some(version), Some(attempt), Some(subject)) =
+        (tokens.next(), tokens.next(), tokens.next(), tokens.next())
+    else {
+        return;
+    };
+    let (Ok(version), Ok(attempt), Some(kind)) = (
+        version.parse(),
+        attempt.parse(),
+        ReplyKind::parse(&call.body),
+    ) else {
+        return;
+    };
+    let reply = Reply {
+        subject: Arc::from(subject),
+        version,
+        attempt,
+        kind,
+        confirm: call.reply.clone().map(|to| (to, Arc::clone(&call.routes))),
+    };
+    let (broker, tenant, group) = (
+        Arc::clone(broker),
+        Arc::clone(&call.routes.name),
+        group.to_owned(),
+    );
+    tokio::spawn(async move {
+        broker.groups().reply(&tenant, &group, reply).await;
+    });
 }

@@ -61,6 +61,10 @@ pub struct ApiCall {
 /// Runs `call` in its own task. Without a reply subject there is nobody to answer,
 /// so the call is dropped.
 pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
+    if call.operation.starts_with("group.ack.") {
+        groups::reply(&broker, &call);
+        return;
+    }
     let Some(reply) = call.reply.clone() else {
         return;
     };

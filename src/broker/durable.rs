@@ -235,6 +235,9 @@ impl StoreEvents for StoreRouter {
                 version: message.version,
                 offset: message.offset,
             };
+            broker
+                .groups()
+                .observe(message.tenant, message.subject, message.version);
             let skip = (message.route.flags & FLAG_NO_ECHO != 0).then_some(message.route.origin);
             let delivered = broker.route(tenant, skip, &routed, &mut scratch, &mut wakes);
             msgs += delivered as u64;

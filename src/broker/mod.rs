@@ -12,6 +12,7 @@
 
 pub mod durable;
 pub mod envelope;
+pub mod groups;
 pub mod metrics;
 pub mod outbox;
 
@@ -98,6 +99,8 @@ pub struct Broker {
     tenant_records: crate::tenancy::Tenants,
     /// The clock messages are aged by (the store's too).
     clock: crate::clock::Clock,
+    /// The running consumer groups.
+    groups: groups::Groups,
 }
 
 impl Broker {
@@ -112,7 +115,32 @@ impl Broker {
             mqtt_acks: envelope::AckInboxes::default(),
             tenant_records: crate::tenancy::Tenants::default(),
             clock: crate::clock::Clock::default(),
+            groups: groups::Groups::default(),
         }
+    }
+
+    /// The running consumer groups.
+    pub fn groups(&self) -> &groups::Groups {
+        &self.groups
+    }
+
+    /// Starts every stored consumer group of every tenant; for the server's start,
+    /// once the store is attached.
+    pub async fn start_groups(self: &Arc<Self>) -> Result<(), crate::store::StoreError> {
+        let Some(store) = self.store().cloned() else {
+            return Ok(());
+        };
+        for tenant in self.tenant_records.list() {
+            for record in store.groups(&tenant.name).await? {
+                match serde_json::from_slice::<crate::groups::StoredGroup>(&record) {
+                    Ok(group) => self.groups.start(self, &store, &tenant.name, group),
+                    Err(error) => {
+                        tracing::warn!(tenant = %tenant.name, %error, "a stored group is unreadable; not started");
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The tenants' records (who exists, with which limits).

@@ -54,7 +54,8 @@ pub enum GroupCommand {
         #[command(flatten)]
         connect: ConnectArgs,
     },
-    /// Show group NAME: its definition and the subjects it has cursors in.
+    /// Show group NAME: its definition, members, pending and redelivered counts, the
+    /// laggiest subjects and the last dead letters.
     Info {
         name: String,
         /// Print JSON.
@@ -103,6 +104,33 @@ fn line(group: &Value) -> String {
     );
     if let Some(subjects) = group["subjects"].as_u64() {
         line.push_str(&format!(", cursors in {subjects} subjects"));
+    }
+    let live = &group["live"];
+    if live.is_object() {
+        let n = |key: &str| live[key].as_u64().unwrap_or(0);
+        line.push_str(&format!(
+            "\n  {} members, {} pending, {} in flight, {} redelivered, {} dead-lettered",
+            n("members"),
+            n("pending"),
+            n("in_flight"),
+            n("redelivered"),
+            n("dead_lettered"),
+        ));
+        for lag in live["laggiest"].as_array().into_iter().flatten() {
+            line.push_str(&format!(
+                "\n  {}  {} pending",
+                lag["subject"].as_str().unwrap_or("?"),
+                lag["pending"].as_u64().unwrap_or(0)
+            ));
+        }
+        for dead in live["dead_letters"].as_array().into_iter().flatten() {
+            line.push_str(&format!(
+                "\n  parked {} version {}: {}",
+                dead["subject"].as_str().unwrap_or("?"),
+                dead["version"].as_u64().unwrap_or(0),
+                dead["reason"].as_str().unwrap_or("?")
+            ));
+        }
     }
     line
 }

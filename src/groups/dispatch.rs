@@ -494,7 +494,7 @@ impl Dispatcher {
     }
 
     /// The last messages that went to the dead-letter subject, oldest first.
-    pub fn recent_dead_letters(&self) -> impl Iterator<Item = &DeadLetter> {
+    pub fn recent_dead_letters(&self) -> impl DoubleEndedIterator<Item = &DeadLetter> {
         self.recent_dead.iter()
     }
 

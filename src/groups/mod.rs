@@ -53,6 +53,13 @@ pub struct GroupSpec {
     pub dead_letter: Option<String>,
 }
 
+/// A definition as stored: the spec and when it was made (where `start: new` begins).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredGroup {
+    pub spec: GroupSpec,
+    pub created_ms: u64,
+}
+
 fn default_ack_wait_ms() -> u64 {
     Limits::default().ack_wait_ms
 }

@@ -201,6 +201,7 @@ impl Server {
         }
         broker.attach_store(store);
         broker.apply_stored_limits().await?;
+        broker.start_groups().await?;
         Ok(Server {
             config: Arc::new(config),
             broker,

@@ -3,7 +3,22 @@
 
 use serde_json::json;
 
-use crate::common::{WAIT, api, file_config, start, start_default};
+use crate::common::{
+    WAIT, api, assert_not_api_error, file_config, header_of, publish_acked, start, start_default,
+    test_config,
+};
+
+/// A server on `config` with one group created from `group`, and a client of it.
+async fn with_group(
+    config: canopy::config::Config,
+    group: serde_json::Value,
+) -> (canopy::server::RunningServer, async_nats::Client) {
+    let server = start(config).await;
+    let client = async_nats::connect(server.native_url()).await.unwrap();
+    let (status, created) = api(&client, "group.create", group).await;
+    assert_eq!(status, 200, "{created}");
+    (server, client)
+}
 
 #[tokio::test]
 async fn groups_are_created_listed_shown_and_deleted() {
@@ -109,15 +124,11 @@ async fn a_wrong_definition_is_refused_with_the_reason() {
 #[tokio::test]
 async fn a_group_outlives_a_restart() {
     let folder = tempfile::tempdir().unwrap();
-    let server = start(file_config(folder.path())).await;
-    let client = async_nats::connect(server.native_url()).await.unwrap();
-    let (status, _) = api(
-        &client,
-        "group.create",
+    let (server, client) = with_group(
+        file_config(folder.path()),
         json!({"name": "billing", "pattern": "orders.>", "max_deliveries": 9}),
     )
     .await;
-    assert_eq!(status, 200);
     drop(client);
     server.stop().await;
 
@@ -189,5 +200,240 @@ async fn canopy_group_manages_groups_from_the_command_line() {
     let (ok, out, _) = run(vec!["group", "list"]).await;
     assert!(ok);
     assert!(out.trim().is_empty(), "{out}");
+    server.stop().await;
+}
+
+/// One `$CANOPY.group.next` pull: the messages, up to the `Canopy-Done` marker.
+async fn next(client: &async_nats::Client, body: serde_json::Value) -> Vec<async_nats::Message> {
+    use futures::StreamExt;
+    let inbox = client.new_inbox();
+    let mut sub = client.subscribe(inbox.clone()).await.unwrap();
+    client
+        .publish_with_reply("$CANOPY.group.next", inbox, body.to_string().into())
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    loop {
+        let message = tokio::time::timeout(WAIT, sub.next())
+            .await
+            .expect("the pull is answered")
+            .expect("subscription open");
+        assert_not_api_error("group.next", &message);
+        if header_of(&message, "Canopy-Done").is_some() {
+            let count: usize = header_of(&message, "Canopy-Count")
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_eq!(count, got.len());
+            return got;
+        }
+        got.push(message);
+    }
+}
+
+fn delivered(messages: &[async_nats::Message]) -> Vec<(String, u64, u32)> {
+    let mut all: Vec<_> = messages
+        .iter()
+        .map(|m| {
+            (
+                header_of(m, "Canopy-Subject").unwrap().to_owned(),
+                header_of(m, "Canopy-Version").unwrap().parse().unwrap(),
+                header_of(m, "Canopy-Attempt").unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+/// Acks (or nacks, with `body`) a delivery on its reply subject, as a request: the
+/// group confirms once it has taken it, so a later pull sees its effect.
+async fn reply(client: &async_nats::Client, message: &async_nats::Message, body: &'static str) {
+    let to = message
+        .reply
+        .clone()
+        .expect("a delivery has an ack subject");
+    assert!(to.starts_with("$CANOPY.group.ack."), "{to}");
+    let confirmed = tokio::time::timeout(WAIT, client.request(to, body.into()))
+        .await
+        .expect("confirmed in time")
+        .expect("confirmed");
+    assert_not_api_error("group.ack", &confirmed);
+}
+
+#[tokio::test]
+async fn a_group_hands_out_each_subject_in_order_without_holding_up_the_others() {
+    let (server, client) = with_group(
+        test_config(),
+        json!({"name": "g", "pattern": "orders.>", "start": "all"}),
+    )
+    .await;
+    for _ in 0..3 {
+        publish_acked(&client, "orders.a", "a").await;
+    }
+    for _ in 0..2 {
+        publish_acked(&client, "orders.b", "b").await;
+    }
+    let body = json!({"group": "g", "max": 10});
+    let first = next(&client, body.clone()).await;
+    assert_eq!(
+        delivered(&first),
+        [("orders.a".into(), 1, 1), ("orders.b".into(), 1, 1)],
+        "one message per subject at a time"
+    );
+    assert!(
+        next(&client, body.clone()).await.is_empty(),
+        "both subjects are out"
+    );
+
+    let (a1, b1) = (&first[0], &first[1]);
+    reply(&client, a1, "+ACK").await;
+    let second = next(&client, body.clone()).await;
+    assert_eq!(delivered(&second), [("orders.a".into(), 2, 1)]);
+
+    reply(&client, b1, "-NAK").await;
+    let third = next(&client, body.clone()).await;
+    assert_eq!(
+        delivered(&third),
+        [("orders.b".into(), 1, 2)],
+        "nacked: again, attempt 2"
+    );
+
+    // Acking everything from here on drains both subjects in order.
+    let mut seen = vec![("orders.a".to_owned(), 2), ("orders.b".to_owned(), 1)];
+    reply(&client, &second[0], "+ACK").await;
+    reply(&client, &third[0], "+ACK").await;
+    loop {
+        let got = next(&client, body.clone()).await;
+        if got.is_empty() {
+            break;
+        }
+        for message in &got {
+            let (subject, version, _) = delivered(std::slice::from_ref(message))[0].clone();
+            seen.push((subject, version));
+            reply(&client, message, "+ACK").await;
+        }
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("orders.a".into(), 2),
+            ("orders.a".into(), 3),
+            ("orders.b".into(), 1),
+            ("orders.b".into(), 2)
+        ]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_waiting_pull_gets_the_next_message_published() {
+    let (server, client) =
+        with_group(test_config(), json!({"name": "g", "pattern": "jobs.*"})).await;
+    let waiting = tokio::spawn({
+        let client = client.clone();
+        async move { next(&client, json!({"group": "g", "max": 5, "wait_ms": 5000})).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    publish_acked(&client, "jobs.1", "run").await;
+    let got = waiting.await.unwrap();
+    assert_eq!(delivered(&got), [("jobs.1".into(), 1, 1)]);
+    assert_eq!(&got[0].payload[..], b"run");
+    // An ack of a delivery that is not outstanding any more is refused.
+    reply(&client, &got[0], "+ACK").await;
+    let twice = client
+        .request(got[0].reply.clone().unwrap(), "+ACK".into())
+        .await
+        .unwrap();
+    assert_eq!(header_of(&twice, "Canopy-Status"), Some("409"));
+    // A pull that waits for nothing ends empty when its wait is over.
+    let empty = next(&client, json!({"group": "g", "wait_ms": 100})).await;
+    assert!(empty.is_empty());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn cursors_survive_a_restart() {
+    let folder = tempfile::tempdir().unwrap();
+    let (server, client) = with_group(
+        file_config(folder.path()),
+        json!({"name": "g", "pattern": "orders.>", "start": "all"}),
+    )
+    .await;
+    for _ in 0..3 {
+        publish_acked(&client, "orders.x", "x").await;
+    }
+    for version in 1..=2 {
+        let got = next(&client, json!({"group": "g"})).await;
+        assert_eq!(delivered(&got), [("orders.x".into(), version, 1)]);
+        reply(&client, &got[0], "+ACK").await;
+    }
+    // The group writes cursors in batches of its own.
+    tokio::time::sleep(canopy::broker::groups::CURSOR_FLUSH * 3).await;
+    drop(client);
+    server.stop().await;
+
+    let server = start(file_config(folder.path())).await;
+    let client = async_nats::connect(server.native_url()).await.unwrap();
+    let got = next(&client, json!({"group": "g", "max": 10})).await;
+    assert_eq!(delivered(&got), [("orders.x".into(), 3, 1)]);
+    let (_, info) = api(&client, "group.info", json!({"name": "g"})).await;
+    assert_eq!(info["subjects"], 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_message_out_of_deliveries_goes_to_the_dead_letter_subject_and_its_subject_goes_on() {
+    let (server, client) = with_group(
+        test_config(),
+        json!({"name": "g", "pattern": "pay.*", "start": "all", "max_deliveries": 2}),
+    )
+    .await;
+    publish_acked(&client, "pay.p", "poison").await;
+    publish_acked(&client, "pay.p", "fine").await;
+    for attempt in 1..=2 {
+        let got = next(&client, json!({"group": "g", "member": "worker"})).await;
+        assert_eq!(delivered(&got), [("pay.p".into(), 1, attempt)]);
+        reply(&client, &got[0], "-NAK").await;
+    }
+    let got = next(&client, json!({"group": "g", "member": "worker"})).await;
+    assert_eq!(
+        delivered(&got),
+        [("pay.p".into(), 2, 1)],
+        "the subject went on"
+    );
+    let (_, info) = api(&client, "group.info", json!({"name": "g"})).await;
+    let live = &info["live"];
+    assert_eq!(live["dead_lettered"], 1, "{info}");
+    assert_eq!(live["redelivered"], 1);
+    assert_eq!(live["in_flight"], 1);
+    assert_eq!(live["pending"], 1);
+    assert_eq!(live["members"], 1);
+    assert_eq!(live["dead_letters"][0]["subject"], "pay.p");
+    assert_eq!(
+        live["laggiest"][0],
+        json!({"subject": "pay.p", "pending": 1})
+    );
+    let dead = tokio::time::timeout(
+        WAIT,
+        client.request(
+            "$CANOPY.get",
+            json!({"subject": "$DLQ.g.pay.p"}).to_string().into(),
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_not_api_error("get", &dead);
+    assert_eq!(&dead.payload[..], b"poison");
+    assert_eq!(header_of(&dead, "Canopy-Dead-Subject"), Some("pay.p"));
+    assert_eq!(header_of(&dead, "Canopy-Dead-Version"), Some("1"));
+    assert_eq!(header_of(&dead, "Canopy-Dead-Attempts"), Some("2"));
+    assert!(
+        header_of(&dead, "Canopy-Dead-Reason")
+            .unwrap()
+            .contains("nacked")
+    );
     server.stop().await;
 }

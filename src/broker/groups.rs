@@ -1,0 +1,660 @@
+//! The running consumer groups: one task per group, which owns the group's
+//! [`Dispatcher`], learns of new messages from the sequencer's routing, answers
+//! `$CANOPY.group.next` pulls with messages read from the store, takes the acks
+//! published to each delivery's reply subject, and writes the cursors that moved in
+//! batches of its own (every [`CURSOR_FLUSH`]).
+//!
+//! Must never: block the sequencer (new messages are offered with `try_send`; a full
+//! queue marks the group lagging and it rescans its subjects from the store), or hold
+//! more than one group's state in one task.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use canopy_protocols::native::HeaderMap;
+use canopy_subjects::{Pattern, Trie};
+use parking_lot::RwLock;
+use tokio::sync::mpsc;
+
+use super::{Broker, Message, RouteScratch, TenantRoutes, Wakes};
+use crate::groups::dispatch::{DeadLetter, Delivery, Dispatcher, MemberId};
+use crate::groups::{GroupSpec, StartAt, StoredGroup};
+use crate::store::{
+    AppendRequest, Durability, NewMessage, ReplayFrom, RouteTag, Store, StoreError,
+};
+
+/// How often moved cursors are written.
+pub const CURSOR_FLUSH: Duration = Duration::from_millis(100);
+/// Inputs queued for one group before new messages are dropped (and rescanned).
+const QUEUE: usize = 4_096;
+/// Pulls that may wait for messages at once, per group.
+const WAITING_PULLS: usize = 1_024;
+/// How long a member may go without pulling before it leaves the group (at least
+/// twice the ack wait).
+const MEMBER_IDLE: Duration = Duration::from_secs(60);
+/// Subjects read per page when the group scans the store.
+const SCAN_PAGE: usize = 1_000;
+/// The prefix of every delivery's reply subject: `<prefix><group>.<version>.<attempt>.<subject>`.
+pub const ACK_PREFIX: &str = "$CANOPY.group.ack.";
+
+/// A pull for messages.
+pub struct Pull {
+    pub member: String,
+    pub max: usize,
+    pub wait: Duration,
+    pub reply: String,
+    pub routes: Arc<TenantRoutes>,
+}
+
+/// An ack, nack, in-progress or term, as published to a delivery's reply subject.
+pub struct Reply {
+    pub subject: Arc<str>,
+    pub version: u64,
+    pub attempt: u32,
+    pub kind: ReplyKind,
+    /// Where to confirm it once the group has taken it (JetStream's synchronous ack):
+    /// an empty message, or an error when the delivery was not outstanding.
+    pub confirm: Option<(String, Arc<TenantRoutes>)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyKind {
+    Ack,
+    Nack { delay_ms: u64 },
+    InProgress,
+    Term,
+}
+
+impl ReplyKind {
+    /// JetStream's ack vocabulary: `+ACK` (or an empty body), `-NAK` (optionally
+    /// `-NAK {"delay": <nanoseconds>}`), `+WPI`, `+TERM`.
+    pub fn parse(body: &[u8]) -> Option<ReplyKind> {
+        let text = std::str::from_utf8(body).ok()?.trim();
+        match text {
+            "" | "+ACK" => Some(ReplyKind::Ack),
+            "+WPI" => Some(ReplyKind::InProgress),
+            "+TERM" => Some(ReplyKind::Term),
+            "-NAK" => Some(ReplyKind::Nack { delay_ms: 0 }),
+            nak if nak.starts_with("-NAK") => {
+                let options: serde_json::Value =
+                    serde_json::from_str(nak.trim_start_matches("-NAK").trim()).ok()?;
+                let nanos = options.get("delay").and_then(serde_json::Value::as_u64)?;
+                Some(ReplyKind::Nack {
+                    delay_ms: nanos / 1_000_000,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+enum Input {
+    Observed(Arc<str>, u64),
+    Pull(Pull),
+    Reply(Reply),
+    Info(tokio::sync::oneshot::Sender<serde_json::Value>),
+}
+
+/// Subjects `info` lists as the laggiest, and dead letters as the last parked.
+const INFO_SUBJECTS: usize = 10;
+
+struct Handle {
+    name: String,
+    pattern: Pattern,
+    tx: mpsc::Sender<Input>,
+    lagging: Arc<AtomicBool>,
+}
+
+#[derive(Default)]
+struct TenantGroups {
+    trie: Trie<usize>,
+    list: Vec<Arc<Handle>>,
+}
+
+/// Every running group, by tenant.
+#[derive(Default)]
+pub struct Groups {
+    tenants: RwLock<HashMap<Arc<str>, Arc<TenantGroups>>>,
+}
+
+impl Groups {
+    /// Offers a stored message to the tenant's groups whose pattern matches it. Never
+    /// waits: a group whose queue is full is marked lagging and rescans the store.
+    pub fn observe(&self, tenant: &str, subject: &str, version: u64) {
+        let Some(groups) = self.tenants.read().get(tenant).cloned() else {
+            return;
+        };
+        let mut subject_arc: Option<Arc<str>> = None;
+        groups.trie.for_each_match(subject, &mut |plain, _| {
+            for &i in plain {
+                let Some(handle) = groups.list.get(i) else {
+                    continue;
+                };
+                let name = Arc::clone(subject_arc.get_or_insert_with(|| Arc::from(subject)));
+                if handle.tx.try_send(Input::Observed(name, version)).is_err() {
+                    handle.lagging.store(true, Ordering::Release);
+                }
+            }
+        });
+    }
+
+    fn handle(&self, tenant: &str, group: &str) -> Option<Arc<Handle>> {
+        let groups = self.tenants.read().get(tenant).cloned()?;
+        groups.list.iter().find(|h| h.name == group).cloned()
+    }
+
+    /// Hands a pull to its group; false when the group is not running.
+    pub async fn pull(&self, tenant: &str, group: &str, pull: Pull) -> bool {
+        match self.handle(tenant, group) {
+            Some(handle) => handle.tx.send(Input::Pull(pull)).await.is_ok(),
+            None => false,
+        }
+    }
+
+    /// A running group's live counts: members, pending, in flight, redelivered, dead
+    /// letters, the laggiest subjects and the last dead letters.
+    pub async fn info(&self, tenant: &str, group: &str) -> Option<serde_json::Value> {
+        let handle = self.handle(tenant, group)?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        handle.tx.send(Input::Info(tx)).await.ok()?;
+        rx.await.ok()
+    }
+
+    /// Hands an ack (or nack, in-progress, term) to its group.
+    pub async fn reply(&self, tenant: &str, group: &str, reply: Reply) -> bool {
+        match self.handle(tenant, group) {
+            Some(handle) => handle.tx.send(Input::Reply(reply)).await.is_ok(),
+            None => false,
+        }
+    }
+
+    /// Starts a group's task (a group of that name already running is stopped first).
+    pub fn start(
+        &self,
+        broker: &Arc<Broker>,
+        store: &Arc<Store>,
+        tenant: &str,
+        group: StoredGroup,
+    ) {
+        let StoredGroup { spec, created_ms } = group;
+        let Ok(pattern) = Pattern::parse_native(&spec.pattern) else {
+            tracing::warn!(tenant, group = %spec.name, "a stored group has a bad pattern; not started");
+            return;
+        };
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let lagging = Arc::new(AtomicBool::new(false));
+        let handle = Arc::new(Handle {
+            name: spec.name.clone(),
+            pattern: pattern.clone(),
+            tx,
+            lagging: Arc::clone(&lagging),
+        });
+        let task = GroupTask {
+            tenant: Arc::from(tenant),
+            dispatcher: Dispatcher::new(spec.limits(), spec.start == StartAt::All),
+            spec,
+            created_ms,
+            pattern,
+            broker: Arc::downgrade(broker),
+            store: Arc::clone(store),
+            lagging,
+            members: HashMap::new(),
+            next_member: 1,
+            waiting: VecDeque::new(),
+            observed: Vec::new(),
+            clock: broker.clock().clone(),
+        };
+        self.edit(tenant, |list| {
+            list.retain(|h| h.name != handle.name);
+            list.push(handle);
+        });
+        tokio::spawn(task.run(rx));
+    }
+
+    /// Stops a group's task: its queue closes and the task ends.
+    pub fn stop(&self, tenant: &str, group: &str) {
+        self.edit(tenant, |list| list.retain(|h| h.name != group));
+    }
+
+    /// Rebuilds a tenant's match trie after `change` to its list of groups.
+    fn edit(&self, tenant: &str, change: impl FnOnce(&mut Vec<Arc<Handle>>)) {
+        let mut tenants = self.tenants.write();
+        let mut list = tenants
+            .get(tenant)
+            .map(|g| g.list.clone())
+            .unwrap_or_default();
+        change(&mut list);
+        if list.is_empty() {
+            tenants.remove(tenant);
+            return;
+        }
+        let mut trie = Trie::new();
+        for (i, handle) in list.iter().enumerate() {
+            trie.insert(&handle.pattern, None, i);
+        }
+        tenants.insert(Arc::from(tenant), Arc::new(TenantGroups { trie, list }));
+    }
+}
+
+/// One running group.
+struct GroupTask {
+    tenant: Arc<str>,
+    spec: GroupSpec,
+    /// When the group was created: where `start: new` begins.
+    created_ms: u64,
+    pattern: Pattern,
+    dispatcher: Dispatcher,
+    broker: Weak<Broker>,
+    store: Arc<Store>,
+    lagging: Arc<AtomicBool>,
+    /// Member names to ids, with when each last pulled.
+    members: HashMap<String, (MemberId, tokio::time::Instant)>,
+    next_member: MemberId,
+    waiting: VecDeque<(Pull, tokio::time::Instant)>,
+    /// Messages routed, not yet known durable.
+    observed: Vec<(Arc<str>, u64)>,
+    clock: crate::clock::Clock,
+}
+
+impl GroupTask {
+    async fn run(mut self, mut rx: mpsc::Receiver<Input>) {
+        if let Err(error) = self.load().await {
+            tracing::error!(tenant = %self.tenant, group = %self.spec.name, %error, "a group could not load its cursors; it does not run");
+            return;
+        }
+        let mut flush = tokio::time::interval(CURSOR_FLUSH);
+        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let now = self.clock.now_ms();
+            let due =
+                self.dispatcher
+                    .next_due()
+                    .map(|at| Duration::from_millis(at.saturating_sub(now)))
+                    .into_iter()
+                    .chain(self.waiting.front().map(|(_, until)| {
+                        until.saturating_duration_since(tokio::time::Instant::now())
+                    }))
+                    .min()
+                    .unwrap_or(Duration::from_secs(3600));
+            tokio::select! {
+                input = rx.recv() => match input {
+                    Some(input) => self.take_input(input).await,
+                    None => break,
+                },
+                _ = tokio::time::sleep(due) => {
+                    let dead = self.dispatcher.tick(self.clock.now_ms());
+                    self.dead_letters(dead).await;
+                }
+                _ = flush.tick() => {
+                    self.flush().await;
+                    self.forget_idle_members();
+                }
+            }
+            self.take_observed().await;
+            if self.lagging.swap(false, Ordering::AcqRel)
+                && let Err(error) = self.scan().await
+            {
+                tracing::warn!(group = %self.spec.name, %error, "a group could not rescan its subjects");
+            }
+            self.serve_waiting().await;
+        }
+        self.flush().await;
+    }
+
+    async fn take_input(&mut self, input: Input) {
+        let now = self.clock.now_ms();
+        match input {
+            Input::Observed(subject, version) => self.observed.push((subject, version)),
+            Input::Pull(pull) => {
+                let sent = self.answer(&pull).await;
+                if sent == 0 && !pull.wait.is_zero() && self.waiting.len() < WAITING_PULLS {
+                    let until = tokio::time::Instant::now() + pull.wait;
+                    self.waiting.push_back((pull, until));
+                } else {
+                    self.done(&pull, sent);
+                }
+            }
+            Input::Info(answer) => {
+                let stats = self.dispatcher.stats();
+                let laggiest: Vec<_> = self
+                    .dispatcher
+                    .laggiest(INFO_SUBJECTS)
+                    .into_iter()
+                    .map(|(subject, pending)| serde_json::json!({"subject": &*subject, "pending": pending}))
+                    .collect();
+                let dead: Vec<_> = self
+                    .dispatcher
+                    .recent_dead_letters()
+                    .rev()
+                    .take(INFO_SUBJECTS)
+                    .map(|d| {
+                        serde_json::json!({"subject": &*d.subject, "version": d.version,
+                            "attempts": d.attempts, "reason": d.reason.as_str()})
+                    })
+                    .collect();
+                let _ = answer.send(serde_json::json!({
+                    "members": stats.members,
+                    "tracked_subjects": stats.subjects,
+                    "pending": stats.pending,
+                    "in_flight": stats.in_flight,
+                    "redelivered": stats.redelivered,
+                    "dead_lettered": stats.dead_lettered,
+                    "laggiest": laggiest,
+                    "dead_letters": dead,
+                }));
+            }
+            Input::Reply(reply) => {
+                let delivery = Delivery {
+                    subject: Arc::clone(&reply.subject),
+                    version: reply.version,
+                    attempt: reply.attempt,
+                };
+                let dead = match reply.kind {
+                    ReplyKind::Ack => self.dispatcher.ack(&delivery, now).map(|()| None),
+                    ReplyKind::Term => self.dispatcher.term(&delivery, now).map(|()| None),
+                    ReplyKind::InProgress => {
+                        self.dispatcher.in_progress(&delivery, now).map(|()| None)
+                    }
+                    ReplyKind::Nack { delay_ms } => self.dispatcher.nack(&delivery, delay_ms, now),
+                };
+                // A dead letter is stored before the nack that made it is confirmed.
+                if let Ok(Some(letter)) = &dead {
+                    self.dead_letters(vec![letter.clone()]).await;
+                }
+                if let Some((to, routes)) = &reply.confirm
+                    && let Some(broker) = self.broker.upgrade()
+                {
+                    match &dead {
+                        Ok(_) => send(&broker, routes, to, None, None, b""),
+                        Err(error) => {
+                            let mut headers = HeaderMap::new();
+                            headers.insert("Canopy-Status", "409");
+                            let mut block = BytesMut::new();
+                            headers.encode(&mut block);
+                            let body = serde_json::json!({"error": {"code": 409, "description": error.to_string()}});
+                            send(
+                                &broker,
+                                routes,
+                                to,
+                                None,
+                                Some(&block),
+                                body.to_string().as_bytes(),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands the dispatcher the messages routed since the last call, once they are
+    /// durable: the sequencer routes a round before its write, and a group hands out
+    /// (and later acks past) only what a restart would still find.
+    async fn take_observed(&mut self) {
+        if self.observed.is_empty() {
+            return;
+        }
+        if self.store.durable_barrier().await.is_err() {
+            return;
+        }
+        let now = self.clock.now_ms();
+        for (subject, version) in std::mem::take(&mut self.observed) {
+            if self.dispatcher.cursor(&subject).is_none() && self.spec.start != StartAt::All {
+                match self.first_version(&subject, version).await {
+                    Ok(first) => self
+                        .dispatcher
+                        .restore(Arc::clone(&subject), first - 1, version),
+                    Err(error) => {
+                        tracing::warn!(group = %self.spec.name, %error, "a group could not read a subject");
+                        continue;
+                    }
+                }
+            }
+            self.dispatcher.observe(&subject, version, now);
+        }
+    }
+
+    /// Reads the group's cursors and every subject its pattern matches.
+    async fn load(&mut self) -> Result<(), StoreError> {
+        for (subject, acked) in self.store.cursors(&self.tenant, &self.spec.name).await? {
+            let head = self
+                .store
+                .get(&self.tenant, &subject, None)
+                .await?
+                .map_or(acked, |m| m.version);
+            self.dispatcher.restore(Arc::from(subject), acked, head);
+        }
+        self.scan().await
+    }
+
+    /// Walks the subjects the pattern matches and tells the dispatcher their heads.
+    async fn scan(&mut self) -> Result<(), StoreError> {
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .store
+                .subjects(&self.tenant, &self.pattern, after.as_deref(), SCAN_PAGE)
+                .await?;
+            for head in page.subjects {
+                let subject: Arc<str> = Arc::from(head.subject.as_str());
+                if self.dispatcher.cursor(&subject).is_none() {
+                    let first = match self.spec.start {
+                        StartAt::All => 1,
+                        _ => self.first_version(&subject, head.version).await?,
+                    };
+                    self.dispatcher
+                        .restore(Arc::clone(&subject), first - 1, head.version);
+                } else {
+                    self.dispatcher
+                        .observe(&subject, head.version, self.clock.now_ms());
+                }
+            }
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// The first version of `subject` (whose newest is `head`) the group's start
+    /// takes in: `head + 1` when every stored one is older.
+    async fn first_version(&self, subject: &str, head: u64) -> Result<u64, StoreError> {
+        let since = match self.spec.start {
+            StartAt::All => return Ok(1),
+            StartAt::Time(ms) => ms,
+            StartAt::New => self.created_ms,
+        };
+        let page = self
+            .store
+            .replay_subject(&self.tenant, subject, ReplayFrom::Time(since), 1, 1 << 20)
+            .await?;
+        Ok(page
+            .messages
+            .first()
+            .map_or(head + 1, |first| first.version))
+    }
+
+    fn member(&mut self, name: &str) -> MemberId {
+        let now = tokio::time::Instant::now();
+        let next = self.next_member;
+        let entry = self.members.entry(name.to_owned()).or_insert((next, now));
+        entry.1 = now;
+        let id = entry.0;
+        if id == next {
+            self.next_member += 1;
+        }
+        self.dispatcher.join(id);
+        id
+    }
+
+    /// Members that have not pulled for [`MEMBER_IDLE`] and twice the ack wait leave:
+    /// what they hold goes again when its ack wait runs out.
+    fn forget_idle_members(&mut self) {
+        let idle = MEMBER_IDLE.max(Duration::from_millis(
+            self.spec.ack_wait_ms.saturating_mul(2),
+        ));
+        let now = tokio::time::Instant::now();
+        let dispatcher = &mut self.dispatcher;
+        self.members.retain(|_, (id, last)| {
+            let keep = now.saturating_duration_since(*last) < idle;
+            if !keep {
+                dispatcher.leave(*id);
+            }
+            keep
+        });
+    }
+
+    /// Sends a pull what is ready; returns how many messages went.
+    async fn answer(&mut self, pull: &Pull) -> usize {
+        let member = self.member(&pull.member);
+        let now = self.clock.now_ms();
+        let deliveries = self.dispatcher.take(member, pull.max, now);
+        let Some(broker) = self.broker.upgrade() else {
+            return 0;
+        };
+        let mut sent = 0;
+        for delivery in deliveries {
+            match self
+                .store
+                .get(&self.tenant, &delivery.subject, Some(delivery.version))
+                .await
+            {
+                Ok(Some(message)) => {
+                    let mut headers = HeaderMap::parse(&message.headers).unwrap_or_default();
+                    headers.insert("Canopy-Subject", message.subject.clone());
+                    headers.insert("Canopy-Version", message.version.to_string());
+                    headers.insert("Canopy-Offset", message.offset.to_string());
+                    headers.insert("Canopy-Time", message.time_ms.to_string());
+                    headers.insert("Canopy-Group", self.spec.name.clone());
+                    headers.insert("Canopy-Attempt", delivery.attempt.to_string());
+                    let mut block = BytesMut::new();
+                    headers.encode(&mut block);
+                    let ack = format!(
+                        "{ACK_PREFIX}{}.{}.{}.{}",
+                        self.spec.name, delivery.version, delivery.attempt, delivery.subject
+                    );
+                    send(
+                        &broker,
+                        &pull.routes,
+                        &pull.reply,
+                        Some(ack.as_bytes()),
+                        Some(&block),
+                        &message.payload,
+                    );
+                    sent += 1;
+                }
+                Ok(None) => self.dispatcher.gone(&delivery, now),
+                Err(error) => {
+                    tracing::warn!(%error, "a group could not read a message; it goes again after its ack wait");
+                }
+            }
+        }
+        sent
+    }
+
+    /// The end of a pull's answer: `Canopy-Done`, with how many messages came.
+    fn done(&self, pull: &Pull, count: usize) {
+        let Some(broker) = self.broker.upgrade() else {
+            return;
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert("Canopy-Done", "true");
+        headers.insert("Canopy-Count", count.to_string());
+        let mut block = BytesMut::new();
+        headers.encode(&mut block);
+        send(&broker, &pull.routes, &pull.reply, None, Some(&block), b"");
+    }
+
+    /// Answers waiting pulls that now have messages, and those whose wait is over.
+    async fn serve_waiting(&mut self) {
+        let now = tokio::time::Instant::now();
+        let mut still = VecDeque::with_capacity(self.waiting.len());
+        while let Some((pull, until)) = self.waiting.pop_front() {
+            let sent = self.answer(&pull).await;
+            if sent > 0 || until <= now {
+                self.done(&pull, sent);
+            } else {
+                still.push_back((pull, until));
+            }
+        }
+        self.waiting = still;
+    }
+
+    /// Writes the cursors that moved.
+    async fn flush(&mut self) {
+        let moved = self.dispatcher.take_cursors();
+        if let Err(error) = self
+            .store
+            .put_cursors(&self.tenant, &self.spec.name, &moved)
+            .await
+        {
+            tracing::warn!(group = %self.spec.name, %error, "a group could not write its cursors; acked messages may come again after a restart");
+        }
+    }
+
+    /// Stores each dead letter under the group's dead-letter subject, with why.
+    async fn dead_letters(&mut self, letters: Vec<DeadLetter>) {
+        for letter in letters {
+            let message = self
+                .store
+                .get(&self.tenant, &letter.subject, Some(letter.version))
+                .await
+                .ok()
+                .flatten();
+            let mut headers = message
+                .as_ref()
+                .and_then(|m| HeaderMap::parse(&m.headers).ok())
+                .unwrap_or_default();
+            headers.insert("Canopy-Dead-Subject", letter.subject.to_string());
+            headers.insert("Canopy-Dead-Version", letter.version.to_string());
+            headers.insert("Canopy-Dead-Attempts", letter.attempts.to_string());
+            headers.insert("Canopy-Dead-Reason", letter.reason.as_str());
+            let mut block = BytesMut::new();
+            headers.encode(&mut block);
+            let request = AppendRequest {
+                tenant: Arc::clone(&self.tenant),
+                subject: Arc::from(self.spec.dead_letter_subject(&letter.subject)),
+                messages: vec![NewMessage {
+                    headers: block.freeze(),
+                    payload: message.map_or_else(Bytes::new, |m| m.payload),
+                    flags: 0,
+                }],
+                expect: None,
+                msg_id: None,
+                durability: Durability::Durable,
+                ack: None,
+                route: RouteTag::default(),
+                compaction: None,
+                max_versions: 0,
+                retain: false,
+            };
+            if self.store.append(request).await.is_err() {
+                tracing::warn!(group = %self.spec.name, "a dead letter was not stored: the store is closing");
+            }
+        }
+        let _ = self.store.durable_barrier().await;
+    }
+}
+
+fn send(
+    broker: &Broker,
+    routes: &TenantRoutes,
+    subject: &str,
+    reply: Option<&[u8]>,
+    headers: Option<&[u8]>,
+    payload: &[u8],
+) {
+    let mut scratch = RouteScratch::default();
+    let mut wakes = Wakes::default();
+    let message = Message {
+        subject,
+        reply,
+        headers,
+        payload,
+        ..Message::default()
+    };
+    broker.route(routes, None, &message, &mut scratch, &mut wakes);
+}
