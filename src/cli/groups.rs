@@ -3,12 +3,18 @@
 //! `--json`. This module only builds requests and prints answers: what a group does
 //! is the server's.
 
+use std::io::BufRead;
+use std::time::Duration;
+
 use anyhow::{Result, bail};
+use canopy::client::{Client, Received};
 use clap::Subcommand;
 use serde_json::{Value, json};
 
 use super::connect::ConnectArgs;
-use super::streams::{call_json, parse_ago};
+use super::streams::{
+    call_json, check, header, line as message_line, parse_ago, print as print_line,
+};
 
 #[derive(Subcommand)]
 pub enum GroupCommand {
@@ -59,6 +65,31 @@ pub enum GroupCommand {
     Info {
         name: String,
         /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connect: ConnectArgs,
+    },
+    /// Consume from group NAME as one member: print each message and ack it.
+    ///
+    /// Runs until --count messages were handled, or until interrupted.
+    Consume {
+        name: String,
+        /// Stop after this many messages.
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+        /// After each message, read what to do from standard input: `ack` (or an
+        /// empty line), `nak` (again), `term` (give up on it) or `skip` (leave it to
+        /// go again after the ack wait).
+        #[arg(long)]
+        manual_ack: bool,
+        /// The member's name (default: one of this process's own).
+        #[arg(long, value_name = "NAME")]
+        member: Option<String>,
+        /// Messages asked for per pull.
+        #[arg(long, default_value_t = 100, value_name = "N")]
+        batch: usize,
+        /// One JSON object per message.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -202,6 +233,29 @@ pub async fn run(command: GroupCommand) -> Result<()> {
             print(&answer, json);
             Ok(())
         }
+        GroupCommand::Consume {
+            name,
+            count,
+            manual_ack,
+            member,
+            batch,
+            json,
+            connect,
+        } => {
+            let (mut client, timeout) = connect.connect("canopy group").await?;
+            let member = member.unwrap_or_else(|| format!("canopy-{:016x}", fastrand::u64(..)));
+            consume(
+                &mut client,
+                &name,
+                &member,
+                count,
+                batch,
+                manual_ack,
+                json,
+                timeout,
+            )
+            .await
+        }
         GroupCommand::Delete { name, connect } => {
             let (mut client, timeout) = connect.connect("canopy group").await?;
             call_json(
@@ -213,6 +267,81 @@ pub async fn run(command: GroupCommand) -> Result<()> {
             .await?;
             eprintln!("deleted group {name}");
             Ok(())
+        }
+    }
+}
+
+/// How long one pull waits for a first message.
+const PULL_WAIT: Duration = Duration::from_secs(5);
+
+#[allow(clippy::too_many_arguments)]
+async fn consume(
+    client: &mut Client,
+    group: &str,
+    member: &str,
+    count: Option<u64>,
+    batch: usize,
+    manual_ack: bool,
+    json: bool,
+    timeout: Duration,
+) -> Result<()> {
+    let mut handled = 0u64;
+    let done =
+        |m: &Received| header(m, "Canopy-Done").is_some() || header(m, "Canopy-Status").is_some();
+    let mut stdin = std::io::stdin().lock();
+    loop {
+        let want = match count {
+            Some(count) if handled >= count => return Ok(()),
+            Some(count) => usize::try_from(count - handled).unwrap_or(batch).min(batch),
+            None => batch,
+        };
+        let body = json!({
+            "group": group,
+            "member": member,
+            "max": want.clamp(1, 1000),
+            "wait_ms": u64::try_from(PULL_WAIT.as_millis()).unwrap_or(5_000),
+        });
+        let answers = client
+            .request(
+                "$CANOPY.group.next",
+                None,
+                body.to_string().as_bytes(),
+                timeout + PULL_WAIT,
+                Some(&done),
+            )
+            .await?;
+        for message in answers {
+            check(&message)?;
+            if done(&message) {
+                continue;
+            }
+            if !print_line(&message_line(&message, json)) {
+                return Ok(());
+            }
+            let answer: &[u8] = if manual_ack {
+                let mut what = String::new();
+                if stdin.read_line(&mut what)? == 0 {
+                    return Ok(());
+                }
+                match what.trim() {
+                    "" | "ack" => b"+ACK",
+                    "nak" => b"-NAK",
+                    "term" => b"+TERM",
+                    "skip" => b"",
+                    other => bail!("`{other}` is not ack, nak, term or skip"),
+                }
+            } else {
+                b"+ACK"
+            };
+            if let Some(reply) = &message.reply
+                && !answer.is_empty()
+            {
+                let confirmed = client.request(reply, None, answer, timeout, None).await?;
+                if let Some(confirmed) = confirmed.first() {
+                    check(confirmed)?;
+                }
+            }
+            handled += 1;
         }
     }
 }

@@ -63,12 +63,12 @@ pub async fn publish_acked(
     Ok(())
 }
 
-fn header<'a>(message: &'a Received, name: &str) -> Option<&'a str> {
+pub(super) fn header<'a>(message: &'a Received, name: &str) -> Option<&'a str> {
     message.headers.as_ref()?.get(name)
 }
 
 /// Fails with the API's error when the answer carries one.
-fn check(answer: &Received) -> Result<()> {
+pub(super) fn check(answer: &Received) -> Result<()> {
     if header(answer, "Canopy-Status").is_some() {
         let value: Value = serde_json::from_slice(&answer.payload).unwrap_or(Value::Null);
         bail!(
@@ -82,7 +82,7 @@ fn check(answer: &Received) -> Result<()> {
 }
 
 /// A stored message as one line: `subject #version payload`, or JSON.
-fn line(message: &Received, json_output: bool) -> String {
+pub(super) fn line(message: &Received, json_output: bool) -> String {
     let number = |name| header(message, name).and_then(|v| v.parse::<u64>().ok());
     let subject = header(message, "Canopy-Subject").unwrap_or(&message.subject);
     let snapshot = header(message, "Canopy-Snapshot") == Some("true");
@@ -128,7 +128,7 @@ fn line(message: &Received, json_output: bool) -> String {
     }
 }
 
-fn print(text: &str) -> bool {
+pub(super) fn print(text: &str) -> bool {
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{text}")
         .and_then(|_| stdout.flush())

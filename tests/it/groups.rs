@@ -437,3 +437,65 @@ async fn a_message_out_of_deliveries_goes_to_the_dead_letter_subject_and_its_sub
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn canopy_group_consume_prints_and_acks_and_can_nack_by_hand() {
+    use tokio::io::AsyncWriteExt;
+    const BIN: &str = env!("CARGO_BIN_EXE_canopy");
+    let (server, client) = with_group(
+        test_config(),
+        json!({"name": "g", "pattern": "tasks.*", "start": "all"}),
+    )
+    .await;
+    for task in ["one", "two", "three"] {
+        publish_acked(&client, "tasks.t", task).await;
+    }
+    let url = server.native_url();
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new(BIN)
+            .args(["group", "consume", "g", "--count", "2", "--server", &url])
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "tasks.t #1 one\ntasks.t #2 two\n"
+    );
+
+    // By hand: nak the third, and it comes again.
+    let mut by_hand = tokio::process::Command::new(BIN)
+        .args([
+            "group",
+            "consume",
+            "g",
+            "--count",
+            "1",
+            "--manual-ack",
+            "--server",
+            &url,
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = by_hand.stdin.take().unwrap();
+    stdin.write_all(b"nak\n").await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(WAIT, by_hand.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "tasks.t #3 three\n");
+    let again = next(&client, json!({"group": "g"})).await;
+    assert_eq!(delivered(&again), [("tasks.t".into(), 3, 2)]);
+    server.stop().await;
+}
