@@ -60,7 +60,7 @@ impl ServeProcess {
     }
 }
 
-async fn run(args: &[&str]) -> std::process::Output {
+pub(crate) async fn run(args: &[&str]) -> std::process::Output {
     tokio::time::timeout(WAIT, Command::new(BIN).args(args).output())
         .await
         .expect("command finishes")

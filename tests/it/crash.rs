@@ -41,15 +41,15 @@ impl Drop for KillGuard {
 }
 
 /// `canopy serve` on a free port with its store in `data`.
-struct Serve {
+pub(crate) struct Serve {
     child: Child,
     guard: KillGuard,
-    url: String,
+    pub(crate) url: String,
     log: tokio::task::JoinHandle<Vec<String>>,
 }
 
 impl Serve {
-    async fn start(data: &Path) -> Serve {
+    pub(crate) async fn start(data: &Path) -> Serve {
         let mut child = canopy_serve("127.0.0.1:0")
             .env("CANOPY_STORE__URL", format!("file://{}", data.display()))
             .stdout(Stdio::null())
@@ -92,7 +92,7 @@ impl Serve {
     }
 
     /// SIGKILL, and wait until the process is gone (its folder lock with it).
-    async fn kill_9(mut self) {
+    pub(crate) async fn kill_9(mut self) {
         let pid = self.guard.0.expect("running");
         let status = std::process::Command::new("kill")
             .args(["-9", &pid.to_string()])

@@ -142,24 +142,15 @@ async fn a_group_outlives_a_restart() {
 
 #[tokio::test]
 async fn canopy_group_manages_groups_from_the_command_line() {
-    const BIN: &str = env!("CARGO_BIN_EXE_canopy");
     let data = tempfile::tempdir().unwrap();
     let server = start(file_config(data.path())).await;
     let url = server.native_url();
-    let run = |args: Vec<&str>| {
+    let run = |args: Vec<&'static str>| {
         let url = url.clone();
-        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
         async move {
-            let out = tokio::time::timeout(
-                WAIT,
-                tokio::process::Command::new(BIN)
-                    .args(&args)
-                    .args(["--server", &url])
-                    .output(),
-            )
-            .await
-            .expect("finishes")
-            .expect("runs");
+            let mut all: Vec<&str> = args;
+            all.extend(["--server", url.as_str()]);
+            let out = crate::cli::run(&all).await;
             (
                 out.status.success(),
                 String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -451,15 +442,7 @@ async fn canopy_group_consume_prints_and_acks_and_can_nack_by_hand() {
         publish_acked(&client, "tasks.t", task).await;
     }
     let url = server.native_url();
-    let out = tokio::time::timeout(
-        WAIT,
-        tokio::process::Command::new(BIN)
-            .args(["group", "consume", "g", "--count", "2", "--server", &url])
-            .output(),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let out = crate::cli::run(&["group", "consume", "g", "--count", "2", "--server", &url]).await;
     assert!(
         out.status.success(),
         "{}",
@@ -497,5 +480,77 @@ async fn canopy_group_consume_prints_and_acks_and_can_nack_by_hand() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "tasks.t #3 three\n");
     let again = next(&client, json!({"group": "g"})).await;
     assert_eq!(delivered(&again), [("tasks.t".into(), 3, 2)]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn group_cursors_survive_kill_9() {
+    let folder = tempfile::tempdir().unwrap();
+    let server = crate::crash::Serve::start(folder.path()).await;
+    let client = async_nats::connect(server.url.as_str()).await.unwrap();
+    let (status, _) = api(
+        &client,
+        "group.create",
+        json!({"name": "g", "pattern": "orders.>", "start": "all"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    for n in 1..=5 {
+        publish_acked(&client, "orders.k", format!("{n}")).await;
+    }
+    for version in 1..=3 {
+        let got = next(&client, json!({"group": "g", "member": "m"})).await;
+        assert_eq!(delivered(&got), [("orders.k".into(), version, 1)]);
+        reply(&client, &got[0], "+ACK").await;
+    }
+    // Version 4 is out, unacked, when the server dies.
+    let out = next(&client, json!({"group": "g", "member": "m"})).await;
+    assert_eq!(delivered(&out), [("orders.k".into(), 4, 1)]);
+    tokio::time::sleep(canopy::broker::groups::CURSOR_FLUSH * 3).await;
+    drop(client);
+    server.kill_9().await;
+
+    let server = crate::crash::Serve::start(folder.path()).await;
+    let client = async_nats::connect(server.url.as_str()).await.unwrap();
+    let got = next(&client, json!({"group": "g", "member": "m", "max": 10})).await;
+    assert_eq!(
+        delivered(&got),
+        [("orders.k".into(), 4, 1)],
+        "the acked three are done; the unacked fourth comes again, then the fifth"
+    );
+    reply(&client, &got[0], "+ACK").await;
+    let got = next(&client, json!({"group": "g", "member": "m"})).await;
+    assert_eq!(delivered(&got), [("orders.k".into(), 5, 1)]);
+    server.kill_9().await;
+}
+
+#[tokio::test]
+async fn what_a_dead_member_held_goes_to_the_others_after_the_ack_wait() {
+    let (server, client) = with_group(
+        test_config(),
+        json!({"name": "g", "pattern": "jobs.>", "start": "all", "ack_wait_ms": 300}),
+    )
+    .await;
+    for subject in ["jobs.a", "jobs.b", "jobs.c"] {
+        publish_acked(&client, subject, "work").await;
+        publish_acked(&client, subject, "more").await;
+    }
+    // Member `a` takes a batch and dies without acking.
+    let held = next(&client, json!({"group": "g", "member": "a", "max": 10})).await;
+    assert_eq!(held.len(), 3);
+    // Member `b` gets nothing of those subjects while `a` holds them…
+    let early = next(&client, json!({"group": "g", "member": "b", "max": 10})).await;
+    assert!(early.is_empty(), "{:?}", delivered(&early));
+    // …and all of them, again, once the ack wait is over.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let again = next(&client, json!({"group": "g", "member": "b", "max": 10})).await;
+    assert_eq!(
+        delivered(&again),
+        [
+            ("jobs.a".into(), 1, 2),
+            ("jobs.b".into(), 1, 2),
+            ("jobs.c".into(), 1, 2)
+        ]
+    );
     server.stop().await;
 }
