@@ -118,12 +118,17 @@ struct TenantGroups {
 #[derive(Default)]
 pub struct Groups {
     tenants: RwLock<HashMap<Arc<str>, Arc<TenantGroups>>>,
+    /// Whether any tenant has a running group: every stored message asks.
+    any: AtomicBool,
 }
 
 impl Groups {
     /// Offers a stored message to the tenant's groups whose pattern matches it. Never
     /// waits: a group whose queue is full is marked lagging and rescans the store.
     pub fn observe(&self, tenant: &str, subject: &str, version: u64) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
         let Some(groups) = self.tenants.read().get(tenant).cloned() else {
             return;
         };
@@ -229,6 +234,7 @@ impl Groups {
         change(&mut list);
         if list.is_empty() {
             tenants.remove(tenant);
+            self.any.store(!tenants.is_empty(), Ordering::Release);
             return;
         }
         let mut trie = Trie::new();
@@ -236,6 +242,7 @@ impl Groups {
             trie.insert(&handle.pattern, None, i);
         }
         tenants.insert(Arc::from(tenant), Arc::new(TenantGroups { trie, list }));
+        self.any.store(true, Ordering::Release);
     }
 }
 
@@ -281,7 +288,15 @@ impl GroupTask {
                     .unwrap_or(Duration::from_secs(3600));
             tokio::select! {
                 input = rx.recv() => match input {
-                    Some(input) => self.take_input(input).await,
+                    Some(input) => {
+                        self.take_input(input).await;
+                        // Take what else is queued, so one durable barrier below
+                        // covers a whole burst of new messages, not one each.
+                        for _ in 0..QUEUE {
+                            let Ok(input) = rx.try_recv() else { break };
+                            self.take_input(input).await;
+                        }
+                    }
                     None => break,
                 },
                 _ = tokio::time::sleep(due) => {
