@@ -274,7 +274,28 @@ impl GroupTask {
         }
         let mut flush = tokio::time::interval(CURSOR_FLUSH);
         flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The walk over the store's subjects, a page per turn, so pulls and acks are
+        // answered while a large group is still finding its subjects.
+        let mut scanning: Option<Option<String>> = Some(None);
         loop {
+            if let Some(after) = scanning.take() {
+                match self.scan_page(after.as_deref()).await {
+                    Ok(next) => scanning = next.map(Some),
+                    Err(error) => {
+                        tracing::warn!(group = %self.spec.name, %error, "a group could not read its subjects");
+                    }
+                }
+                for _ in 0..QUEUE {
+                    match rx.try_recv() {
+                        Ok(input) => self.take_input(input).await,
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => return,
+                    }
+                }
+                self.take_observed().await;
+                self.serve_waiting().await;
+                continue;
+            }
             let now = self.clock.now_ms();
             let due =
                 self.dispatcher
@@ -309,10 +330,8 @@ impl GroupTask {
                 }
             }
             self.take_observed().await;
-            if self.lagging.swap(false, Ordering::AcqRel)
-                && let Err(error) = self.scan().await
-            {
-                tracing::warn!(group = %self.spec.name, %error, "a group could not rescan its subjects");
+            if self.lagging.swap(false, Ordering::AcqRel) {
+                scanning = Some(None);
             }
             self.serve_waiting().await;
         }
@@ -432,7 +451,8 @@ impl GroupTask {
         }
     }
 
-    /// Reads the group's cursors and every subject its pattern matches.
+    /// Reads the group's cursors (the subjects its pattern matches are walked by the
+    /// run loop).
     async fn load(&mut self) -> Result<(), StoreError> {
         for (subject, acked) in self.store.cursors(&self.tenant, &self.spec.name).await? {
             let head = self
@@ -442,36 +462,31 @@ impl GroupTask {
                 .map_or(acked, |m| m.version);
             self.dispatcher.restore(Arc::from(subject), acked, head);
         }
-        self.scan().await
+        Ok(())
     }
 
-    /// Walks the subjects the pattern matches and tells the dispatcher their heads.
-    async fn scan(&mut self) -> Result<(), StoreError> {
-        let mut after: Option<String> = None;
-        loop {
-            let page = self
-                .store
-                .subjects(&self.tenant, &self.pattern, after.as_deref(), SCAN_PAGE)
-                .await?;
-            for head in page.subjects {
-                let subject: Arc<str> = Arc::from(head.subject.as_str());
-                if self.dispatcher.cursor(&subject).is_none() {
-                    let first = match self.spec.start {
-                        StartAt::All => 1,
-                        _ => self.first_version(&subject, head.version).await?,
-                    };
-                    self.dispatcher
-                        .restore(Arc::clone(&subject), first - 1, head.version);
-                } else {
-                    self.dispatcher
-                        .observe(&subject, head.version, self.clock.now_ms());
-                }
-            }
-            match page.next {
-                Some(next) => after = Some(next),
-                None => return Ok(()),
+    /// Tells the dispatcher the heads of one page of the subjects the pattern
+    /// matches, after `after`; returns where the next page starts, if any.
+    async fn scan_page(&mut self, after: Option<&str>) -> Result<Option<String>, StoreError> {
+        let page = self
+            .store
+            .subjects(&self.tenant, &self.pattern, after, SCAN_PAGE)
+            .await?;
+        for head in page.subjects {
+            let subject: Arc<str> = Arc::from(head.subject.as_str());
+            if self.dispatcher.cursor(&subject).is_none() {
+                let first = match self.spec.start {
+                    StartAt::All => 1,
+                    _ => self.first_version(&subject, head.version).await?,
+                };
+                self.dispatcher
+                    .restore(Arc::clone(&subject), first - 1, head.version);
+            } else {
+                self.dispatcher
+                    .observe(&subject, head.version, self.clock.now_ms());
             }
         }
+        Ok(page.next)
     }
 
     /// The first version of `subject` (whose newest is `head`) the group's start

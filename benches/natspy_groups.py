@@ -1,0 +1,127 @@
+"""Consumer-group delivery through nats-py (a client from another project): loads
+`--msgs` messages over `--subjects` subjects `bench.py.g.<i>`, then `--members`
+members (one connection each) pull `--batch` at a time and ack every message, and
+prints one JSON object: messages delivered and acked per second.
+
+    PYTHON benches/natspy_groups.py --server nats://127.0.0.1:4222 --msgs 50000
+
+Against Canopy the members pull a consumer group (`$CANOPY.group.next`, start at all,
+one in flight per subject: strict order per subject) and ack on each delivery's
+reply subject. Against nats-server they share a JetStream pull consumer on a file
+stream (`fetch`, `ack`), which keeps no order per subject. A run that delivers less
+than it loaded within 60 s fails (exit 1).
+"""
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+import nats
+
+PREFIX = "bench.py.g"
+
+
+async def load(nc, canopy: bool, msgs: int, subjects: int) -> None:
+    js = nc.jetstream(timeout=10)
+    if not canopy:
+        await js.add_stream(name="BENCHPYG", subjects=[f"{PREFIX}.>"])
+    window = asyncio.Semaphore(512)
+
+    async def one(i: int) -> None:
+        async with window:
+            await js.publish(f"{PREFIX}.{i % subjects}", b"x" * 100)
+
+    await asyncio.gather(*(one(i) for i in range(msgs)))
+
+
+async def canopy_member(server: str, name: str, batch: int, wanted: int, count: list) -> None:
+    nc = await nats.connect(server, allow_reconnect=False)
+    while count[0] < wanted:
+        inbox = nc.new_inbox()
+        got, ended = [], asyncio.get_running_loop().create_future()
+
+        async def take(msg):
+            if msg.headers and msg.headers.get("Canopy-Status"):
+                raise SystemExit(f"group.next refused: {msg.data!r}")
+            if msg.headers and msg.headers.get("Canopy-Done"):
+                if not ended.done():
+                    ended.set_result(None)
+                return
+            got.append(msg)
+
+        sub = await nc.subscribe(inbox, cb=take)
+        body = {"group": "benchpy", "max": batch, "wait_ms": 1000, "member": name}
+        await nc.publish("$CANOPY.group.next", json.dumps(body).encode(), reply=inbox)
+        await asyncio.wait_for(ended, 10)
+        await sub.unsubscribe()
+        for msg in got:
+            await nc.publish(msg.reply, b"+ACK")
+        count[0] += len(got)
+    await nc.flush()
+    await nc.close()
+
+
+async def jetstream_member(server: str, batch: int, wanted: int, count: list) -> None:
+    nc = await nats.connect(server, allow_reconnect=False)
+    consumer = await nc.jetstream().pull_subscribe(f"{PREFIX}.>", "benchpy")
+    while count[0] < wanted:
+        try:
+            got = await consumer.fetch(batch, timeout=1)
+        except nats.errors.TimeoutError:
+            got = []
+        for msg in got:
+            await msg.ack()
+        count[0] += len(got)
+    await nc.flush()
+    await nc.close()
+
+
+async def run(server: str, msgs: int, subjects: int, members: int, batch: int) -> dict:
+    nc = await nats.connect(server, allow_reconnect=False)
+    canopy = nc._server_info.get("go", "").startswith("canopy")
+    await load(nc, canopy, msgs, subjects)
+    if canopy:
+        spec = {"name": "benchpy", "pattern": f"{PREFIX}.>", "start": "all", "per_member": 100000}
+        answer = await nc.request("$CANOPY.group.create", json.dumps(spec).encode(), timeout=10)
+        if answer.headers and answer.headers.get("Canopy-Status"):
+            raise SystemExit(f"group.create refused: {answer.data!r}")
+    count = [0]
+    started = time.monotonic()
+    if canopy:
+        work = [canopy_member(server, f"m{m}", batch, msgs, count) for m in range(members)]
+    else:
+        work = [jetstream_member(server, batch, msgs, count) for _ in range(members)]
+    await asyncio.wait_for(asyncio.gather(*work), 60)
+    elapsed = time.monotonic() - started
+    await nc.close()
+    return {
+        "shape": "natspy-groups",
+        "server": "canopy" if canopy else "nats-server",
+        "delivered": count[0],
+        "members": members,
+        "subjects": subjects,
+        "msgs_per_sec": count[0] / elapsed,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--server", default="nats://127.0.0.1:4222")
+    parser.add_argument("--msgs", type=int, default=50_000)
+    parser.add_argument("--subjects", type=int, default=10_000)
+    parser.add_argument("--members", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=100)
+    args = parser.parse_args()
+    try:
+        result = asyncio.run(run(args.server, args.msgs, args.subjects, args.members, args.batch))
+    except (asyncio.TimeoutError, nats.errors.Error, SystemExit) as error:
+        print(f"natspy_groups: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(result))
+    return 0 if result["delivered"] >= args.msgs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
