@@ -106,6 +106,9 @@ struct Handle {
     pattern: Pattern,
     tx: mpsc::Sender<Input>,
     lagging: Arc<AtomicBool>,
+    /// Set when the group is deleted or replaced: its task writes no more cursors,
+    /// which would outlive the group's deletion.
+    stopped: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -191,11 +194,13 @@ impl Groups {
         };
         let (tx, rx) = mpsc::channel(QUEUE);
         let lagging = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::new(AtomicBool::new(false));
         let handle = Arc::new(Handle {
             name: spec.name.clone(),
             pattern: pattern.clone(),
             tx,
             lagging: Arc::clone(&lagging),
+            stopped: Arc::clone(&stopped),
         });
         let task = GroupTask {
             tenant: Arc::from(tenant),
@@ -206,6 +211,7 @@ impl Groups {
             broker: Arc::downgrade(broker),
             store: Arc::clone(store),
             lagging,
+            stopped,
             members: HashMap::new(),
             next_member: 1,
             waiting: VecDeque::new(),
@@ -213,7 +219,7 @@ impl Groups {
             clock: broker.clock().clone(),
         };
         self.edit(tenant, |list| {
-            list.retain(|h| h.name != handle.name);
+            stop_named(list, &handle.name);
             list.push(handle);
         });
         tokio::spawn(task.run(rx));
@@ -221,7 +227,7 @@ impl Groups {
 
     /// Stops a group's task: its queue closes and the task ends.
     pub fn stop(&self, tenant: &str, group: &str) {
-        self.edit(tenant, |list| list.retain(|h| h.name != group));
+        self.edit(tenant, |list| stop_named(list, group));
     }
 
     /// Rebuilds a tenant's match trie after `change` to its list of groups.
@@ -246,6 +252,17 @@ impl Groups {
     }
 }
 
+/// Takes the group called `name` out of `list`, telling its task it is stopped.
+fn stop_named(list: &mut Vec<Arc<Handle>>, name: &str) {
+    list.retain(|h| {
+        let keep = h.name != name;
+        if !keep {
+            h.stopped.store(true, Ordering::Release);
+        }
+        keep
+    });
+}
+
 /// One running group.
 struct GroupTask {
     tenant: Arc<str>,
@@ -257,6 +274,7 @@ struct GroupTask {
     broker: Weak<Broker>,
     store: Arc<Store>,
     lagging: Arc<AtomicBool>,
+    stopped: Arc<AtomicBool>,
     /// Member names to ids, with when each last pulled.
     members: HashMap<String, (MemberId, tokio::time::Instant)>,
     next_member: MemberId,
@@ -615,6 +633,9 @@ impl GroupTask {
 
     /// Writes the cursors that moved.
     async fn flush(&mut self) {
+        if self.stopped.load(Ordering::Acquire) {
+            return;
+        }
         let moved = self.dispatcher.take_cursors();
         if let Err(error) = self
             .store

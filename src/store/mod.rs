@@ -283,7 +283,9 @@ pub struct Store {
     /// Cancelled by `close`: stops the sequencer and background passes.
     appends: mpsc::Sender<Input>,
     durable: watch::Receiver<u64>,
-    _lock: Option<StoreLock>,
+    /// Held until [`Store::close`] (or the last drop), so the folder is free for the
+    /// next server as soon as this one has closed, whoever still holds the store.
+    lock: parking_lot::Mutex<Option<StoreLock>>,
     stop: tokio_util::sync::CancellationToken,
     sequencer: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     stats: Arc<stats::StoreStats>,
@@ -360,7 +362,7 @@ impl Store {
             db,
             appends,
             durable,
-            _lock: opened.lock,
+            lock: parking_lot::Mutex::new(opened.lock),
             stop,
             sequencer: tokio::sync::Mutex::new(Some(task)),
             stats,
@@ -465,6 +467,7 @@ impl Store {
         }
         self.db.flush().await?;
         self.db.close().await?;
+        self.lock.lock().take();
         Ok(())
     }
 

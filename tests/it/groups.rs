@@ -554,3 +554,25 @@ async fn what_a_dead_member_held_goes_to_the_others_after_the_ack_wait() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_group_made_again_under_a_deleted_name_starts_afresh() {
+    let spec = json!({"name": "g", "pattern": "orders.>", "start": "all"});
+    let (server, client) = with_group(test_config(), spec.clone()).await;
+    publish_acked(&client, "orders.1", "a").await;
+    let got = next(&client, json!({"group": "g"})).await;
+    reply(&client, &got[0], "+ACK").await;
+    tokio::time::sleep(canopy::broker::groups::CURSOR_FLUSH * 3).await;
+    let (status, _) = api(&client, "group.delete", json!({"name": "g"})).await;
+    assert_eq!(status, 200);
+    let (status, _) = api(&client, "group.create", spec).await;
+    assert_eq!(status, 200);
+    let got = next(&client, json!({"group": "g"})).await;
+    assert_eq!(delivered(&got), [("orders.1".into(), 1, 1)]);
+    let (_, info) = api(&client, "group.info", json!({"name": "g"})).await;
+    assert_eq!(
+        info["subjects"], 0,
+        "no cursor of the old group is left: {info}"
+    );
+    server.stop().await;
+}
