@@ -465,10 +465,14 @@ impl Store {
         if let Some(task) = self.sequencer.lock().await.take() {
             let _ = task.await;
         }
-        self.db.flush().await?;
-        self.db.close().await?;
+        let closed = async {
+            self.db.flush().await?;
+            self.db.close().await
+        }
+        .await;
+        // Nothing more is written through this store either way: free the folder.
         self.lock.lock().take();
-        Ok(())
+        closed.map_err(StoreError::from)
     }
 
     /// Write and durability latencies, for `/metrics`.

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::common::{local_folder_config, publish_acked, replay_texts, start};
+use crate::common::{local_folder_config, publish_acked, replay_texts};
 
 /// Manifests the engine keeps (the current one and at most a few in flight).
 const KEPT: usize = 4;
@@ -26,7 +26,10 @@ async fn restarts_leave_no_pile_of_manifests() {
     config.store.local_gc_secs = 1;
     let mut counts = Vec::new();
     for round in 0..RESTARTS {
-        let server = start(config.clone()).await;
+        let server = canopy::server::Server::bind(config.clone())
+            .await
+            .unwrap_or_else(|e| panic!("restart {round} on the same folder: {e}"))
+            .spawn();
         let client = async_nats::connect(server.native_url())
             .await
             .expect("connect");
