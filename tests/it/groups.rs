@@ -576,3 +576,120 @@ async fn a_group_made_again_under_a_deleted_name_starts_afresh() {
     );
     server.stop().await;
 }
+
+/// The churn test, scaled to a test's time: 8 members pulling and acking,
+/// some dying with a batch unacked and others taking their place, over 500 subjects.
+/// Every version of every subject is acked, and no subject's next version reaches a
+/// member before the ack of the one before it was sent.
+#[tokio::test]
+async fn members_coming_and_going_never_break_a_subjects_order_or_lose_a_message() {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    const SUBJECTS: usize = 500;
+    const PER_SUBJECT: u64 = 10;
+    let (server, client) = with_group(
+        test_config(),
+        json!({"name": "g", "pattern": "churn.>", "start": "all", "ack_wait_ms": 300,
+               "max_deliveries": 0}),
+    )
+    .await;
+    let publishing: Vec<_> = (0..SUBJECTS)
+        .map(|s| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for _ in 0..PER_SUBJECT {
+                    publish_acked(&client, &format!("churn.{s}"), "m").await;
+                }
+            })
+        })
+        .collect();
+    for p in publishing {
+        p.await.unwrap();
+    }
+
+    // (subject, version) -> when an ack of it was first sent, and when each delivery
+    // of it arrived.
+    type Log = Arc<Mutex<BTreeMap<(String, u64), (Option<Instant>, Vec<Instant>)>>>;
+    let log: Log = Arc::default();
+    let total = SUBJECTS as u64 * PER_SUBJECT;
+    let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut generation = 0u32;
+    let deadline = Instant::now() + WAIT * 4;
+    while acked.load(std::sync::atomic::Ordering::Acquire) < total {
+        assert!(
+            Instant::now() < deadline,
+            "the group stopped making progress"
+        );
+        let mut members = Vec::new();
+        for m in 0..8 {
+            let (client, log, acked) = (client.clone(), log.clone(), acked.clone());
+            // Every third member of a generation dies after its second pull.
+            let dies = (m + generation).is_multiple_of(3);
+            let name = format!("g{generation}m{m}");
+            members.push(tokio::spawn(async move {
+                for pull in 0..4 {
+                    let got = next(&client, json!({"group": "g", "member": name, "max": 20})).await;
+                    let now = Instant::now();
+                    for message in &got {
+                        let (subject, version, _) =
+                            delivered(std::slice::from_ref(message))[0].clone();
+                        log.lock()
+                            .unwrap()
+                            .entry((subject, version))
+                            .or_default()
+                            .1
+                            .push(now);
+                    }
+                    if dies && pull == 1 {
+                        return;
+                    }
+                    for message in &got {
+                        let (subject, version, _) =
+                            delivered(std::slice::from_ref(message))[0].clone();
+                        let sent = Instant::now();
+                        let to = message.reply.clone().unwrap();
+                        let confirmed = client.request(to, "+ACK".into()).await.unwrap();
+                        if header_of(&confirmed, "Canopy-Status").is_none() {
+                            let mut log = log.lock().unwrap();
+                            let entry = log.entry((subject, version)).or_default();
+                            entry.0.get_or_insert(sent);
+                            acked.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                        }
+                    }
+                }
+            }));
+        }
+        for member in members {
+            member.await.unwrap();
+        }
+        generation += 1;
+        // Let the dead members' ack waits run out now and then.
+        if generation.is_multiple_of(4) {
+            tokio::time::sleep(std::time::Duration::from_millis(350)).await;
+        }
+    }
+
+    let log = std::mem::take(&mut *log.lock().unwrap());
+    for s in 0..SUBJECTS {
+        for version in 1..=PER_SUBJECT {
+            let key = (format!("churn.{s}"), version);
+            let (ack, _) = log
+                .get(&key)
+                .unwrap_or_else(|| panic!("{key:?} never delivered"));
+            let ack = ack.unwrap_or_else(|| panic!("{key:?} never acked"));
+            if let Some((_, later)) = log.get(&(key.0.clone(), version + 1)) {
+                let first = later.iter().min().unwrap();
+                assert!(
+                    *first >= ack,
+                    "{key:?}: the next version arrived before this one's ack was sent"
+                );
+            }
+        }
+    }
+    let (_, info) = api(&client, "group.info", json!({"name": "g"})).await;
+    assert!(info["live"]["redelivered"].as_u64().unwrap() > 0, "{info}");
+    assert_eq!(info["live"]["pending"], 0, "{info}");
+    server.stop().await;
+}
