@@ -14,11 +14,12 @@ with an error, or no ack for 10 s, fails the run (exit 1).
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 
 import nats
+
+from natspy_report import report
 
 
 async def run(server: str, msgs: int, size: int, tasks: int, subjects: int) -> dict:
@@ -68,13 +69,7 @@ def main() -> int:
     args.add_argument("--tasks", type=int, default=256)
     args.add_argument("--subjects", type=int, default=1000)
     a = args.parse_args()
-    try:
-        report = asyncio.run(run(a.server, a.msgs, a.size, a.tasks, a.subjects))
-    except Exception as error:  # one readable line, like canopy bench's errors
-        print(f"natspy_durable: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
-    print(json.dumps(report))
-    return 0
+    return report("natspy_durable", lambda: run(a.server, a.msgs, a.size, a.tasks, a.subjects))
 
 
 if __name__ == "__main__":

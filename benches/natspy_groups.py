@@ -20,6 +20,8 @@ import time
 
 import nats
 
+from natspy_report import report
+
 PREFIX = "bench.py.g"
 
 
@@ -44,7 +46,9 @@ async def canopy_member(server: str, name: str, batch: int, wanted: int, count: 
 
         async def take(msg):
             if msg.headers and msg.headers.get("Canopy-Status"):
-                raise SystemExit(f"group.next refused: {msg.data!r}")
+                if not ended.done():
+                    ended.set_exception(RuntimeError(f"group.next refused: {msg.data!r}"))
+                return
             if msg.headers and msg.headers.get("Canopy-Done"):
                 if not ended.done():
                     ended.set_result(None)
@@ -86,7 +90,7 @@ async def run(server: str, msgs: int, subjects: int, members: int, batch: int) -
         spec = {"name": "benchpy", "pattern": f"{PREFIX}.>", "start": "all", "per_member": 100000}
         answer = await nc.request("$CANOPY.group.create", json.dumps(spec).encode(), timeout=10)
         if answer.headers and answer.headers.get("Canopy-Status"):
-            raise SystemExit(f"group.create refused: {answer.data!r}")
+            raise RuntimeError(f"group.create refused: {answer.data!r}")
     count = [0]
     started = time.monotonic()
     if canopy:
@@ -114,13 +118,11 @@ def main() -> int:
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--batch", type=int, default=100)
     args = parser.parse_args()
-    try:
-        result = asyncio.run(run(args.server, args.msgs, args.subjects, args.members, args.batch))
-    except (asyncio.TimeoutError, nats.errors.Error, SystemExit) as error:
-        print(f"natspy_groups: {error}", file=sys.stderr)
-        return 1
-    print(json.dumps(result))
-    return 0 if result["delivered"] >= args.msgs else 1
+    return report(
+        "natspy_groups",
+        lambda: run(args.server, args.msgs, args.subjects, args.members, args.batch),
+        ok=lambda result: result["delivered"] >= args.msgs,
+    )
 
 
 if __name__ == "__main__":

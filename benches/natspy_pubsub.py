@@ -12,11 +12,12 @@ messages are published and not yet received. A stall of 10 s fails the run (exit
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 
 import nats
+
+from natspy_report import report
 
 
 async def run(server: str, msgs: int, size: int, max_in_flight: int) -> dict:
@@ -75,13 +76,7 @@ def main() -> int:
     args.add_argument("--size", type=int, default=128)
     args.add_argument("--max-in-flight", type=int, default=20_000)
     a = args.parse_args()
-    try:
-        report = asyncio.run(run(a.server, a.msgs, max(a.size, 8), a.max_in_flight))
-    except Exception as error:  # one readable line, like canopy bench's errors
-        print(f"natspy_pubsub: {error!r}", file=sys.stderr)
-        return 1
-    print(json.dumps(report))
-    return 0
+    return report("natspy_pubsub", lambda: run(a.server, a.msgs, max(a.size, 8), a.max_in_flight))
 
 
 if __name__ == "__main__":

@@ -192,9 +192,9 @@ async fn found(store: &Store, tenant: &str, name: &str) -> Result<Stored, ApiErr
 /// With a reply subject it is confirmed once the group has taken it; a subject that
 /// is not a delivery's is ignored.
 pub(super) fn reply(broker: &Arc<Broker>, call: &ApiCall) {
-    let Some(rest) = format!("{PREFIX}{}", call.operation)
-        .strip_prefix(ACK_PREFIX)
-        .map(str::to_owned)
+    let Some(rest) = ACK_PREFIX
+        .strip_prefix(PREFIX)
+        .and_then(|op| call.operation.strip_prefix(op))
     else {
         return;
     };

@@ -32,6 +32,8 @@ pub const CURSOR_FLUSH: Duration = Duration::from_millis(100);
 const QUEUE: usize = 4_096;
 /// Pulls that may wait for messages at once, per group.
 const WAITING_PULLS: usize = 1_024;
+/// Members a group holds at once; a pull from one more is refused until some leave.
+const MAX_MEMBERS: usize = 10_000;
 /// How long a member may go without pulling before it leaves the group (at least
 /// twice the ack wait).
 const MEMBER_IDLE: Duration = Duration::from_secs(60);
@@ -154,29 +156,32 @@ impl Groups {
         groups.list.iter().find(|h| h.name == group).cloned()
     }
 
-    /// Hands a pull to its group; false when the group is not running.
-    pub async fn pull(&self, tenant: &str, group: &str, pull: Pull) -> bool {
+    /// Queues `input` for a running group; false when it is not running.
+    async fn send_to(&self, tenant: &str, group: &str, input: Input) -> bool {
         match self.handle(tenant, group) {
-            Some(handle) => handle.tx.send(Input::Pull(pull)).await.is_ok(),
+            Some(handle) => handle.tx.send(input).await.is_ok(),
             None => false,
         }
+    }
+
+    /// Hands a pull to its group; false when the group is not running.
+    pub async fn pull(&self, tenant: &str, group: &str, pull: Pull) -> bool {
+        self.send_to(tenant, group, Input::Pull(pull)).await
     }
 
     /// A running group's live counts: members, pending, in flight, redelivered, dead
     /// letters, the laggiest subjects and the last dead letters.
     pub async fn info(&self, tenant: &str, group: &str) -> Option<serde_json::Value> {
-        let handle = self.handle(tenant, group)?;
         let (tx, rx) = tokio::sync::oneshot::channel();
-        handle.tx.send(Input::Info(tx)).await.ok()?;
+        if !self.send_to(tenant, group, Input::Info(tx)).await {
+            return None;
+        }
         rx.await.ok()
     }
 
     /// Hands an ack (or nack, in-progress, term) to its group.
     pub async fn reply(&self, tenant: &str, group: &str, reply: Reply) -> bool {
-        match self.handle(tenant, group) {
-            Some(handle) => handle.tx.send(Input::Reply(reply)).await.is_ok(),
-            None => false,
-        }
+        self.send_to(tenant, group, Input::Reply(reply)).await
     }
 
     /// Starts a group's task (a group of that name already running is stopped first).
@@ -361,6 +366,13 @@ impl GroupTask {
         match input {
             Input::Observed(subject, version) => self.observed.push((subject, version)),
             Input::Pull(pull) => {
+                if !self.members.contains_key(&pull.member) && self.members.len() >= MAX_MEMBERS {
+                    self.refuse(
+                        &pull,
+                        &format!("the group has {MAX_MEMBERS} members already; retry later"),
+                    );
+                    return;
+                }
                 let sent = self.answer(&pull).await;
                 if sent == 0 && !pull.wait.is_zero() && self.waiting.len() < WAITING_PULLS {
                     let until = tokio::time::Instant::now() + pull.wait;
@@ -421,21 +433,7 @@ impl GroupTask {
                 {
                     match &dead {
                         Ok(_) => send(&broker, routes, to, None, None, b""),
-                        Err(error) => {
-                            let mut headers = HeaderMap::new();
-                            headers.insert("Canopy-Status", "409");
-                            let mut block = BytesMut::new();
-                            headers.encode(&mut block);
-                            let body = serde_json::json!({"error": {"code": 409, "description": error.to_string()}});
-                            send(
-                                &broker,
-                                routes,
-                                to,
-                                None,
-                                Some(&block),
-                                body.to_string().as_bytes(),
-                            );
-                        }
+                        Err(error) => error_to(&broker, routes, to, 409, &error.to_string()),
                     }
                 }
             }
@@ -603,6 +601,14 @@ impl GroupTask {
         sent
     }
 
+    /// Answers a pull with an error (409) instead of messages.
+    fn refuse(&self, pull: &Pull, description: &str) {
+        let Some(broker) = self.broker.upgrade() else {
+            return;
+        };
+        error_to(&broker, &pull.routes, &pull.reply, 409, description);
+    }
+
     /// The end of a pull's answer: `Canopy-Done`, with how many messages came.
     fn done(&self, pull: &Pull, count: usize) {
         let Some(broker) = self.broker.upgrade() else {
@@ -708,4 +714,21 @@ fn send(
         ..Message::default()
     };
     broker.route(routes, None, &message, &mut scratch, &mut wakes);
+}
+
+/// An error answer in the API's shape: `Canopy-Status` and `{"error": {...}}`.
+fn error_to(broker: &Broker, routes: &TenantRoutes, subject: &str, code: u16, description: &str) {
+    let mut headers = HeaderMap::new();
+    headers.insert("Canopy-Status", code.to_string());
+    let mut block = BytesMut::new();
+    headers.encode(&mut block);
+    let body = serde_json::json!({"error": {"code": code, "description": description}});
+    send(
+        broker,
+        routes,
+        subject,
+        None,
+        Some(&block),
+        body.to_string().as_bytes(),
+    );
 }
