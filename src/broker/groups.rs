@@ -235,6 +235,15 @@ impl Groups {
         self.edit(tenant, |list| stop_named(list, group));
     }
 
+    /// Stops every group of a tenant that is being deleted.
+    pub fn stop_tenant(&self, tenant: &str) {
+        self.edit(tenant, |list| {
+            for handle in list.drain(..) {
+                handle.stopped.store(true, Ordering::Release);
+            }
+        });
+    }
+
     /// Rebuilds a tenant's match trie after `change` to its list of groups.
     fn edit(&self, tenant: &str, change: impl FnOnce(&mut Vec<Arc<Handle>>)) {
         let mut tenants = self.tenants.write();

@@ -65,6 +65,8 @@ impl Broker {
         if let Some(routes) = self.tenants.write().remove(name) {
             routes.deleted.cancel();
         }
+        // Its groups stop too: their cursors go with the tenant's data.
+        self.groups().stop_tenant(name);
     }
 
     /// Tells the store every tenant's stored limits (at start, after loading).
