@@ -137,6 +137,12 @@ struct PubArgs {
     /// Wait for the store's durable ack and print it (implied by --expect and --msg-id).
     #[arg(long)]
     ack: bool,
+    /// Wait until these consumer groups (comma-separated) have acked the message too.
+    #[arg(long = "await", value_name = "GROUPS")]
+    await_groups: Option<String>,
+    /// How long --await waits: milliseconds, or with `ms` or `s` (default 5s, at most 60s).
+    #[arg(long, value_name = "DURATION", requires = "await_groups")]
+    await_timeout: Option<String>,
     /// Print the ack as JSON.
     #[arg(long)]
     json: bool,

@@ -109,14 +109,22 @@ class Client {
     await this.#request("unsub", { sid });
   }
 
-  /** Publishes JSON (any value) or bytes (Uint8Array); resolves with the ack. */
-  publish(subject, data, { expectVersion, msgId, headers } = {}) {
+  /**
+   * Publishes JSON (any value) or bytes (Uint8Array); resolves with the ack.
+   * `awaitGroups`: consumer groups (names) that must ack the message before the ack
+   * comes, within `awaitTimeoutMs`; the ack's `await` says which did.
+   */
+  publish(subject, data, { expectVersion, msgId, headers, awaitGroups, awaitTimeoutMs } = {}) {
     const fields = { subject };
     if (data instanceof Uint8Array) fields.data_b64 = bytesToBase64(data);
     else fields.data = data;
     if (expectVersion !== undefined) fields.expect_version = expectVersion;
     if (msgId !== undefined) fields.msg_id = msgId;
-    if (headers !== undefined) fields.headers = headers;
+    if (headers !== undefined || awaitGroups !== undefined) fields.headers = { ...headers };
+    if (awaitGroups !== undefined) {
+      fields.headers["Canopy-Await"] = [].concat(awaitGroups).join(",");
+      if (awaitTimeoutMs !== undefined) fields.headers["Canopy-Await-Timeout"] = String(awaitTimeoutMs);
+    }
     return this.#request("pub", fields);
   }
 

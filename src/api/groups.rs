@@ -16,6 +16,7 @@ use tokio::sync::Mutex;
 use super::{Answer, ApiCall, ApiError, PREFIX, authorize, parse};
 use crate::broker::Broker;
 use crate::broker::groups::{ACK_PREFIX, Pull, Reply, ReplyKind};
+use crate::groups::awaiting::{Await, DEFAULT_AWAIT, MAX_AWAIT, Missed};
 use crate::groups::{GroupSpec, StoredGroup as Stored};
 use crate::store::{Store, now_ms};
 use crate::tenancy::Action;
@@ -41,6 +42,16 @@ struct Next {
     wait_ms: u64,
     /// Who is consuming; by default the caller's reply inbox prefix.
     member: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Wait {
+    group: String,
+    subject: String,
+    version: u64,
+    /// How long to wait (the default and the cap are a publish's `Canopy-Await`'s).
+    timeout_ms: Option<u64>,
 }
 
 fn one() -> usize {
@@ -157,12 +168,61 @@ pub(super) async fn dispatch(
             // The group answers on the reply subject itself.
             return Ok(());
         }
+        "group.wait" => {
+            let wait: Wait = parse(&call.body)?;
+            canopy_subjects::validate_native_subject(&wait.subject, &Default::default())
+                .map_err(|e| ApiError::new(400, format!("invalid subject: {e}")))?;
+            authorize(broker, &call.principal, Action::Subscribe, &wait.subject)?;
+            let timeout = match wait.timeout_ms {
+                None => DEFAULT_AWAIT,
+                Some(0) => return Err(ApiError::new(400, "timeout_ms is at least 1")),
+                Some(ms) => Duration::from_millis(ms).min(MAX_AWAIT),
+            };
+            let awaiting = Await {
+                groups: vec![wait.group.as_str().into()],
+                timeout,
+            };
+            // Answered from the wait's end, so a long wait holds no API slot.
+            let Some(reply) = call.reply.clone() else {
+                return Ok(());
+            };
+            let mut later = Answer::new(Arc::clone(broker), Arc::clone(&call.routes), reply);
+            let subject: Arc<str> = Arc::from(wait.subject.as_str());
+            broker.groups().await_passing(
+                tenant,
+                Arc::clone(&subject),
+                wait.version,
+                &awaiting,
+                move |outcome| match outcome.pending.first() {
+                    None => later.json(&json!({
+                        "group": wait.group, "subject": wait.subject,
+                        "version": wait.version, "passed": true,
+                    })),
+                    Some((_, why)) => {
+                        let code = match why {
+                            Missed::TimedOut => 408,
+                            Missed::NoSuchGroup => 404,
+                            _ => 409,
+                        };
+                        let description = format!(
+                            "group {} has not passed version {} of {}: {}",
+                            wait.group,
+                            wait.version,
+                            wait.subject,
+                            why.as_str()
+                        );
+                        later.error(code, &description);
+                    }
+                },
+            );
+            return Ok(());
+        }
         other => {
             return Err(ApiError::new(
                 404,
                 format!(
                     "no API `{PREFIX}{other}`: use group.create, group.list, group.info, \
-                     group.delete or group.next"
+                     group.delete, group.next or group.wait"
                 ),
             ));
         }

@@ -120,7 +120,7 @@ struct Answer {
 }
 
 impl Answer {
-    fn new(broker: Arc<Broker>, routes: Arc<TenantRoutes>, reply: String) -> Self {
+    pub(crate) fn new(broker: Arc<Broker>, routes: Arc<TenantRoutes>, reply: String) -> Self {
         Self {
             broker,
             routes,
@@ -147,12 +147,12 @@ impl Answer {
         );
     }
 
-    fn json(&mut self, value: &serde_json::Value) {
+    pub(crate) fn json(&mut self, value: &serde_json::Value) {
         self.send(None, value.to_string().as_bytes());
         self.wakes.wake_all();
     }
 
-    fn error(&mut self, code: u16, description: &str) {
+    pub(crate) fn error(&mut self, code: u16, description: &str) {
         let mut headers = HeaderMap::new();
         headers.insert("Canopy-Status", code.to_string());
         let mut block = BytesMut::new();

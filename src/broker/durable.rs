@@ -16,6 +16,7 @@ use serde_json::json;
 
 use super::{Broker, Message, RouteScratch, Wakes};
 use crate::config::{AckMode, StorePolicy};
+use crate::groups::awaiting::{Await, AwaitOutcome};
 use crate::store::{
     AckTo, AppendOutcome, AppendRequest, Durability, Expectation, NewMessage, RouteTag, Sequenced,
     StoreEvents,
@@ -106,6 +107,8 @@ pub struct StoreRequest {
     pub ack: Option<Option<Durability>>,
     /// A `Nats-*` header asked: answer like JetStream.
     pub jetstream: bool,
+    /// `Canopy-Await`: the ack waits for these groups to pass the message.
+    pub awaiting: Option<Arc<Await>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -123,6 +126,8 @@ impl StoreRequest {
             })
         };
         let mut request = StoreRequest::default();
+        let mut await_groups = None;
+        let mut await_timeout = None;
         for (name, value) in &headers.entries {
             match name.as_str() {
                 "Canopy-Expected-Version" => {
@@ -149,9 +154,24 @@ impl StoreRequest {
                     request.expect = Some(Expectation::LastOffset(number(name, value)?));
                     request.jetstream = true;
                 }
+                "Canopy-Await" => await_groups = Some(value.as_str()),
+                "Canopy-Await-Timeout" => await_timeout = Some(value.as_str()),
                 other if other.starts_with("Nats-Expected-") => request.jetstream = true,
                 _ => {}
             }
+        }
+        match (await_groups, await_timeout) {
+            (Some(groups), timeout) => {
+                request.awaiting = Some(Arc::new(
+                    Await::parse(groups, timeout).map_err(BadStoreHeader)?,
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(BadStoreHeader(
+                    "Canopy-Await-Timeout needs Canopy-Await naming the groups to wait for".into(),
+                ));
+            }
+            (None, None) => {}
         }
         if request.msg_id.as_deref().is_some_and(str::is_empty) {
             return Err(BadStoreHeader("a msg id must not be empty".into()));
@@ -166,6 +186,7 @@ impl StoreRequest {
             || self.expect.is_some()
             || self.msg_id.is_some()
             || self.jetstream
+            || self.awaiting.is_some()
     }
 }
 
@@ -180,6 +201,10 @@ pub fn append_one(
     ack: Option<AckTo>,
     route: RouteTag,
 ) -> AppendRequest {
+    let ack = ack.map(|ack| AckTo {
+        awaiting: request.awaiting,
+        ..ack
+    });
     AppendRequest {
         tenant: Arc::clone(tenant),
         subject: Arc::from(subject),
@@ -266,30 +291,108 @@ impl StoreEvents for StoreRouter {
         };
         let mut scratch = RouteScratch::default();
         let mut wakes = Wakes::default();
-        for (tenant, ack, outcome) in acks {
-            if ack.flags & ACK_MQTT != 0 {
-                if let Some((conn, packet_id)) = super::envelope::parse_ack_address(&ack.address)
-                    && let Some(inbox) = broker.mqtt_acks().get(conn)
-                {
-                    inbox.push(super::envelope::StoreAck { packet_id, outcome });
-                }
+        for (tenant, mut ack, outcome) in acks {
+            // A publish that waits for groups is answered once they pass its version
+            // (or its wait ends); it is stored either way.
+            if let Some(awaiting) = ack.awaiting.take()
+                && let Some((subject, version)) = stored_at(&outcome)
+            {
+                let answer_to = Arc::clone(&broker);
+                let tenant_name = Arc::clone(&tenant);
+                broker.groups().await_passing(
+                    &tenant,
+                    subject,
+                    version,
+                    &awaiting,
+                    move |awaited| {
+                        let mut scratch = RouteScratch::default();
+                        let mut wakes = Wakes::default();
+                        let delivery = (&mut scratch, &mut wakes);
+                        deliver_ack(
+                            &answer_to,
+                            &tenant_name,
+                            &ack,
+                            outcome,
+                            Some(awaited),
+                            delivery,
+                        );
+                    },
+                );
                 continue;
             }
-            let Ok(address) = std::str::from_utf8(&ack.address) else {
-                continue;
-            };
-            let body = ack_body(&tenant, &outcome, ack.flags & ACK_JETSTREAM != 0);
-            let routes = broker.tenant(&tenant);
-            let message = Message {
-                subject: address,
-                reply: None,
-                headers: None,
-                payload: &body,
-                ..Message::default()
-            };
-            broker.route(&routes, None, &message, &mut scratch, &mut wakes);
+            deliver_ack(
+                &broker,
+                &tenant,
+                &ack,
+                outcome,
+                None,
+                (&mut scratch, &mut wakes),
+            );
         }
     }
+}
+
+/// The subject and version a stored (or already stored) message has.
+fn stored_at(outcome: &AppendOutcome) -> Option<(Arc<str>, u64)> {
+    match outcome {
+        AppendOutcome::Stored {
+            subject, version, ..
+        }
+        | AppendOutcome::Duplicate {
+            subject, version, ..
+        } => Some((Arc::clone(subject), *version)),
+        _ => None,
+    }
+}
+
+/// Sends one ack: to an MQTT or `/ws` connection's inbox, or as a message to the
+/// publisher's reply subject.
+fn deliver_ack(
+    broker: &Broker,
+    tenant: &str,
+    ack: &AckTo,
+    outcome: AppendOutcome,
+    awaited: Option<AwaitOutcome>,
+    (scratch, wakes): (&mut RouteScratch, &mut Wakes),
+) {
+    if ack.flags & ACK_MQTT != 0 {
+        if let Some((conn, packet_id)) = super::envelope::parse_ack_address(&ack.address)
+            && let Some(inbox) = broker.mqtt_acks().get(conn)
+        {
+            inbox.push(super::envelope::StoreAck {
+                packet_id,
+                outcome,
+                awaited,
+            });
+        }
+        return;
+    }
+    let Ok(address) = std::str::from_utf8(&ack.address) else {
+        return;
+    };
+    let body = ack_body(tenant, &outcome, ack.flags & ACK_JETSTREAM != 0);
+    let body = match &awaited {
+        Some(awaited) => with_await(&body, awaited),
+        None => body,
+    };
+    let routes = broker.tenant(tenant);
+    let message = Message {
+        subject: address,
+        reply: None,
+        headers: None,
+        payload: &body,
+        ..Message::default()
+    };
+    broker.route(&routes, None, &message, scratch, wakes);
+}
+
+/// An ack's JSON with what its groups did, as `await`.
+fn with_await(body: &[u8], awaited: &AwaitOutcome) -> Bytes {
+    let Ok(serde_json::Value::Object(mut ack)) = serde_json::from_slice(body) else {
+        return Bytes::copy_from_slice(body);
+    };
+    ack.insert("await".into(), awaited.to_json());
+    Bytes::from(serde_json::Value::Object(ack).to_string())
 }
 
 /// The error ack of a publish whose Canopy-* or Nats-* headers cannot be used.
@@ -389,6 +492,18 @@ mod tests {
         assert!(js.jetstream);
         let bad = StoreRequest::from_headers(b"NATS/1.0\r\nCanopy-Expected-Version: x\r\n\r\n");
         assert!(bad.expect_err("refused").0.contains("whole number"));
+
+        let waits = StoreRequest::from_headers(
+            b"NATS/1.0\r\nCanopy-Await: billing,search\r\nCanopy-Await-Timeout: 2s\r\n\r\n",
+        )
+        .expect("valid");
+        let awaiting = waits.awaiting.as_deref().expect("awaits");
+        assert_eq!(awaiting.groups, vec!["billing".into(), "search".into()]);
+        assert_eq!(awaiting.timeout, std::time::Duration::from_secs(2));
+        let policy = StorePolicy::default();
+        assert!(waits.wants_ack(&policy), "a wait is answered");
+        let lone = StoreRequest::from_headers(b"NATS/1.0\r\nCanopy-Await-Timeout: 2s\r\n\r\n");
+        assert!(lone.expect_err("refused").0.contains("needs Canopy-Await"));
     }
 
     #[test]

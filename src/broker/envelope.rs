@@ -221,6 +221,8 @@ fn take_sized(body: &mut Bytes, width: usize) -> Option<Bytes> {
 pub struct StoreAck {
     pub packet_id: u16,
     pub outcome: AppendOutcome,
+    /// What the groups a `Canopy-Await` publish waited for did.
+    pub awaited: Option<crate::groups::awaiting::AwaitOutcome>,
 }
 
 /// Where the store's acks for one MQTT connection wait for its task.

@@ -9,7 +9,7 @@
 //! more than one group's state in one task.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use parking_lot::RwLock;
 use tokio::sync::mpsc;
 
 use super::{Broker, Message, RouteScratch, TenantRoutes, Wakes};
+use crate::groups::awaiting::{Await, AwaitOutcome, Missed};
 use crate::groups::dispatch::{DeadLetter, Delivery, Dispatcher, MemberId};
 use crate::groups::{GroupSpec, StartAt, StoredGroup};
 use crate::store::{
@@ -98,7 +99,27 @@ enum Input {
     Pull(Pull),
     Reply(Reply),
     Info(tokio::sync::oneshot::Sender<serde_json::Value>),
+    Await(Waiter),
 }
+
+/// A publish (or a `group.wait`) waiting for the group to pass `version` of `subject`.
+struct Waiter {
+    subject: Arc<str>,
+    version: u64,
+    /// Where in the waiting publish's list of groups this group is.
+    slot: usize,
+    tx: mpsc::Sender<(usize, Result<(), Missed>)>,
+}
+
+impl Waiter {
+    fn answer(&self, result: Result<(), Missed>) {
+        // Room for every group's answer was made; a closed channel means the wait is over.
+        let _ = self.tx.try_send((self.slot, result));
+    }
+}
+
+/// Publishes waiting for groups, per tenant, at once.
+const MAX_WAITING: usize = 10_000;
 
 /// Subjects `info` lists as the laggiest, and dead letters as the last parked.
 const INFO_SUBJECTS: usize = 10;
@@ -125,6 +146,17 @@ pub struct Groups {
     tenants: RwLock<HashMap<Arc<str>, Arc<TenantGroups>>>,
     /// Whether any tenant has a running group: every stored message asks.
     any: AtomicBool,
+    /// Publishes waiting for groups, per tenant (bounded by [`MAX_WAITING`]).
+    waiting: parking_lot::Mutex<HashMap<Arc<str>, Arc<AtomicUsize>>>,
+}
+
+/// Gives a waiting publish's place back when its wait ends.
+struct WaitingPlace(Arc<AtomicUsize>);
+
+impl Drop for WaitingPlace {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Groups {
@@ -184,6 +216,88 @@ impl Groups {
         self.send_to(tenant, group, Input::Reply(reply)).await
     }
 
+    /// Calls `answer` once every group in `awaiting` has passed `version` of `subject`
+    /// (acked or ended it), or at once for a group that cannot (unknown, not matching
+    /// the subject, without live members), or when the wait runs out: with the groups
+    /// that passed and those that did not. Never waits itself.
+    pub fn await_passing(
+        &self,
+        tenant: &str,
+        subject: Arc<str>,
+        version: u64,
+        awaiting: &Await,
+        answer: impl FnOnce(AwaitOutcome) + Send + 'static,
+    ) {
+        let parsed = canopy_subjects::Subject::parse_native(&subject).ok();
+        let mut slots: Vec<Slot> = Vec::new();
+        let mut targets = Vec::new();
+        for name in &awaiting.groups {
+            let result = match self.handle(tenant, name) {
+                None => Some(Err(Missed::NoSuchGroup)),
+                Some(handle)
+                    if !parsed
+                        .as_ref()
+                        .is_some_and(|subject| handle.pattern.matches(subject)) =>
+                {
+                    Some(Err(Missed::NotMatching))
+                }
+                Some(handle) => {
+                    targets.push((slots.len(), handle));
+                    None
+                }
+            };
+            slots.push((name.clone(), result));
+        }
+        if targets.is_empty() {
+            answer(outcome_of(slots, Missed::TimedOut));
+            return;
+        }
+        let count = Arc::clone(self.waiting.lock().entry(Arc::from(tenant)).or_default());
+        if count.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING {
+            count.fetch_sub(1, Ordering::AcqRel);
+            answer(outcome_of(slots, Missed::TooManyWaiting));
+            return;
+        }
+        let place = WaitingPlace(count);
+        let deadline = tokio::time::Instant::now() + awaiting.timeout;
+        tokio::spawn(async move {
+            let _place = place;
+            let (tx, mut rx) = mpsc::channel(targets.len());
+            let mut left = targets.len();
+            for (slot, handle) in targets {
+                let waiter = Waiter {
+                    subject: Arc::clone(&subject),
+                    version,
+                    slot,
+                    tx: tx.clone(),
+                };
+                let sent = tokio::time::timeout_at(deadline, handle.tx.send(Input::Await(waiter)));
+                if !matches!(sent.await, Ok(Ok(()))) {
+                    slots[slot].1 = Some(Err(Missed::Stopped));
+                    left -= 1;
+                }
+            }
+            drop(tx);
+            let mut unanswered = Missed::TimedOut;
+            while left > 0 {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some((slot, result))) => {
+                        if slots[slot].1.replace(result).is_none() {
+                            left -= 1;
+                        }
+                    }
+                    // Every group that held the wait is gone.
+                    Ok(None) => {
+                        unanswered = Missed::Stopped;
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            answer(outcome_of(slots, unanswered));
+        });
+    }
+
     /// Starts a group's task (a group of that name already running is stopped first).
     pub fn start(
         &self,
@@ -221,6 +335,8 @@ impl Groups {
             next_member: 1,
             waiting: VecDeque::new(),
             observed: Vec::new(),
+            awaits: HashMap::new(),
+            touched: Vec::new(),
             clock: broker.clock().clone(),
         };
         self.edit(tenant, |list| {
@@ -237,6 +353,7 @@ impl Groups {
 
     /// Stops every group of a tenant that is being deleted.
     pub fn stop_tenant(&self, tenant: &str) {
+        self.waiting.lock().remove(tenant);
         self.edit(tenant, |list| {
             for handle in list.drain(..) {
                 handle.stopped.store(true, Ordering::Release);
@@ -277,6 +394,21 @@ fn stop_named(list: &mut Vec<Arc<Handle>>, name: &str) {
     });
 }
 
+/// One group a wait names, and what it answered so far.
+type Slot = (Box<str>, Option<Result<(), Missed>>);
+
+/// What a wait's groups did: `unanswered` for each that had not answered.
+fn outcome_of(slots: Vec<Slot>, unanswered: Missed) -> AwaitOutcome {
+    let mut outcome = AwaitOutcome::default();
+    for (group, result) in slots {
+        match result.unwrap_or(Err(unanswered)) {
+            Ok(()) => outcome.passed.push(group),
+            Err(why) => outcome.pending.push((group, why)),
+        }
+    }
+    outcome
+}
+
 /// One running group.
 struct GroupTask {
     tenant: Arc<str>,
@@ -295,6 +427,10 @@ struct GroupTask {
     waiting: VecDeque<(Pull, tokio::time::Instant)>,
     /// Messages routed, not yet known durable.
     observed: Vec<(Arc<str>, u64)>,
+    /// Publishes waiting for the group to pass a version, by subject.
+    awaits: HashMap<Arc<str>, Vec<Waiter>>,
+    /// Subjects whose cursor may have moved this turn, while anything waits.
+    touched: Vec<Arc<str>>,
     clock: crate::clock::Clock,
 }
 
@@ -326,6 +462,7 @@ impl GroupTask {
                 }
                 self.take_observed().await;
                 self.serve_waiting().await;
+                self.settle_awaits();
                 continue;
             }
             let now = self.clock.now_ms();
@@ -359,6 +496,10 @@ impl GroupTask {
                 _ = flush.tick() => {
                     self.flush().await;
                     self.forget_idle_members();
+                    self.awaits.retain(|_, waiters| {
+                        waiters.retain(|w| !w.tx.is_closed());
+                        !waiters.is_empty()
+                    });
                 }
             }
             self.take_observed().await;
@@ -366,6 +507,7 @@ impl GroupTask {
                 scanning = Some(None);
             }
             self.serve_waiting().await;
+            self.settle_awaits();
         }
         self.flush().await;
     }
@@ -419,7 +561,26 @@ impl GroupTask {
                     "dead_letters": dead,
                 }));
             }
+            Input::Await(waiter) => {
+                let passed = self
+                    .dispatcher
+                    .cursor(&waiter.subject)
+                    .is_some_and(|cursor| cursor >= waiter.version);
+                if passed {
+                    waiter.answer(Ok(()));
+                } else if self.members.is_empty() {
+                    waiter.answer(Err(Missed::NoMembers));
+                } else {
+                    self.awaits
+                        .entry(Arc::clone(&waiter.subject))
+                        .or_default()
+                        .push(waiter);
+                }
+            }
             Input::Reply(reply) => {
+                if !self.awaits.is_empty() {
+                    self.touched.push(Arc::clone(&reply.subject));
+                }
                 let delivery = Delivery {
                     subject: Arc::clone(&reply.subject),
                     version: reply.version,
@@ -560,6 +721,34 @@ impl GroupTask {
             }
             keep
         });
+        // Nobody is left to pass what publishes wait for: they are answered now.
+        if self.members.is_empty() {
+            for waiter in self.awaits.drain().flat_map(|(_, waiters)| waiters) {
+                waiter.answer(Err(Missed::NoMembers));
+            }
+        }
+    }
+
+    /// Answers the waits on subjects whose cursor moved past their version.
+    fn settle_awaits(&mut self) {
+        for subject in std::mem::take(&mut self.touched) {
+            let Some(cursor) = self.dispatcher.cursor(&subject) else {
+                continue;
+            };
+            let Some(waiters) = self.awaits.get_mut(&subject) else {
+                continue;
+            };
+            waiters.retain(|waiter| {
+                let passed = cursor >= waiter.version;
+                if passed {
+                    waiter.answer(Ok(()));
+                }
+                !passed
+            });
+            if waiters.is_empty() {
+                self.awaits.remove(&subject);
+            }
+        }
     }
 
     /// Sends a pull what is ready; returns how many messages went.
@@ -601,7 +790,12 @@ impl GroupTask {
                     );
                     sent += 1;
                 }
-                Ok(None) => self.dispatcher.gone(&delivery, now),
+                Ok(None) => {
+                    self.dispatcher.gone(&delivery, now);
+                    if !self.awaits.is_empty() {
+                        self.touched.push(Arc::clone(&delivery.subject));
+                    }
+                }
                 Err(error) => {
                     tracing::warn!(%error, "a group could not read a message; it goes again after its ack wait");
                 }
@@ -699,6 +893,9 @@ impl GroupTask {
             };
             if self.store.append(request).await.is_err() {
                 tracing::warn!(group = %self.spec.name, "a dead letter was not stored: the store is closing");
+            }
+            if !self.awaits.is_empty() {
+                self.touched.push(letter.subject);
             }
         }
         let _ = self.store.durable_barrier().await;

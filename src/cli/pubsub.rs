@@ -33,14 +33,16 @@ pub(crate) fn parse_headers(raw: &[String]) -> Result<Option<HeaderMap>> {
 pub(crate) async fn publish(args: PubArgs) -> Result<()> {
     let headers = parse_headers(&args.headers)?;
     let (mut client, timeout) = connect(&args.connect, "canopy pub").await?;
-    if args.ack || args.expect.is_some() || args.msg_id.is_some() {
+    if args.ack || args.expect.is_some() || args.msg_id.is_some() || args.await_groups.is_some() {
         let Some(data) = &args.data else {
-            bail!("--ack, --expect and --msg-id publish one message: give DATA");
+            bail!("--ack, --expect, --msg-id and --await publish one message: give DATA");
         };
         let options = cli::streams::AckedPublish {
             expect: args.expect,
             msg_id: args.msg_id.as_deref(),
             json: args.json,
+            await_groups: args.await_groups.as_deref(),
+            await_timeout: args.await_timeout.as_deref(),
         };
         return cli::streams::publish_acked(
             &mut client,

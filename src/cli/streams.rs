@@ -14,6 +14,9 @@ pub struct AckedPublish<'a> {
     pub expect: Option<u64>,
     pub msg_id: Option<&'a str>,
     pub json: bool,
+    /// `Canopy-Await`: groups that must ack the message before the publish is answered.
+    pub await_groups: Option<&'a str>,
+    pub await_timeout: Option<&'a str>,
 }
 
 /// Publishes one message and waits for the store's ack; prints it.
@@ -33,6 +36,18 @@ pub async fn publish_acked(
         headers.insert("Canopy-Msg-Id", id);
     }
     headers.insert("Canopy-Ack", "durable");
+    let mut timeout = timeout;
+    if let Some(groups) = options.await_groups {
+        let awaiting = canopy::groups::awaiting::Await::parse(groups, options.await_timeout)
+            .map_err(anyhow::Error::msg)?;
+        headers.insert("Canopy-Await", groups);
+        headers.insert(
+            "Canopy-Await-Timeout",
+            format!("{}ms", awaiting.timeout.as_millis()),
+        );
+        // The server answers when the wait ends: give it that long, and a margin.
+        timeout = timeout.max(awaiting.timeout + Duration::from_secs(2));
+    }
     let answers = client
         .request(subject, Some(&headers), data, timeout, None)
         .await?;
@@ -58,6 +73,31 @@ pub async fn publish_acked(
             value["subject"].as_str().unwrap_or(subject),
             value["version"],
             value["seq"]
+        );
+        if let Some(passed) = value["await"]["passed"]
+            .as_array()
+            .filter(|p| !p.is_empty())
+        {
+            let names: Vec<&str> = passed.iter().filter_map(Value::as_str).collect();
+            println!("acked by {}", names.join(", "));
+        }
+    }
+    let pending: Vec<String> = value["await"]["pending"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            format!(
+                "{} ({})",
+                p["group"].as_str().unwrap_or("?"),
+                p["reason"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    if !pending.is_empty() {
+        bail!(
+            "the message is stored, but not yet acked by {}",
+            pending.join(", ")
         );
     }
     Ok(())

@@ -8,6 +8,7 @@
 //! so every rule is tested here without a server. Must never: read or write the store,
 //! or know about connections beyond a member's id.
 
+pub mod awaiting;
 pub mod dispatch;
 
 use serde::{Deserialize, Serialize};

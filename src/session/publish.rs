@@ -366,6 +366,7 @@ impl Publisher {
                     AskAck::Inbox(number) => Some(AckTo {
                         address: crate::broker::envelope::ack_address(self.origin, number),
                         flags: crate::broker::durable::ACK_MQTT,
+                        awaiting: None,
                     }),
                     AskAck::Reply => publish.reply.as_ref().map(|address| AckTo {
                         address: address.clone(),
@@ -374,6 +375,7 @@ impl Publisher {
                         } else {
                             0
                         },
+                        awaiting: None,
                     }),
                 };
                 let acked = ack.is_some();

@@ -116,6 +116,8 @@ pub enum Expectation {
 pub struct AckTo {
     pub address: Bytes,
     pub flags: u32,
+    /// Consumer groups the ack waits for once the message is stored (`Canopy-Await`).
+    pub awaiting: Option<Arc<crate::groups::awaiting::Await>>,
 }
 
 /// One message of an append.

@@ -9,7 +9,7 @@ use crate::common::{
 };
 
 /// A server on `config` with one group created from `group`, and a client of it.
-async fn with_group(
+pub(crate) async fn with_group(
     config: canopy::config::Config,
     group: serde_json::Value,
 ) -> (canopy::server::RunningServer, async_nats::Client) {
@@ -195,7 +195,10 @@ async fn canopy_group_manages_groups_from_the_command_line() {
 }
 
 /// One `$CANOPY.group.next` pull: the messages, up to the `Canopy-Done` marker.
-async fn next(client: &async_nats::Client, body: serde_json::Value) -> Vec<async_nats::Message> {
+pub(crate) async fn next(
+    client: &async_nats::Client,
+    body: serde_json::Value,
+) -> Vec<async_nats::Message> {
     use futures::StreamExt;
     let inbox = client.new_inbox();
     let mut sub = client.subscribe(inbox.clone()).await.unwrap();
@@ -222,7 +225,7 @@ async fn next(client: &async_nats::Client, body: serde_json::Value) -> Vec<async
     }
 }
 
-fn delivered(messages: &[async_nats::Message]) -> Vec<(String, u64, u32)> {
+pub(crate) fn delivered(messages: &[async_nats::Message]) -> Vec<(String, u64, u32)> {
     let mut all: Vec<_> = messages
         .iter()
         .map(|m| {
@@ -239,7 +242,11 @@ fn delivered(messages: &[async_nats::Message]) -> Vec<(String, u64, u32)> {
 
 /// Acks (or nacks, with `body`) a delivery on its reply subject, as a request: the
 /// group confirms once it has taken it, so a later pull sees its effect.
-async fn reply(client: &async_nats::Client, message: &async_nats::Message, body: &'static str) {
+pub(crate) async fn reply(
+    client: &async_nats::Client,
+    message: &async_nats::Message,
+    body: &'static str,
+) {
     let to = message
         .reply
         .clone()

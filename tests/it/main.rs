@@ -15,6 +15,7 @@ mod durable;
 mod faults;
 mod format;
 mod frontends;
+mod group_await;
 mod groups;
 mod http;
 mod isolation;

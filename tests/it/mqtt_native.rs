@@ -23,7 +23,10 @@ fn v5_options(id: &str, server: &canopy::server::RunningServer) -> rumqttc::v5::
 }
 
 /// Polls the event loop until `want` picks an event out, within [`WAIT`].
-async fn next_v5<T>(events: &mut EventLoop5, mut want: impl FnMut(&Packet5) -> Option<T>) -> T {
+pub(crate) async fn next_v5<T>(
+    events: &mut EventLoop5,
+    mut want: impl FnMut(&Packet5) -> Option<T>,
+) -> T {
     tokio::time::timeout(WAIT, async {
         loop {
             match events.poll().await {
@@ -41,7 +44,10 @@ async fn next_v5<T>(events: &mut EventLoop5, mut want: impl FnMut(&Packet5) -> O
     .expect("the awaited mqtt packet arrives")
 }
 
-async fn connected_v5(id: &str, server: &canopy::server::RunningServer) -> (Client5, EventLoop5) {
+pub(crate) async fn connected_v5(
+    id: &str,
+    server: &canopy::server::RunningServer,
+) -> (Client5, EventLoop5) {
     let (client, mut events) = Client5::new(v5_options(id, server), 64);
     next_v5(&mut events, |p| {
         matches!(p, Packet5::ConnAck(_)).then_some(())

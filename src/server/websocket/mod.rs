@@ -463,7 +463,12 @@ impl Connection {
     pub(super) fn store_acks(&mut self) {
         let mut acks = Vec::new();
         self.acks.take(&mut acks);
-        for StoreAck { packet_id, outcome } in acks {
+        for StoreAck {
+            packet_id,
+            outcome,
+            awaited,
+        } in acks
+        {
             let Some(id) = self.pending_acks.remove(&packet_id) else {
                 continue;
             };
@@ -492,6 +497,15 @@ impl Connection {
                 AppendOutcome::QuotaExceeded { reason } => {
                     ws::encode_error(&mut out, id, ErrorCode::QuotaExceeded, &reason)
                 }
+            }
+            // A publish that waited for groups: its answer says what they did.
+            if let Some(awaited) = awaited
+                && out.ends_with('}')
+            {
+                out.pop();
+                out.push_str(",\"await\":");
+                out.push_str(&awaited.to_json().to_string());
+                out.push('}');
             }
             self.out.push(out);
         }

@@ -422,7 +422,12 @@ impl Connection {
             return Ok(());
         }
         let v5 = self.level == Level::V5;
-        for StoreAck { packet_id, outcome } in std::mem::take(&mut self.store_acks) {
+        for StoreAck {
+            packet_id,
+            outcome,
+            awaited,
+        } in std::mem::take(&mut self.store_acks)
+        {
             let Some(qos) = self.flow_in.storing_qos(packet_id) else {
                 continue;
             };
@@ -472,6 +477,19 @@ impl Connection {
                 properties
                     .user_properties
                     .push(("Canopy-Current-Version".into(), version.to_string()));
+            }
+            // A publish that waited for groups says which passed it and which not
+            // (the message is stored either way, so the reason code stays success).
+            if let Some(awaited) = awaited.filter(|_| v5) {
+                let passed: Vec<&str> = awaited.passed.iter().map(|g| &**g).collect();
+                properties
+                    .user_properties
+                    .push(("Canopy-Await-Passed".into(), passed.join(",")));
+                if !awaited.complete() {
+                    properties
+                        .user_properties
+                        .push(("Canopy-Await-Pending".into(), awaited.pending_text()));
+                }
             }
             let ack = Ack {
                 packet_id,
