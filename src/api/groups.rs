@@ -187,10 +187,9 @@ pub(super) async fn dispatch(
                 return Ok(());
             };
             let mut later = Answer::new(Arc::clone(broker), Arc::clone(&call.routes), reply);
-            let subject: Arc<str> = Arc::from(wait.subject.as_str());
             broker.groups().await_passing(
                 tenant,
-                Arc::clone(&subject),
+                Arc::from(wait.subject.as_str()),
                 wait.version,
                 &awaiting,
                 move |outcome| match outcome.pending.first() {

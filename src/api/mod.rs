@@ -111,7 +111,7 @@ impl From<StoreError> for ApiError {
 }
 
 /// Sends messages to the caller's reply subject.
-struct Answer {
+pub(crate) struct Answer {
     broker: Arc<Broker>,
     routes: Arc<TenantRoutes>,
     reply: String,

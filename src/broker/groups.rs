@@ -20,6 +20,7 @@ use parking_lot::RwLock;
 use tokio::sync::mpsc;
 
 use super::{Broker, Message, RouteScratch, TenantRoutes, Wakes};
+use crate::api::Answer;
 use crate::groups::awaiting::{Await, AwaitOutcome, Missed};
 use crate::groups::dispatch::{DeadLetter, Delivery, Dispatcher, MemberId};
 use crate::groups::{GroupSpec, StartAt, StoredGroup};
@@ -603,7 +604,8 @@ impl GroupTask {
                 {
                     match &dead {
                         Ok(_) => send(&broker, routes, to, None, None, b""),
-                        Err(error) => error_to(&broker, routes, to, 409, &error.to_string()),
+                        Err(error) => Answer::new(broker, Arc::clone(routes), to.clone())
+                            .error(409, &error.to_string()),
                     }
                 }
             }
@@ -809,7 +811,7 @@ impl GroupTask {
         let Some(broker) = self.broker.upgrade() else {
             return;
         };
-        error_to(&broker, &pull.routes, &pull.reply, 409, description);
+        Answer::new(broker, Arc::clone(&pull.routes), pull.reply.clone()).error(409, description);
     }
 
     /// The end of a pull's answer: `Canopy-Done`, with how many messages came.
@@ -920,21 +922,4 @@ fn send(
         ..Message::default()
     };
     broker.route(routes, None, &message, &mut scratch, &mut wakes);
-}
-
-/// An error answer in the API's shape: `Canopy-Status` and `{"error": {...}}`.
-fn error_to(broker: &Broker, routes: &TenantRoutes, subject: &str, code: u16, description: &str) {
-    let mut headers = HeaderMap::new();
-    headers.insert("Canopy-Status", code.to_string());
-    let mut block = BytesMut::new();
-    headers.encode(&mut block);
-    let body = serde_json::json!({"error": {"code": code, "description": description}});
-    send(
-        broker,
-        routes,
-        subject,
-        None,
-        Some(&block),
-        body.to_string().as_bytes(),
-    );
 }
