@@ -5,11 +5,14 @@ prints one JSON object: messages delivered and acked per second.
 
     PYTHON benches/natspy_groups.py --server nats://127.0.0.1:4222 --msgs 50000
 
-Against Canopy the members pull a consumer group (`$CANOPY.group.next`, start at all,
-one in flight per subject: strict order per subject) and ack on each delivery's
-reply subject. Against nats-server they share a JetStream pull consumer on a file
-stream (`fetch`, `ack`), which keeps no order per subject. A run that delivers less
-than it loaded within 60 s fails (exit 1).
+Against Canopy the members pull a consumer group: with `--api canopy` (the default)
+through `$CANOPY.group.next` (start at all, one in flight per subject: strict order
+per subject), acking on each delivery's reply subject; with `--api jetstream` through
+the same JetStream pull consumer code as against nats-server (`pull_subscribe`,
+`fetch`, `ack`; `--per-subject N` sets Canopy's in flight per subject, by default
+JetStream's max_ack_pending). Against nats-server they share a JetStream pull consumer
+on a file stream, which keeps no order per subject. A run that delivers less than it
+loaded within 60 s fails (exit 1).
 """
 
 import argparse
@@ -19,6 +22,7 @@ import sys
 import time
 
 import nats
+from nats.js.api import ConsumerConfig
 
 from natspy_report import report
 
@@ -67,9 +71,16 @@ async def canopy_member(server: str, name: str, batch: int, wanted: int, count: 
     await nc.close()
 
 
-async def jetstream_member(server: str, batch: int, wanted: int, count: list) -> None:
+async def jetstream_member(
+    server: str, batch: int, wanted: int, count: list, per_subject
+) -> None:
     nc = await nats.connect(server, allow_reconnect=False)
-    consumer = await nc.jetstream().pull_subscribe(f"{PREFIX}.>", "benchpy")
+    config = None
+    if per_subject:
+        config = ConsumerConfig(metadata={"canopy.per_subject": str(per_subject)})
+    consumer = await nc.jetstream(timeout=10).pull_subscribe(
+        f"{PREFIX}.>", "benchpy", config=config
+    )
     while count[0] < wanted:
         try:
             got = await consumer.fetch(batch, timeout=1)
@@ -82,27 +93,34 @@ async def jetstream_member(server: str, batch: int, wanted: int, count: list) ->
     await nc.close()
 
 
-async def run(server: str, msgs: int, subjects: int, members: int, batch: int) -> dict:
+async def run(
+    server: str, msgs: int, subjects: int, members: int, batch: int, api: str, per_subject
+) -> dict:
     nc = await nats.connect(server, allow_reconnect=False)
     canopy = nc._server_info.get("go", "").startswith("canopy")
     await load(nc, canopy, msgs, subjects)
-    if canopy:
+    group_api = canopy and api == "canopy"
+    if group_api:
         spec = {"name": "benchpy", "pattern": f"{PREFIX}.>", "start": "all", "per_member": 100000}
         answer = await nc.request("$CANOPY.group.create", json.dumps(spec).encode(), timeout=10)
         if answer.headers and answer.headers.get("Canopy-Status"):
             raise RuntimeError(f"group.create refused: {answer.data!r}")
     count = [0]
     started = time.monotonic()
-    if canopy:
+    if group_api:
         work = [canopy_member(server, f"m{m}", batch, msgs, count) for m in range(members)]
     else:
-        work = [jetstream_member(server, batch, msgs, count) for _ in range(members)]
+        work = [
+            jetstream_member(server, batch, msgs, count, per_subject if canopy else None)
+            for _ in range(members)
+        ]
     await asyncio.wait_for(asyncio.gather(*work), 60)
     elapsed = time.monotonic() - started
     await nc.close()
     return {
         "shape": "natspy-groups",
         "server": "canopy" if canopy else "nats-server",
+        "api": api if canopy else "jetstream",
         "delivered": count[0],
         "members": members,
         "subjects": subjects,
@@ -117,10 +135,20 @@ def main() -> int:
     parser.add_argument("--subjects", type=int, default=10_000)
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--api", choices=["canopy", "jetstream"], default="canopy")
+    parser.add_argument("--per-subject", type=int, default=None)
     args = parser.parse_args()
     return report(
         "natspy_groups",
-        lambda: run(args.server, args.msgs, args.subjects, args.members, args.batch),
+        lambda: run(
+            args.server,
+            args.msgs,
+            args.subjects,
+            args.members,
+            args.batch,
+            args.api,
+            args.per_subject,
+        ),
         ok=lambda result: result["delivered"] >= args.msgs,
     )
 

@@ -15,14 +15,14 @@ use tokio::sync::Mutex;
 
 use super::{Answer, ApiCall, ApiError, PREFIX, authorize, parse};
 use crate::broker::Broker;
-use crate::broker::groups::{ACK_PREFIX, Pull, Reply, ReplyKind};
+use crate::broker::groups::{ACK_PREFIX, Pull, PullStyle, Reply, ReplyKind};
 use crate::groups::awaiting::{Await, DEFAULT_AWAIT, MAX_AWAIT, Missed};
 use crate::groups::{GroupSpec, StoredGroup as Stored};
 use crate::store::{Store, now_ms};
 use crate::tenancy::Action;
 
 /// Serialises creates and deletes of groups.
-static CHANGES: Mutex<()> = Mutex::const_new(());
+pub(crate) static CHANGES: Mutex<()> = Mutex::const_new(());
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -158,6 +158,7 @@ pub(super) async fn dispatch(
                 wait: Duration::from_millis(next.wait_ms).min(super::MAX_WAIT),
                 reply,
                 routes: Arc::clone(&call.routes),
+                style: PullStyle::Canopy,
             };
             if !broker.groups().pull(tenant, &next.group, pull).await {
                 return Err(ApiError::new(

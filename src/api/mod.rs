@@ -9,7 +9,8 @@
 //! page in memory per request, and never block a connection task: each request runs
 //! in its own task, and at most [`MAX_CONCURRENT`] run at once.
 
-mod groups;
+pub(crate) mod groups;
+pub mod jetstream;
 mod read;
 mod snapshots;
 pub mod tenants;
@@ -52,7 +53,10 @@ static RUNNING: LazyLock<Arc<Semaphore>> =
 pub struct ApiCall {
     pub principal: Principal,
     pub routes: Arc<TenantRoutes>,
-    /// The operation: what follows `$CANOPY.`.
+    /// The calling connection (a JetStream pull's member).
+    pub origin: u64,
+    /// The operation: what follows `$CANOPY.`, or a JetStream call's whole subject
+    /// (`$JS.API.…`, `$JS.ACK.…`).
     pub operation: String,
     pub reply: Option<String>,
     pub body: Bytes,
@@ -65,6 +69,13 @@ pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
         groups::reply(&broker, &call);
         return;
     }
+    if call
+        .operation
+        .starts_with(crate::broker::groups::jetstream::JS_ACK_PREFIX)
+    {
+        jetstream::ack(&broker, &call);
+        return;
+    }
     let Some(reply) = call.reply.clone() else {
         return;
     };
@@ -73,6 +84,13 @@ pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
         answer.error(503, "the server is busy with other API requests; retry");
         return;
     };
+    if call.operation.starts_with(jetstream::API_PREFIX) {
+        tokio::spawn(async move {
+            let _permit = permit;
+            jetstream::dispatch(&broker, &call, &mut answer).await;
+        });
+        return;
+    }
     tokio::spawn(async move {
         let _permit = permit;
         let result = match broker.store() {
@@ -159,6 +177,12 @@ impl Answer {
         headers.encode(&mut block);
         let body = json!({"error": {"code": code, "description": description}});
         self.send(Some(&block), body.to_string().as_bytes());
+        self.wakes.wake_all();
+    }
+
+    /// A status message (a header block without a payload), as JetStream frames pulls.
+    pub(crate) fn status(&mut self, block: &[u8]) {
+        self.send(Some(block), b"");
         self.wakes.wake_all();
     }
 

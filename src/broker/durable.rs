@@ -252,6 +252,7 @@ impl StoreEvents for StoreRouter {
             let headers = (!message.headers.is_empty()).then_some(message.headers);
             let routed = Message {
                 subject: message.subject,
+                shown_as: None,
                 reply: message.route.reply.as_deref(),
                 headers,
                 payload: message.payload,

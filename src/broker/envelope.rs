@@ -82,7 +82,7 @@ pub fn encode_merged(out: &mut BytesMut, msg: &Message<'_>, options: &MqttOption
             extra_ids: extra,
             version: msg.version,
             offset: msg.offset,
-            subject: msg.subject.as_bytes(),
+            subject: msg.shown_subject().as_bytes(),
             reply: msg.reply.unwrap_or_default(),
             headers: msg.headers.unwrap_or_default(),
             payload: msg.payload,

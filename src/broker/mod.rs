@@ -38,7 +38,11 @@ use durable::Policies;
 /// A message as routing sees it: borrowed from the publisher's frame.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Message<'a> {
+    /// The subject routed on: subscriptions matching it receive the message.
     pub subject: &'a str,
+    /// The subject receivers see, when it is not the one routed on: a JetStream pull's
+    /// messages are routed to its reply inbox and show their own subjects.
+    pub shown_as: Option<&'a str>,
     pub reply: Option<&'a [u8]>,
     /// The raw NATS header block, when the message has one.
     pub headers: Option<&'a [u8]>,
@@ -50,6 +54,14 @@ pub struct Message<'a> {
     /// Version and tenant offset of a stored message (0 when not stored).
     pub version: u64,
     pub offset: u64,
+}
+
+impl Message<'_> {
+    /// The subject receivers are shown.
+    #[inline]
+    pub fn shown_subject(&self) -> &str {
+        self.shown_as.unwrap_or(self.subject)
+    }
 }
 
 /// Reusable per-connection scratch space, so routing allocates nothing per message.

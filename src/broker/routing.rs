@@ -118,6 +118,16 @@ impl Broker {
         delivered
     }
 
+    /// Whether any subscription matches `subject` (a JetStream pull's inbox: a pull
+    /// whose client stopped listening is dropped, not sent messages nobody reads).
+    pub fn has_interest(&self, routes: &TenantRoutes, subject: &str) -> bool {
+        let mut found = false;
+        routes.trie.for_each_match(subject, &mut |plain, groups| {
+            found = found || !plain.is_empty() || groups.iter().any(|g| !g.members.is_empty());
+        });
+        found
+    }
+
     /// Whether a subscription that answers requests on `subject` matches it: a member
     /// of a queue group, or a subscription to exactly this subject (NATS services
     /// subscribe one or the other). A wildcard subscription outside any queue group
@@ -249,7 +259,7 @@ pub(super) fn deliver(
     let queued = sub.outbox.push(|out| match headers {
         Some(h) => encode_hmsg(
             out,
-            msg.subject.as_bytes(),
+            msg.shown_subject().as_bytes(),
             &sub.sid,
             msg.reply,
             h,
@@ -257,7 +267,7 @@ pub(super) fn deliver(
         ),
         None => encode_msg(
             out,
-            msg.subject.as_bytes(),
+            msg.shown_subject().as_bytes(),
             &sub.sid,
             msg.reply,
             msg.payload,

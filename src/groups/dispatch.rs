@@ -241,6 +241,26 @@ impl Dispatcher {
         self.requeue(&subject, 0);
     }
 
+    /// `version` of `subject` was stored before the group's start (a start time still
+    /// ahead): it and everything before it are done without being delivered. A subject
+    /// with messages still to deliver takes it as [`Dispatcher::observe`] does.
+    pub fn pass_over(&mut self, subject: &Arc<str>, version: u64, now: u64) {
+        match self.subjects.get_mut(subject) {
+            None => {
+                let state = SubjectState::starting_after(version);
+                self.subjects.insert(Arc::clone(subject), state);
+                self.moved.insert(Arc::clone(subject));
+            }
+            Some(state) if state.pending() == 0 && state.used() == 0 => {
+                if version > state.head {
+                    *state = SubjectState::starting_after(version);
+                    self.moved.insert(Arc::clone(subject));
+                }
+            }
+            Some(_) => self.observe(subject, version, now),
+        }
+    }
+
     /// A message was stored: `version` is the subject's newest.
     pub fn observe(&mut self, subject: &Arc<str>, version: u64, now: u64) {
         let from_first = self.from_first;
@@ -403,6 +423,14 @@ impl Dispatcher {
         self.timers
             .insert((due, TimerKind::Deadline, old.2, old.3, old.4));
         Ok(())
+    }
+
+    /// Whether `delivery` is still out, waiting for its ack.
+    pub fn outstanding(&self, delivery: &Delivery) -> bool {
+        self.subjects
+            .get(&delivery.subject)
+            .and_then(|state| state.in_flight.get(&delivery.version))
+            .is_some_and(|o| o.attempt == delivery.attempt)
     }
 
     /// The message could not be read (removed by retention or a purge before it was

@@ -50,6 +50,25 @@ fn one_subject_goes_out_one_message_at_a_time_in_version_order() {
 }
 
 #[test]
+fn messages_passed_over_before_the_start_are_done_and_later_ones_go_out() {
+    let mut group = Dispatcher::new(limits(1, 0), false);
+    let orders = subject("orders.1");
+    group.observe(&orders, 1, 0);
+    group.join(1);
+    assert_eq!(versions(&group.take(1, 10, 0)), [("orders.1", 1)]);
+    // A subject with a message out takes a passed-over one as a new message.
+    group.pass_over(&orders, 2, 0);
+    assert_eq!(group.stats().pending, 2);
+    let fresh = subject("orders.2");
+    group.pass_over(&fresh, 4, 0);
+    group.pass_over(&fresh, 5, 0);
+    assert_eq!(group.cursor(&fresh), Some(5), "passed over, not delivered");
+    assert!(group.take_cursors().contains(&(Arc::clone(&fresh), 5)));
+    group.observe(&fresh, 6, 0);
+    assert_eq!(versions(&group.take(1, 10, 0)), [("orders.2", 6)]);
+}
+
+#[test]
 fn a_stuck_subject_holds_up_no_other() {
     let mut group = Dispatcher::new(limits(1, 0), true);
     let (stuck, other) = (subject("a"), subject("b"));

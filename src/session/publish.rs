@@ -214,7 +214,12 @@ impl Publisher {
     #[inline]
     pub fn decide(&self, publish: &Publish<'_>) -> Result<Decision<'_>, Refusal> {
         let subject = publish.subject;
-        if !publish.subject_checked {
+        // A JetStream call may end in a filter with wildcards
+        // (`$JS.API.CONSUMER.CREATE.<stream>.<name>.orders.>`): it is checked as a pattern.
+        if publish.api_calls && crate::api::jetstream::is_call(subject) {
+            canopy_subjects::Pattern::parse_native(subject)
+                .map_err(|e| Refusal::InvalidSubject(e.to_string()))?;
+        } else if !publish.subject_checked {
             validate_native_subject(subject, &self.limits.subjects)
                 .map_err(|e| Refusal::InvalidSubject(e.to_string()))?;
         }
@@ -331,6 +336,7 @@ impl Publisher {
                 let call = api::ApiCall {
                     principal: self.principal.clone(),
                     routes: Arc::clone(&self.routes),
+                    origin: self.origin,
                     operation: operation.to_owned(),
                     reply: publish
                         .reply

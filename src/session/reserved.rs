@@ -3,7 +3,8 @@
 //! A subject whose first token is `$CANOPY`, `$SYS`, `$JS` or `$DLQ` belongs to the
 //! server: `$CANOPY.` is the request/reply API, `$SYS` its events, `$JS` the
 //! JetStream API and `$DLQ` dead letters. No client publishes a message into them on
-//! any front end; on the native protocol a publish to `$CANOPY.<op>` is an API call.
+//! any front end; on the native protocol a publish to `$CANOPY.<op>` is an API call,
+//! and so is one to `$JS.API.…` or `$JS.ACK.…` (the JetStream subset, `api::jetstream`).
 //! Other `$`-subjects are ordinary subjects (MQTT's rule that a leading wildcard
 //! never matches them lives in the trie).
 
@@ -21,8 +22,12 @@ pub fn is_reserved(subject: &str) -> bool {
     RESERVED.contains(&first)
 }
 
-/// The API operation a native publish to `$CANOPY.<op>` calls.
+/// The API operation a native publish calls: `<op>` of `$CANOPY.<op>`, or the whole
+/// subject of a JetStream API call or ack (`$JS.API.…`, `$JS.ACK.…`).
 pub fn is_api_call(subject: &str) -> Option<&str> {
+    if crate::api::jetstream::is_call(subject) {
+        return Some(subject);
+    }
     subject.strip_prefix(crate::api::PREFIX)
 }
 
@@ -47,5 +52,11 @@ mod tests {
         }
         assert_eq!(is_api_call("$CANOPY.get"), Some("get"));
         assert_eq!(is_api_call("$SYS.x"), None);
+        assert_eq!(is_api_call("$JS.API.INFO"), Some("$JS.API.INFO"));
+        assert_eq!(
+            is_api_call("$JS.ACK.default.c.1.2.3.4.5"),
+            Some("$JS.ACK.default.c.1.2.3.4.5")
+        );
+        assert_eq!(is_api_call("$JS.EVENT.x"), None);
     }
 }

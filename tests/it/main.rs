@@ -20,6 +20,7 @@ mod groups;
 mod http;
 mod isolation;
 mod jetstream_publish;
+mod jetstream_pull;
 mod js;
 mod limits;
 mod local_folder;

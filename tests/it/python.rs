@@ -19,11 +19,26 @@ fn venv_python() -> PathBuf {
 
 #[tokio::test]
 async fn nats_py_does_core_nats_against_canopy() {
+    run_script("nats_py_check.py").await;
+}
+
+/// nats-py's JetStream pull consumers: `pull_subscribe`, `add_consumer`, `fetch`,
+/// every kind of ack, consumer and stream info, and deleting a consumer.
+#[tokio::test]
+async fn nats_py_pull_consumers_work_against_canopy() {
+    run_script("nats_py_pull.py").await;
+}
+
+/// Runs one script of tests/python against a fresh server; it prints
+/// "all checks passed" when every check held.
+async fn run_script(name: &str) {
     let python = venv_python();
     let server = start_default().await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/nats_py_check.py");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(name);
     let output = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(150),
         tokio::process::Command::new(python)
             .arg(script)
             .arg(server.native_url())
@@ -36,7 +51,7 @@ async fn nats_py_does_core_nats_against_canopy() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
-        "nats-py check failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        "{name} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
     assert!(stdout.contains("all checks passed"), "{stdout}");
     server.stop().await;

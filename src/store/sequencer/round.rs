@@ -67,7 +67,16 @@ impl Sequencer {
             self.epoch_seen = epoch;
         }
         if let Err(error) = self.load(requests).await {
-            tracing::error!(%error, "store read failed; refusing this round of appends");
+            // A fenced engine fails the reads before any write: said as loudly.
+            match &error {
+                StoreError::Engine(engine) => super::writer::report_failure(
+                    engine,
+                    "store read failed; refusing this round of appends",
+                ),
+                other => {
+                    tracing::error!(error = %other, "store read failed; refusing this round of appends")
+                }
+            }
             self.fail_all(requests, &error);
             return RoundWrite::default();
         }
@@ -535,7 +544,13 @@ impl Sequencer {
     }
 
     fn fail_all(&mut self, requests: &mut Vec<AppendRequest>, error: &StoreError) {
-        let reason = format!("the store could not read: {error}");
+        // A fenced engine fails reads too; the publisher hears why, as for a write.
+        let reason = match error {
+            StoreError::Engine(engine) => {
+                super::writer::failure_reason("the store could not read", engine)
+            }
+            other => format!("the store could not read: {other}"),
+        };
         let acks: Vec<_> = requests
             .drain(..)
             .filter_map(|r| {

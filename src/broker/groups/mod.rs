@@ -19,6 +19,9 @@ use canopy_subjects::{Pattern, Trie};
 use parking_lot::RwLock;
 use tokio::sync::mpsc;
 
+pub mod jetstream;
+
+use self::jetstream::{JetStreamPull, Sequences};
 use super::{Broker, Message, RouteScratch, TenantRoutes, Wakes};
 use crate::api::Answer;
 use crate::groups::awaiting::{Await, AwaitOutcome, Missed};
@@ -51,6 +54,47 @@ pub struct Pull {
     pub wait: Duration,
     pub reply: String,
     pub routes: Arc<TenantRoutes>,
+    pub style: PullStyle,
+}
+
+/// How a pull is answered.
+pub enum PullStyle {
+    /// `$CANOPY.group.next`: what is ready (or, when nothing is, the first messages
+    /// within the wait), each with Canopy's headers and ack subject, then `Canopy-Done`.
+    Canopy,
+    /// JetStream's `CONSUMER.MSG.NEXT`: messages as they come until the batch is full
+    /// or the wait is over, each under its own subject with a `$JS.ACK.` reply, and a
+    /// status message for a pull that ends unfilled.
+    JetStream {
+        /// The stream name acks carry (the tenant's).
+        stream: Arc<str>,
+        terms: JetStreamPull,
+    },
+}
+
+/// A JetStream ack: the consumer sequence its subject names, and what it says.
+pub struct JetStreamReply {
+    pub consumer_seq: u64,
+    pub kind: ReplyKind,
+    pub confirm: Option<(String, Arc<TenantRoutes>)>,
+}
+
+/// A pull that waits for messages.
+struct Waiting {
+    pull: Pull,
+    until: tokio::time::Instant,
+    /// Messages and payload bytes sent so far (JetStream pulls fill over time).
+    sent: usize,
+    bytes: usize,
+    next_heartbeat: Option<tokio::time::Instant>,
+}
+
+impl Waiting {
+    /// When the group must next look at this pull, messages or not.
+    fn due(&self) -> tokio::time::Instant {
+        self.next_heartbeat
+            .map_or(self.until, |beat| beat.min(self.until))
+    }
 }
 
 /// An ack, nack, in-progress or term, as published to a delivery's reply subject.
@@ -80,7 +124,9 @@ impl ReplyKind {
         match text {
             "" | "+ACK" => Some(ReplyKind::Ack),
             "+WPI" => Some(ReplyKind::InProgress),
-            "+TERM" => Some(ReplyKind::Term),
+            // `+NXT` asks for the next message too; the ack is what counts here.
+            "+NXT" => Some(ReplyKind::Ack),
+            term if term.starts_with("+TERM") => Some(ReplyKind::Term),
             "-NAK" => Some(ReplyKind::Nack { delay_ms: 0 }),
             nak if nak.starts_with("-NAK") => {
                 let options: serde_json::Value =
@@ -99,6 +145,7 @@ enum Input {
     Observed(Arc<str>, u64),
     Pull(Pull),
     Reply(Reply),
+    JetStreamReply(JetStreamReply),
     Info(tokio::sync::oneshot::Sender<serde_json::Value>),
     Await(Waiter),
 }
@@ -215,6 +262,12 @@ impl Groups {
     /// Hands an ack (or nack, in-progress, term) to its group.
     pub async fn reply(&self, tenant: &str, group: &str, reply: Reply) -> bool {
         self.send_to(tenant, group, Input::Reply(reply)).await
+    }
+
+    /// Hands a JetStream ack to its group.
+    pub async fn jetstream_reply(&self, tenant: &str, group: &str, reply: JetStreamReply) -> bool {
+        self.send_to(tenant, group, Input::JetStreamReply(reply))
+            .await
     }
 
     /// Calls `answer` once every group in `awaiting` has passed `version` of `subject`
@@ -335,6 +388,8 @@ impl Groups {
             members: HashMap::new(),
             next_member: 1,
             waiting: VecDeque::new(),
+            sequences: Sequences::default(),
+            last_offset: 0,
             observed: Vec::new(),
             awaits: HashMap::new(),
             touched: Vec::new(),
@@ -410,6 +465,25 @@ fn outcome_of(slots: Vec<Slot>, unanswered: Missed) -> AwaitOutcome {
     outcome
 }
 
+/// How a pull's answer ends, or (a heartbeat) a sign that it goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EndOfPull {
+    /// A Canopy pull's answer is complete.
+    Done,
+    /// A JetStream pull got its whole batch: nothing more is said.
+    Filled,
+    /// A JetStream pull that must not wait found nothing.
+    NoMessages,
+    /// A JetStream pull's wait ran out before its batch was full.
+    TimedOut,
+    /// A JetStream pull found the group's waiting list full.
+    TooManyWaiting,
+    /// The group was deleted or stopped while the pull waited.
+    Deleted,
+    /// A JetStream pull that waits on is still alive.
+    Heartbeat,
+}
+
 /// One running group.
 struct GroupTask {
     tenant: Arc<str>,
@@ -425,7 +499,11 @@ struct GroupTask {
     /// Member names to ids, with when each last pulled.
     members: HashMap<String, (MemberId, tokio::time::Instant)>,
     next_member: MemberId,
-    waiting: VecDeque<(Pull, tokio::time::Instant)>,
+    waiting: VecDeque<Waiting>,
+    /// Consumer sequences of the deliveries made to JetStream pulls.
+    sequences: Sequences,
+    /// The tenant offset of the newest message delivered (JetStream's stream sequence).
+    last_offset: u64,
     /// Messages routed, not yet known durable.
     observed: Vec<(Arc<str>, u64)>,
     /// Publishes waiting for the group to pass a version, by subject.
@@ -467,16 +545,20 @@ impl GroupTask {
                 continue;
             }
             let now = self.clock.now_ms();
-            let due =
-                self.dispatcher
-                    .next_due()
-                    .map(|at| Duration::from_millis(at.saturating_sub(now)))
-                    .into_iter()
-                    .chain(self.waiting.front().map(|(_, until)| {
-                        until.saturating_duration_since(tokio::time::Instant::now())
-                    }))
-                    .min()
-                    .unwrap_or(Duration::from_secs(3600));
+            let due = self
+                .dispatcher
+                .next_due()
+                .map(|at| Duration::from_millis(at.saturating_sub(now)))
+                .into_iter()
+                .chain(
+                    self.waiting
+                        .iter()
+                        .map(Waiting::due)
+                        .min()
+                        .map(|at| at.saturating_duration_since(tokio::time::Instant::now())),
+                )
+                .min()
+                .unwrap_or(Duration::from_secs(3600));
             tokio::select! {
                 input = rx.recv() => match input {
                     Some(input) => {
@@ -497,6 +579,7 @@ impl GroupTask {
                 _ = flush.tick() => {
                     self.flush().await;
                     self.forget_idle_members();
+                    self.sequences.prune(&self.dispatcher);
                     self.awaits.retain(|_, waiters| {
                         waiters.retain(|w| !w.tx.is_closed());
                         !waiters.is_empty()
@@ -511,6 +594,9 @@ impl GroupTask {
             self.settle_awaits();
         }
         self.flush().await;
+        for waiting in std::mem::take(&mut self.waiting) {
+            self.end(&waiting.pull, 0, EndOfPull::Deleted);
+        }
     }
 
     async fn take_input(&mut self, input: Input) {
@@ -525,12 +611,51 @@ impl GroupTask {
                     );
                     return;
                 }
-                let sent = self.answer(&pull).await;
-                if sent == 0 && !pull.wait.is_zero() && self.waiting.len() < WAITING_PULLS {
-                    let until = tokio::time::Instant::now() + pull.wait;
-                    self.waiting.push_back((pull, until));
+                // Messages routed before the pull came are its to take: a publish
+                // acked before a fetch is in the fetch, as in JetStream.
+                self.take_observed().await;
+                let (sent, bytes) = self.answer(&pull, pull.max).await;
+                let jetstream = match &pull.style {
+                    PullStyle::JetStream { terms, .. } => Some(terms.clone()),
+                    PullStyle::Canopy => None,
+                };
+                let filled = sent >= pull.max
+                    || jetstream
+                        .as_ref()
+                        .is_some_and(|t| t.max_bytes > 0 && bytes >= t.max_bytes);
+                // A Canopy pull, and a JetStream one with `no_wait`, waits only for its
+                // first messages (a `no_wait` one without `expires` not at all); any
+                // other JetStream pull waits until it is filled.
+                let waits = match &jetstream {
+                    None => sent == 0 && !pull.wait.is_zero(),
+                    Some(terms) if terms.no_wait => sent == 0 && !pull.wait.is_zero(),
+                    Some(_) => !filled && !pull.wait.is_zero(),
+                };
+                if !waits {
+                    let end = match (&jetstream, filled) {
+                        (None, _) => EndOfPull::Done,
+                        (Some(_), true) => EndOfPull::Filled,
+                        (Some(terms), false) if terms.no_wait => EndOfPull::NoMessages,
+                        (Some(_), false) => EndOfPull::TimedOut,
+                    };
+                    self.end(&pull, sent, end);
+                } else if self.waiting.len() >= WAITING_PULLS {
+                    let end = match jetstream {
+                        None => EndOfPull::Done,
+                        Some(_) => EndOfPull::TooManyWaiting,
+                    };
+                    self.end(&pull, sent, end);
                 } else {
-                    self.done(&pull, sent);
+                    let now = tokio::time::Instant::now();
+                    let next_heartbeat =
+                        jetstream.and_then(|t| t.heartbeat).map(|every| now + every);
+                    self.waiting.push_back(Waiting {
+                        until: now + pull.wait,
+                        pull,
+                        sent,
+                        bytes,
+                        next_heartbeat,
+                    });
                 }
             }
             Input::Info(answer) => {
@@ -560,6 +685,9 @@ impl GroupTask {
                     "dead_lettered": stats.dead_lettered,
                     "laggiest": laggiest,
                     "dead_letters": dead,
+                    "waiting_pulls": self.waiting.len(),
+                    "consumer_seq": self.sequences.last(),
+                    "last_offset": self.last_offset,
                 }));
             }
             Input::Await(waiter) => {
@@ -579,35 +707,60 @@ impl GroupTask {
                 }
             }
             Input::Reply(reply) => {
-                if !self.awaits.is_empty() {
-                    self.touched.push(Arc::clone(&reply.subject));
-                }
                 let delivery = Delivery {
                     subject: Arc::clone(&reply.subject),
                     version: reply.version,
                     attempt: reply.attempt,
                 };
-                let dead = match reply.kind {
-                    ReplyKind::Ack => self.dispatcher.ack(&delivery, now).map(|()| None),
-                    ReplyKind::Term => self.dispatcher.term(&delivery, now).map(|()| None),
-                    ReplyKind::InProgress => {
-                        self.dispatcher.in_progress(&delivery, now).map(|()| None)
+                self.settle(&delivery, reply.kind, reply.confirm, now).await;
+            }
+            Input::JetStreamReply(reply) => {
+                let Some(delivery) = self.sequences.get(reply.consumer_seq).cloned() else {
+                    if let Some((to, routes)) = &reply.confirm
+                        && let Some(broker) = self.broker.upgrade()
+                    {
+                        Answer::new(broker, Arc::clone(routes), to.clone())
+                            .error(409, "the delivery is not outstanding: it was acked, or its ack wait ran out");
                     }
-                    ReplyKind::Nack { delay_ms } => self.dispatcher.nack(&delivery, delay_ms, now),
+                    return;
                 };
-                // A dead letter is stored before the nack that made it is confirmed.
-                if let Ok(Some(letter)) = &dead {
-                    self.dead_letters(vec![letter.clone()]).await;
+                if !matches!(reply.kind, ReplyKind::InProgress) {
+                    self.sequences.settle(reply.consumer_seq);
                 }
-                if let Some((to, routes)) = &reply.confirm
-                    && let Some(broker) = self.broker.upgrade()
-                {
-                    match &dead {
-                        Ok(_) => send(&broker, routes, to, None, None, b""),
-                        Err(error) => Answer::new(broker, Arc::clone(routes), to.clone())
-                            .error(409, &error.to_string()),
-                    }
-                }
+                self.settle(&delivery, reply.kind, reply.confirm, now).await;
+            }
+        }
+    }
+
+    /// Takes an ack, nack, in-progress or term of `delivery`, and confirms it where
+    /// the member asked.
+    async fn settle(
+        &mut self,
+        delivery: &Delivery,
+        kind: ReplyKind,
+        confirm: Option<(String, Arc<TenantRoutes>)>,
+        now: u64,
+    ) {
+        if !self.awaits.is_empty() {
+            self.touched.push(Arc::clone(&delivery.subject));
+        }
+        let dead = match kind {
+            ReplyKind::Ack => self.dispatcher.ack(delivery, now).map(|()| None),
+            ReplyKind::Term => self.dispatcher.term(delivery, now).map(|()| None),
+            ReplyKind::InProgress => self.dispatcher.in_progress(delivery, now).map(|()| None),
+            ReplyKind::Nack { delay_ms } => self.dispatcher.nack(delivery, delay_ms, now),
+        };
+        // A dead letter is stored before the nack that made it is confirmed.
+        if let Ok(Some(letter)) = &dead {
+            self.dead_letters(vec![letter.clone()]).await;
+        }
+        if let Some((to, routes)) = &confirm
+            && let Some(broker) = self.broker.upgrade()
+        {
+            match &dead {
+                Ok(_) => send(&broker, routes, to, None, None, b""),
+                Err(error) => Answer::new(broker, Arc::clone(routes), to.clone())
+                    .error(409, &error.to_string()),
             }
         }
     }
@@ -624,6 +777,10 @@ impl GroupTask {
         }
         let now = self.clock.now_ms();
         for (subject, version) in std::mem::take(&mut self.observed) {
+            if self.before_start(now) {
+                self.dispatcher.pass_over(&subject, version, now);
+                continue;
+            }
             if self.dispatcher.cursor(&subject).is_none() && self.spec.start != StartAt::All {
                 match self.first_version(&subject, version).await {
                     Ok(first) => self
@@ -669,12 +826,21 @@ impl GroupTask {
                 };
                 self.dispatcher
                     .restore(Arc::clone(&subject), first - 1, head.version);
+            } else if self.before_start(self.clock.now_ms()) {
+                self.dispatcher
+                    .pass_over(&subject, head.version, self.clock.now_ms());
             } else {
                 self.dispatcher
                     .observe(&subject, head.version, self.clock.now_ms());
             }
         }
         Ok(page.next)
+    }
+
+    /// Whether the group's start time is still ahead at `now`: what is stored now is
+    /// before it.
+    fn before_start(&self, now: u64) -> bool {
+        matches!(self.spec.start, StartAt::Time(at) if now < at)
     }
 
     /// The first version of `subject` (whose newest is `head`) the group's start
@@ -753,15 +919,16 @@ impl GroupTask {
         }
     }
 
-    /// Sends a pull what is ready; returns how many messages went.
-    async fn answer(&mut self, pull: &Pull) -> usize {
+    /// Sends a pull at most `max` of what is ready; returns how many messages and
+    /// payload bytes went.
+    async fn answer(&mut self, pull: &Pull, max: usize) -> (usize, usize) {
+        let Some(broker) = self.broker.upgrade() else {
+            return (0, 0);
+        };
         let member = self.member(&pull.member);
         let now = self.clock.now_ms();
-        let deliveries = self.dispatcher.take(member, pull.max, now);
-        let Some(broker) = self.broker.upgrade() else {
-            return 0;
-        };
-        let mut sent = 0;
+        let deliveries = self.dispatcher.take(member, max, now);
+        let (mut sent, mut bytes) = (0, 0);
         for delivery in deliveries {
             match self
                 .store
@@ -769,28 +936,15 @@ impl GroupTask {
                 .await
             {
                 Ok(Some(message)) => {
-                    let mut headers = HeaderMap::parse(&message.headers).unwrap_or_default();
-                    headers.insert("Canopy-Subject", message.subject.clone());
-                    headers.insert("Canopy-Version", message.version.to_string());
-                    headers.insert("Canopy-Offset", message.offset.to_string());
-                    headers.insert("Canopy-Time", message.time_ms.to_string());
-                    headers.insert("Canopy-Group", self.spec.name.clone());
-                    headers.insert("Canopy-Attempt", delivery.attempt.to_string());
-                    let mut block = BytesMut::new();
-                    headers.encode(&mut block);
-                    let ack = format!(
-                        "{ACK_PREFIX}{}.{}.{}.{}",
-                        self.spec.name, delivery.version, delivery.attempt, delivery.subject
-                    );
-                    send(
-                        &broker,
-                        &pull.routes,
-                        &pull.reply,
-                        Some(ack.as_bytes()),
-                        Some(&block),
-                        &message.payload,
-                    );
+                    match &pull.style {
+                        PullStyle::Canopy => self.send_canopy(&broker, pull, &delivery, &message),
+                        PullStyle::JetStream { stream, .. } => {
+                            self.send_jetstream(&broker, pull, stream, &delivery, &message)
+                        }
+                    }
+                    self.last_offset = self.last_offset.max(message.offset);
                     sent += 1;
+                    bytes += message.payload.len();
                 }
                 Ok(None) => {
                     self.dispatcher.gone(&delivery, now);
@@ -803,7 +957,78 @@ impl GroupTask {
                 }
             }
         }
-        sent
+        (sent, bytes)
+    }
+
+    /// One delivery to a `$CANOPY.group.next` pull: Canopy's headers, and an ack
+    /// subject that names the delivery.
+    fn send_canopy(
+        &self,
+        broker: &Broker,
+        pull: &Pull,
+        delivery: &Delivery,
+        message: &crate::store::StoredMessage,
+    ) {
+        let mut headers = HeaderMap::parse(&message.headers).unwrap_or_default();
+        headers.insert("Canopy-Subject", message.subject.clone());
+        headers.insert("Canopy-Version", message.version.to_string());
+        headers.insert("Canopy-Offset", message.offset.to_string());
+        headers.insert("Canopy-Time", message.time_ms.to_string());
+        headers.insert("Canopy-Group", self.spec.name.clone());
+        headers.insert("Canopy-Attempt", delivery.attempt.to_string());
+        let mut block = BytesMut::new();
+        headers.encode(&mut block);
+        let ack = format!(
+            "{ACK_PREFIX}{}.{}.{}.{}",
+            self.spec.name, delivery.version, delivery.attempt, delivery.subject
+        );
+        send(
+            broker,
+            &pull.routes,
+            &pull.reply,
+            Some(ack.as_bytes()),
+            Some(&block),
+            &message.payload,
+        );
+    }
+
+    /// One delivery to a JetStream pull: under its own subject with its own headers,
+    /// and a `$JS.ACK.` reply numbered by a new consumer sequence.
+    fn send_jetstream(
+        &mut self,
+        broker: &Broker,
+        pull: &Pull,
+        stream: &str,
+        delivery: &Delivery,
+        message: &crate::store::StoredMessage,
+    ) {
+        let consumer_seq = self.sequences.issue(delivery);
+        let ack = jetstream::ack_subject(
+            stream,
+            &self.spec.name,
+            delivery.attempt,
+            message.offset,
+            consumer_seq,
+            message.time_ms,
+            {
+                // JetStream's pending: what is not yet delivered.
+                let stats = self.dispatcher.stats();
+                stats.pending.saturating_sub(stats.in_flight)
+            },
+        );
+        let headers = (!message.headers.is_empty()).then_some(&message.headers[..]);
+        let routed = Message {
+            subject: &pull.reply,
+            shown_as: Some(&message.subject),
+            reply: Some(ack.as_bytes()),
+            headers,
+            payload: &message.payload,
+            ..Message::default()
+        };
+        let mut scratch = RouteScratch::default();
+        let mut wakes = Wakes::default();
+        broker.route(&pull.routes, None, &routed, &mut scratch, &mut wakes);
+        wakes.wake_all();
     }
 
     /// Answers a pull with an error (409) instead of messages.
@@ -811,33 +1036,107 @@ impl GroupTask {
         let Some(broker) = self.broker.upgrade() else {
             return;
         };
-        Answer::new(broker, Arc::clone(&pull.routes), pull.reply.clone()).error(409, description);
+        match &pull.style {
+            PullStyle::Canopy => Answer::new(broker, Arc::clone(&pull.routes), pull.reply.clone())
+                .error(409, description),
+            PullStyle::JetStream { .. } => {
+                let block = jetstream::status_block(409, description, None);
+                send(&broker, &pull.routes, &pull.reply, None, Some(&block), b"");
+            }
+        }
     }
 
-    /// The end of a pull's answer: `Canopy-Done`, with how many messages came.
-    fn done(&self, pull: &Pull, count: usize) {
+    /// Ends a pull that sent `sent` messages: Canopy's `Canopy-Done` with the count,
+    /// or JetStream's status for how it ended (nothing when it was filled).
+    fn end(&self, pull: &Pull, sent: usize, end: EndOfPull) {
         let Some(broker) = self.broker.upgrade() else {
             return;
         };
-        let mut headers = HeaderMap::new();
-        headers.insert("Canopy-Done", "true");
-        headers.insert("Canopy-Count", count.to_string());
-        let mut block = BytesMut::new();
-        headers.encode(&mut block);
+        let block = match (&pull.style, end) {
+            (PullStyle::Canopy, _) => {
+                let mut headers = HeaderMap::new();
+                headers.insert("Canopy-Done", "true");
+                headers.insert("Canopy-Count", sent.to_string());
+                let mut block = BytesMut::new();
+                headers.encode(&mut block);
+                block
+            }
+            (PullStyle::JetStream { .. }, EndOfPull::Filled) => return,
+            (PullStyle::JetStream { .. }, EndOfPull::Heartbeat) => {
+                jetstream::status_block(100, "Idle Heartbeat", None)
+            }
+            (PullStyle::JetStream { .. }, EndOfPull::NoMessages) => {
+                jetstream::status_block(404, "No Messages", None)
+            }
+            (PullStyle::JetStream { .. }, EndOfPull::Done | EndOfPull::TimedOut) => {
+                let unfilled = (pull.max.saturating_sub(sent), 0);
+                jetstream::status_block(408, "Request Timeout", Some(unfilled))
+            }
+            (PullStyle::JetStream { .. }, EndOfPull::TooManyWaiting) => {
+                jetstream::status_block(409, "Exceeded MaxWaiting", None)
+            }
+            (PullStyle::JetStream { .. }, EndOfPull::Deleted) => {
+                jetstream::status_block(409, "Consumer Deleted", None)
+            }
+        };
         send(&broker, &pull.routes, &pull.reply, None, Some(&block), b"");
     }
 
-    /// Answers waiting pulls that now have messages, and those whose wait is over.
+    /// Sends waiting pulls what is now ready, and ends those that are filled or whose
+    /// wait is over; a JetStream pull that still waits gets its heartbeat when due.
     async fn serve_waiting(&mut self) {
         let now = tokio::time::Instant::now();
         let mut still = VecDeque::with_capacity(self.waiting.len());
-        while let Some((pull, until)) = self.waiting.pop_front() {
-            let sent = self.answer(&pull).await;
-            if sent > 0 || until <= now {
-                self.done(&pull, sent);
-            } else {
-                still.push_back((pull, until));
+        let broker = self.broker.upgrade();
+        while let Some(mut waiting) = self.waiting.pop_front() {
+            // A JetStream client that stopped listening (a fetch it gave up on) gets
+            // no more: what it would take goes to a pull that is read.
+            if matches!(waiting.pull.style, PullStyle::JetStream { .. })
+                && broker
+                    .as_ref()
+                    .is_some_and(|b| !b.has_interest(&waiting.pull.routes, &waiting.pull.reply))
+            {
+                continue;
             }
+            let room = waiting.pull.max.saturating_sub(waiting.sent);
+            let (sent, bytes) = self.answer(&waiting.pull, room).await;
+            waiting.sent += sent;
+            waiting.bytes += bytes;
+            let terms = match &waiting.pull.style {
+                PullStyle::JetStream { terms, .. } => Some(terms),
+                PullStyle::Canopy => None,
+            };
+            let Some(terms) = terms else {
+                if sent > 0 || waiting.until <= now {
+                    self.end(&waiting.pull, waiting.sent, EndOfPull::Done);
+                } else {
+                    still.push_back(waiting);
+                }
+                continue;
+            };
+            let filled = waiting.sent >= waiting.pull.max
+                || (terms.max_bytes > 0 && waiting.bytes >= terms.max_bytes);
+            if filled {
+                continue;
+            }
+            if terms.no_wait && waiting.sent > 0 {
+                self.end(&waiting.pull, waiting.sent, EndOfPull::NoMessages);
+                continue;
+            }
+            if waiting.until <= now {
+                self.end(&waiting.pull, waiting.sent, EndOfPull::TimedOut);
+                continue;
+            }
+            if sent > 0 {
+                // A message counts as a sign of life: the heartbeat waits again.
+                waiting.next_heartbeat = terms.heartbeat.map(|every| now + every);
+            } else if let Some(beat) = waiting.next_heartbeat
+                && beat <= now
+            {
+                self.end(&waiting.pull, waiting.sent, EndOfPull::Heartbeat);
+                waiting.next_heartbeat = terms.heartbeat.map(|every| now + every);
+            }
+            still.push_back(waiting);
         }
         self.waiting = still;
     }

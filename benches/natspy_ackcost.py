@@ -1,0 +1,96 @@
+"""Server CPU per delivered and acked message, by how many subjects have pending
+messages, through nats-py (a client from another project) and the same JetStream
+pull-consumer code against Canopy and nats-server: loads `--acks` messages (at least one a
+subject) over `--subjects` subjects, makes a durable pull consumer over them (deliver all), then one
+member fetches `--batch` at a time and acks each message until `--acks` are done.
+The server's CPU time (user + system, read from /proc/<pid>/stat) is taken around that
+phase only, so loading costs nothing here. Prints one JSON object.
+
+    PYTHON benches/natspy_ackcost.py --server nats://127.0.0.1:4222 --pid PID --subjects 100000
+
+Against nats-server the stream is made first (`BENCHACK` on `bench.py.ack.>`, file
+storage); against Canopy the tenant's stream `default` holds them already.
+"""
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+import nats
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from natspy_report import report
+
+PREFIX = "bench.py.ack"
+CONSUMER = "benchack"
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of the whole line (11 and 12 after the name).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def load(js, subjects: int, msgs: int) -> None:
+    window = asyncio.Semaphore(512)
+
+    async def one(i: int) -> None:
+        async with window:
+            await js.publish(f"{PREFIX}.{i % subjects}", b"x" * 100)
+
+    await asyncio.gather(*(one(i) for i in range(msgs)))
+
+
+async def run(server: str, pid: int, subjects: int, acks: int, batch: int) -> dict:
+    nc = await nats.connect(server, allow_reconnect=False)
+    canopy = nc._server_info.get("go", "").startswith("canopy")
+    js = nc.jetstream(timeout=30)
+    if not canopy:
+        await js.add_stream(name="BENCHACK", subjects=[f"{PREFIX}.>"])
+    await load(js, subjects, max(subjects, acks))
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, max_ack_pending=batch * 2)
+    sub = await js.pull_subscribe(f"{PREFIX}.>", CONSUMER, config=config)
+    done = 0
+    cpu_before, started = cpu_seconds(pid), time.monotonic()
+    while done < acks:
+        try:
+            got = await sub.fetch(batch, timeout=5)
+        except nats.errors.TimeoutError:
+            break
+        for msg in got:
+            await msg.ack()
+        done += len(got)
+    await nc.flush()
+    elapsed = time.monotonic() - started
+    cpu = cpu_seconds(pid) - cpu_before
+    await nc.close()
+    return {
+        "shape": "natspy-ackcost",
+        "server": "canopy" if canopy else "nats-server",
+        "subjects_pending": subjects,
+        "acked": done,
+        "server_cpu_us_per_ack": round(cpu / max(done, 1) * 1e6, 1),
+        "acks_per_sec": round(done / elapsed),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--server", default="nats://127.0.0.1:4222")
+    parser.add_argument("--pid", type=int, required=True, help="the server's process id")
+    parser.add_argument("--subjects", type=int, default=1_000)
+    parser.add_argument("--acks", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=100)
+    args = parser.parse_args()
+    return report(
+        "natspy_ackcost",
+        lambda: run(args.server, args.pid, args.subjects, args.acks, args.batch),
+        ok=lambda result: result["acked"] >= args.acks,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,484 @@
+//! JetStream consumers as Canopy consumer groups: a consumer's config becomes a
+//! [`GroupSpec`] (and back, for its info), and its calls become the group's.
+//!
+//! The mapping: `filter_subject` (or one of `filter_subjects`; none is `>`) is the
+//! pattern; `deliver_policy` all, new and by_start_time are the group's start;
+//! `ack_wait`, `max_deliver` (unset or -1: no limit) and `max_ack_pending` (the
+//! group's in flight per member) carry over; messages of one subject may be in
+//! flight together up to `max_ack_pending`, as in JetStream, unless the config's
+//! metadata sets `canopy.per_subject` (`"1"`: strict order per subject). Push
+//! consumers, ephemeral ones, other delivery policies and acks other than explicit
+//! are refused with an error that says so. Must never: change a group a JetStream
+//! client did not ask to change (a create with another config is refused).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use canopy_protocols::native::no_responders_block;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{JsError, authorize_reading, time};
+use crate::api::{Answer, ApiCall};
+use crate::broker::Broker;
+use crate::broker::groups::jetstream::{JetStreamPull, status_block};
+use crate::broker::groups::{Pull, PullStyle};
+use crate::groups::{GroupSpec, Limits, MAX_IN_FLIGHT, StartAt, StoredGroup};
+use crate::store::{Store, now_ms};
+
+/// The most messages one pull may ask for.
+pub const MAX_BATCH: usize = 100_000;
+/// The longest a pull waits (one without `expires` waits this long, then ends 408).
+pub const MAX_EXPIRES: Duration = Duration::from_secs(300);
+/// The waiting pulls a consumer keeps, as its info announces (`max_waiting`).
+const MAX_WAITING: u64 = 1_024;
+/// Metadata keys for what JetStream's config cannot say.
+const PER_SUBJECT_KEY: &str = "canopy.per_subject";
+const DEAD_LETTER_KEY: &str = "canopy.dead_letter";
+
+/// The group a JetStream consumer config describes.
+pub(super) fn spec_of(name: &str, config: &Value) -> Result<GroupSpec, JsError> {
+    let text = |key: &str| config.get(key).and_then(Value::as_str).unwrap_or_default();
+    let int = |key: &str| config.get(key).and_then(Value::as_i64).unwrap_or_default();
+    for key in ["durable_name", "name"] {
+        let given = text(key);
+        if !given.is_empty() && given != name {
+            return Err(JsError::new(
+                400,
+                10017,
+                format!("consumer name in subject does not match {key} in request ({given})"),
+            ));
+        }
+    }
+    if !text("deliver_subject").is_empty() {
+        return Err(JsError::bad_request(
+            "Canopy serves pull consumers only: leave deliver_subject empty and fetch",
+        ));
+    }
+    if !matches!(text("ack_policy"), "" | "explicit") {
+        return Err(JsError::bad_request(
+            "Canopy's consumers ack each message: ack_policy must be explicit",
+        ));
+    }
+    if config.get("headers_only").and_then(Value::as_bool) == Some(true) {
+        return Err(JsError::bad_request(
+            "headers_only consumers are not offered",
+        ));
+    }
+    let filters: Vec<&str> = match config.get("filter_subjects").and_then(Value::as_array) {
+        Some(list) => list.iter().filter_map(Value::as_str).collect(),
+        None => Vec::new(),
+    };
+    let pattern = match (text("filter_subject"), filters.as_slice()) {
+        ("", []) => ">".to_owned(),
+        ("", [one]) => (*one).to_owned(),
+        (one, []) => one.to_owned(),
+        _ => {
+            return Err(JsError::bad_request(
+                "a Canopy consumer reads one pattern: give one filter subject",
+            ));
+        }
+    };
+    let start = match text("deliver_policy") {
+        "" | "all" => StartAt::All,
+        "new" => StartAt::New,
+        "by_start_time" => {
+            let at = time::parse(text("opt_start_time")).ok_or_else(|| {
+                JsError::bad_request(
+                    "deliver_policy by_start_time needs an RFC 3339 opt_start_time",
+                )
+            })?;
+            StartAt::Time(at)
+        }
+        other => {
+            return Err(JsError::bad_request(format!(
+                "deliver_policy {other} is not offered: use all, new or by_start_time"
+            )));
+        }
+    };
+    let defaults = Limits::default();
+    let ack_wait_ms = match u64::try_from(int("ack_wait")).unwrap_or_default() {
+        0 => defaults.ack_wait_ms,
+        nanos => nanos.div_ceil(1_000_000),
+    };
+    let max_deliveries = u32::try_from(int("max_deliver").max(0)).unwrap_or(u32::MAX);
+    let per_member = match u32::try_from(int("max_ack_pending")) {
+        Ok(n) if n > 0 => n.min(MAX_IN_FLIGHT),
+        _ => defaults.per_member,
+    };
+    let metadata = |key: &str| {
+        config
+            .get("metadata")
+            .and_then(|m| m.get(key))
+            .and_then(Value::as_str)
+    };
+    let per_subject = match metadata(PER_SUBJECT_KEY) {
+        Some(n) => n.parse().map_err(|_| {
+            JsError::bad_request(format!(
+                "metadata {PER_SUBJECT_KEY} is a number (got {n:?})"
+            ))
+        })?,
+        None => per_member,
+    };
+    let spec = GroupSpec {
+        name: name.to_owned(),
+        pattern,
+        ack_wait_ms,
+        max_deliveries,
+        per_subject,
+        per_member,
+        start,
+        dead_letter: metadata(DEAD_LETTER_KEY).map(str::to_owned),
+    };
+    spec.check()
+        .map_err(|e| JsError::bad_request(e.to_string()))?;
+    Ok(spec)
+}
+
+/// A group's definition as a JetStream consumer config.
+pub(super) fn config_of(spec: &GroupSpec) -> Value {
+    let mut config = json!({
+        "name": spec.name,
+        "durable_name": spec.name,
+        "ack_policy": "explicit",
+        "ack_wait": u128::from(spec.ack_wait_ms) * 1_000_000,
+        "max_deliver": if spec.max_deliveries == 0 { -1 } else { i64::from(spec.max_deliveries) },
+        "filter_subject": spec.pattern,
+        "replay_policy": "instant",
+        "max_ack_pending": spec.per_member,
+        "max_waiting": MAX_WAITING,
+        "num_replicas": 0,
+        "metadata": {PER_SUBJECT_KEY: spec.per_subject.to_string()},
+    });
+    match spec.start {
+        StartAt::All => config["deliver_policy"] = json!("all"),
+        StartAt::New => config["deliver_policy"] = json!("new"),
+        StartAt::Time(ms) => {
+            config["deliver_policy"] = json!("by_start_time");
+            config["opt_start_time"] = json!(time::format(ms));
+        }
+    }
+    if let Some(prefix) = &spec.dead_letter {
+        config["metadata"][DEAD_LETTER_KEY] = json!(prefix);
+    }
+    config
+}
+
+async fn stored(store: &Store, tenant: &str, name: &str) -> Result<Option<StoredGroup>, JsError> {
+    match store.group(tenant, name).await? {
+        None => Ok(None),
+        Some(record) => serde_json::from_slice(&record).map(Some).map_err(|e| {
+            JsError::new(
+                500,
+                10012,
+                format!("the stored consumer {name} is unreadable: {e}"),
+            )
+        }),
+    }
+}
+
+/// `CONSUMER.CREATE` and `CONSUMER.DURABLE.CREATE`: makes the group, or answers with
+/// the one there when it has the same config.
+pub(super) async fn create(
+    broker: &Arc<Broker>,
+    store: &Arc<Store>,
+    call: &ApiCall,
+    stream: &str,
+    name: &str,
+) -> Result<Value, JsError> {
+    let request: Value = serde_json::from_slice(&call.body)
+        .map_err(|e| JsError::bad_request(format!("the request is not JSON: {e}")))?;
+    let config = request.get("config").cloned().unwrap_or_else(|| json!({}));
+    let spec = spec_of(name, &config)?;
+    authorize_reading(broker, call, &spec.pattern)?;
+    let action = request.get("action").and_then(Value::as_str).unwrap_or("");
+    let tenant = &*call.routes.name;
+    let _change = crate::api::groups::CHANGES.lock().await;
+    match stored(store, tenant, name).await? {
+        Some(existing) if existing.spec == spec => {}
+        Some(_) if action == "create" => {
+            return Err(JsError::new(400, 10148, "consumer already exists"));
+        }
+        Some(_) => {
+            return Err(JsError::new(
+                400,
+                10148,
+                "consumer already exists with another configuration: Canopy does not change \
+                 a consumer in place; delete it first, or create it with the same configuration",
+            ));
+        }
+        None if action == "update" => {
+            return Err(JsError::new(404, 10149, "consumer does not exist"));
+        }
+        None => {
+            let group = StoredGroup {
+                spec,
+                created_ms: now_ms(),
+            };
+            let record = serde_json::to_vec(&group)
+                .map_err(|e| JsError::new(500, 10012, format!("consumer record: {e}")))?;
+            store.create_group(tenant, name, &record).await?;
+            broker.groups().start(broker, store, tenant, group);
+        }
+    }
+    info(broker, store, stream, name).await
+}
+
+/// `CONSUMER.INFO`: the group as a JetStream consumer, with its live counts.
+pub(super) async fn info(
+    broker: &Broker,
+    store: &Store,
+    stream: &str,
+    name: &str,
+) -> Result<Value, JsError> {
+    let group = stored(store, stream, name)
+        .await?
+        .ok_or_else(JsError::consumer_not_found)?;
+    let live = broker
+        .groups()
+        .info(stream, name)
+        .await
+        .unwrap_or(Value::Null);
+    let count = |key: &str| live.get(key).and_then(Value::as_u64).unwrap_or_default();
+    let pending = count("pending").saturating_sub(count("in_flight"));
+    let consumer_seq = count("consumer_seq");
+    Ok(json!({
+        "type": "io.nats.jetstream.api.v1.consumer_info_response",
+        "stream_name": stream,
+        "name": name,
+        "created": time::format(group.created_ms),
+        "config": config_of(&group.spec),
+        "delivered": {"consumer_seq": consumer_seq, "stream_seq": count("last_offset")},
+        "ack_floor": {"consumer_seq": 0, "stream_seq": 0},
+        "num_ack_pending": count("in_flight"),
+        "num_redelivered": count("redelivered"),
+        "num_waiting": count("waiting_pulls"),
+        "num_pending": pending,
+        "ts": time::format(broker.clock().now_ms()),
+    }))
+}
+
+/// `CONSUMER.DELETE`: stops the group and deletes it with its cursors.
+pub(super) async fn delete(
+    broker: &Broker,
+    store: &Store,
+    call: &ApiCall,
+    name: &str,
+) -> Result<Value, JsError> {
+    let tenant = &*call.routes.name;
+    let _change = crate::api::groups::CHANGES.lock().await;
+    stored(store, tenant, name)
+        .await?
+        .ok_or_else(JsError::consumer_not_found)?;
+    broker.groups().stop(tenant, name);
+    store.delete_group(tenant, name).await?;
+    Ok(json!({"type": "io.nats.jetstream.api.v1.consumer_delete_response", "success": true}))
+}
+
+/// `CONSUMER.NAMES` (names) and `CONSUMER.LIST` (infos).
+pub(super) async fn list(
+    broker: &Broker,
+    store: &Store,
+    tenant: &str,
+    infos: bool,
+) -> Result<Value, JsError> {
+    let groups: Vec<StoredGroup> = store
+        .groups(tenant)
+        .await?
+        .iter()
+        .filter_map(|record| serde_json::from_slice(record).ok())
+        .collect();
+    let mut consumers = Vec::with_capacity(groups.len());
+    for group in &groups {
+        consumers.push(if infos {
+            info(broker, store, tenant, &group.spec.name).await?
+        } else {
+            json!(group.spec.name)
+        });
+    }
+    Ok(json!({
+        "total": consumers.len(), "offset": 0, "limit": 1024, "consumers": consumers,
+    }))
+}
+
+/// A `CONSUMER.MSG.NEXT` body: `{"batch", "expires", "no_wait", "idle_heartbeat",
+/// "max_bytes"}` (times in nanoseconds), a bare batch size, or nothing (one message).
+#[derive(Debug, Default, Deserialize)]
+struct NextRequest {
+    batch: Option<usize>,
+    expires: Option<u64>,
+    no_wait: Option<bool>,
+    idle_heartbeat: Option<u64>,
+    max_bytes: Option<usize>,
+}
+
+fn parse_next(body: &[u8]) -> Result<NextRequest, String> {
+    let text = std::str::from_utf8(body).map_err(|_| "the pull request is not UTF-8".to_owned())?;
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(NextRequest::default());
+    }
+    if let Ok(batch) = text.parse::<usize>() {
+        return Ok(NextRequest {
+            batch: Some(batch),
+            ..NextRequest::default()
+        });
+    }
+    serde_json::from_str(text)
+        .map_err(|e| format!("the pull request is not the JSON expected: {e}"))
+}
+
+/// `CONSUMER.MSG.NEXT`: a pull the group answers on the reply subject, JetStream's
+/// way. Problems are status messages there, as nats-server sends them.
+pub(super) async fn next(
+    broker: &Arc<Broker>,
+    store: &Store,
+    call: &ApiCall,
+    answer: &mut Answer,
+    stream: &str,
+    name: &str,
+) {
+    let Some(reply) = call.reply.clone() else {
+        return;
+    };
+    let request = match parse_next(&call.body) {
+        Ok(request) => request,
+        Err(why) => {
+            answer.status(&status_block(400, &why, None));
+            return;
+        }
+    };
+    let batch = request.batch.unwrap_or(1).max(1);
+    if batch > MAX_BATCH {
+        let why = format!("Exceeded MaxRequestBatch of {MAX_BATCH}");
+        answer.status(&status_block(409, &why, None));
+        return;
+    }
+    let group = match stored(store, stream, name).await {
+        Ok(Some(group)) => group,
+        // nats-server has nobody listening on a missing consumer's subject.
+        _ => {
+            answer.status(no_responders_block());
+            return;
+        }
+    };
+    if let Err(denied) = authorize_reading(broker, call, &group.spec.pattern) {
+        answer.status(&status_block(409, &denied.description, None));
+        return;
+    }
+    let no_wait = request.no_wait.unwrap_or(false);
+    let wait = match request.expires {
+        Some(nanos) if nanos > 0 => Duration::from_nanos(nanos).min(MAX_EXPIRES),
+        _ if no_wait => Duration::ZERO,
+        _ => MAX_EXPIRES,
+    };
+    let pull = Pull {
+        // One connection is one member, however many inboxes its pulls use.
+        member: format!("conn:{}", call.origin),
+        max: batch,
+        wait,
+        reply,
+        routes: Arc::clone(&call.routes),
+        style: PullStyle::JetStream {
+            stream: Arc::from(stream),
+            terms: JetStreamPull {
+                no_wait,
+                heartbeat: request
+                    .idle_heartbeat
+                    .filter(|&nanos| nanos > 0)
+                    .map(Duration::from_nanos),
+                max_bytes: request.max_bytes.unwrap_or(0),
+            },
+        },
+    };
+    if !broker.groups().pull(stream, name, pull).await {
+        answer.status(no_responders_block());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pull_consumers_config_becomes_a_group_and_back() {
+        let config = json!({
+            "durable_name": "billing", "filter_subject": "orders.>",
+            "deliver_policy": "all", "ack_policy": "explicit",
+            "ack_wait": 2_000_000_000u64, "max_deliver": 3, "max_ack_pending": 50,
+            "replay_policy": "instant", "inactive_threshold": 0, "idle_heartbeat": 0,
+        });
+        let spec = spec_of("billing", &config).expect("accepted");
+        assert_eq!(spec.pattern, "orders.>");
+        assert_eq!(
+            (
+                spec.ack_wait_ms,
+                spec.max_deliveries,
+                spec.per_member,
+                spec.per_subject
+            ),
+            (2_000, 3, 50, 50)
+        );
+        assert_eq!(spec.start, StartAt::All);
+        let back = config_of(&spec);
+        assert_eq!(spec_of("billing", &back).expect("round trip"), spec);
+        assert_eq!(back["ack_wait"], json!(2_000_000_000u64));
+        assert_eq!(back["metadata"][PER_SUBJECT_KEY], json!("50"));
+    }
+
+    #[test]
+    fn defaults_and_metadata_fill_what_jetstream_cannot_say() {
+        let spec = spec_of(
+            "c",
+            &json!({"max_deliver": -1, "metadata": {"canopy.per_subject": "1"}}),
+        )
+        .expect("accepted");
+        assert_eq!(spec.pattern, ">");
+        assert_eq!(spec.max_deliveries, 0, "-1 is no limit");
+        assert_eq!(spec.per_subject, 1);
+        assert_eq!(spec.ack_wait_ms, Limits::default().ack_wait_ms);
+        let timed = spec_of(
+            "c",
+            &json!({"deliver_policy": "by_start_time", "opt_start_time": "2026-12-02T13:10:54.5Z"}),
+        )
+        .expect("accepted");
+        assert_eq!(timed.start, StartAt::Time(1_796_217_054_500));
+        assert_eq!(spec_of("c", &config_of(&timed)).expect("round trip"), timed);
+    }
+
+    #[test]
+    fn what_canopy_cannot_serve_is_refused_with_why() {
+        for (config, says) in [
+            (
+                json!({"deliver_subject": "push.here"}),
+                "pull consumers only",
+            ),
+            (json!({"ack_policy": "none"}), "explicit"),
+            (json!({"deliver_policy": "last"}), "not offered"),
+            (json!({"filter_subjects": ["a", "b"]}), "one filter"),
+            (json!({"durable_name": "other"}), "does not match"),
+            (json!({"filter_subject": "a..b"}), "pattern"),
+            (json!({"metadata": {"canopy.per_subject": "x"}}), "number"),
+        ] {
+            let error = spec_of("c", &config).expect_err("refused");
+            assert!(
+                error.description.contains(says),
+                "{config}: {}",
+                error.description
+            );
+        }
+    }
+
+    #[test]
+    fn pull_bodies_come_in_three_forms() {
+        let json = parse_next(br#"{"batch":5,"expires":1000000000,"no_wait":true,"heartbeat":null,"idle_heartbeat":null}"#);
+        let json = json.expect("parses");
+        assert_eq!(
+            (json.batch, json.expires, json.no_wait),
+            (Some(5), Some(1_000_000_000), Some(true))
+        );
+        assert_eq!(parse_next(b"7").expect("parses").batch, Some(7));
+        assert_eq!(parse_next(b"").expect("parses").batch, None);
+        assert!(parse_next(b"{nope").is_err());
+    }
+}

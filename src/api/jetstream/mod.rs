@@ -1,0 +1,368 @@
+//! `$JS.API.` and `$JS.ACK.`: the part of JetStream's API that the pull consumers of
+//! async-nats and nats.py use, over Canopy's consumer groups, so NATS users keep the
+//! clients they have.
+//!
+//! The tenant is one stream, named after the tenant, holding every subject; creating,
+//! changing or deleting streams is refused. A consumer is a consumer group of the same
+//! name (`consumers.rs` maps one onto the other); `CONSUMER.MSG.NEXT` is a pull the
+//! group answers itself, JetStream's way; `$JS.ACK.` subjects come back to the group by
+//! the consumer sequence they carry. Answers and errors are JetStream's JSON
+//! (`{"error": {"code", "err_code", "description"}}`), never Canopy's, since these
+//! clients parse them. This module must never decide deliveries (the groups do) or
+//! accept a push consumer it cannot serve.
+
+mod consumers;
+pub(crate) mod time;
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::{Answer, ApiCall};
+use crate::broker::Broker;
+use crate::broker::groups::jetstream::{JS_ACK_PREFIX, parse_ack};
+use crate::broker::groups::{JetStreamReply, ReplyKind};
+use crate::store::Store;
+use crate::tenancy::Action;
+
+/// Subjects of JetStream API calls.
+pub const API_PREFIX: &str = "$JS.API.";
+
+/// Whether a native publish to `subject` is a JetStream API call or ack.
+pub fn is_call(subject: &str) -> bool {
+    subject.starts_with(API_PREFIX) || subject.starts_with(JS_ACK_PREFIX)
+}
+
+/// A refused JetStream call, as nats-server words it: an HTTP-style code, the
+/// JetStream error code clients match on, and a sentence.
+#[derive(Debug)]
+pub(crate) struct JsError {
+    code: u16,
+    err_code: u32,
+    description: String,
+}
+
+impl JsError {
+    pub(crate) fn new(code: u16, err_code: u32, description: impl Into<String>) -> Self {
+        Self {
+            code,
+            err_code,
+            description: description.into(),
+        }
+    }
+
+    fn bad_request(description: impl Into<String>) -> Self {
+        Self::new(400, 10003, description)
+    }
+
+    fn stream_not_found() -> Self {
+        Self::new(404, 10059, "stream not found")
+    }
+
+    fn consumer_not_found() -> Self {
+        Self::new(404, 10014, "consumer not found")
+    }
+
+    fn to_json(&self) -> Value {
+        json!({"error": {"code": self.code, "err_code": self.err_code, "description": self.description}})
+    }
+}
+
+impl From<crate::store::StoreError> for JsError {
+    fn from(error: crate::store::StoreError) -> Self {
+        JsError::new(503, 10077, format!("the store failed: {error}"))
+    }
+}
+
+/// Hands a `$JS.ACK.` publish to its group; ignored when it names no delivery (as
+/// nats-server ignores acks it does not know).
+pub(super) fn ack(broker: &Arc<Broker>, call: &ApiCall) {
+    let Some(target) = parse_ack(&call.operation) else {
+        return;
+    };
+    if target.stream != &*call.routes.name {
+        return;
+    }
+    let Some(kind) = ReplyKind::parse(&call.body) else {
+        return;
+    };
+    let reply = JetStreamReply {
+        consumer_seq: target.consumer_seq,
+        kind,
+        confirm: call.reply.clone().map(|to| (to, Arc::clone(&call.routes))),
+    };
+    let (broker, tenant, group) = (
+        Arc::clone(broker),
+        Arc::clone(&call.routes.name),
+        target.consumer.to_owned(),
+    );
+    tokio::spawn(async move {
+        broker
+            .groups()
+            .jetstream_reply(&tenant, &group, reply)
+            .await;
+    });
+}
+
+/// Answers one `$JS.API.` call.
+pub(super) async fn dispatch(broker: &Arc<Broker>, call: &ApiCall, answer: &mut Answer) {
+    let result = match broker.store() {
+        Some(store) => call_api(broker, store, call, answer).await,
+        None => Err(JsError::new(
+            503,
+            10039,
+            "JetStream not enabled: no store is configured",
+        )),
+    };
+    match result {
+        Ok(Some(body)) => answer.json(&body),
+        Ok(None) => {}
+        Err(error) => answer.json(&error.to_json()),
+    }
+}
+
+/// Runs a call; `None` when the answer is sent some other way (a pull's messages).
+async fn call_api(
+    broker: &Arc<Broker>,
+    store: &Arc<Store>,
+    call: &ApiCall,
+    answer: &mut Answer,
+) -> Result<Option<Value>, JsError> {
+    let tenant = &*call.routes.name;
+    let operation = call.operation.strip_prefix(API_PREFIX).unwrap_or_default();
+    let (verb, rest) = split_verb(operation);
+    let body = match verb {
+        "INFO" => account_info(broker, store, tenant).await?,
+        "STREAM.NAMES" => json!({
+            "type": "io.nats.jetstream.api.v1.stream_names_response",
+            "total": 1, "offset": 0, "limit": 1024, "streams": [tenant],
+        }),
+        "STREAM.LIST" => json!({
+            "type": "io.nats.jetstream.api.v1.stream_list_response",
+            "total": 1, "offset": 0, "limit": 256,
+            "streams": [stream_info(broker, store, tenant).await?],
+        }),
+        "STREAM.INFO" => {
+            stream_named(tenant, rest)?;
+            let mut info = stream_info(broker, store, tenant).await?;
+            info["type"] = json!("io.nats.jetstream.api.v1.stream_info_response");
+            info
+        }
+        "STREAM.CREATE" | "STREAM.UPDATE" | "STREAM.DELETE" | "STREAM.PURGE" => {
+            return Err(JsError::new(
+                400,
+                10052,
+                format!(
+                    "a Canopy tenant is one stream, {tenant}, holding every subject: it cannot \
+                     be created, changed, deleted or purged through JetStream (use stream \
+                     {tenant}, and `canopy purge` for purges)"
+                ),
+            ));
+        }
+        "CONSUMER.CREATE" | "CONSUMER.DURABLE.CREATE" => {
+            let (stream, name) = consumer_target(tenant, rest, verb == "CONSUMER.CREATE")?;
+            consumers::create(broker, store, call, stream, name).await?
+        }
+        "CONSUMER.INFO" => {
+            let (stream, name) = consumer_target(tenant, rest, false)?;
+            consumers::info(broker, store, stream, name).await?
+        }
+        "CONSUMER.DELETE" => {
+            let (_, name) = consumer_target(tenant, rest, false)?;
+            consumers::delete(broker, store, call, name).await?
+        }
+        "CONSUMER.NAMES" | "CONSUMER.LIST" => {
+            stream_named(tenant, rest)?;
+            consumers::list(broker, store, tenant, verb == "CONSUMER.LIST").await?
+        }
+        "CONSUMER.MSG.NEXT" => {
+            let (stream, name) = consumer_target(tenant, rest, false)?;
+            consumers::next(broker, store, call, answer, stream, name).await;
+            return Ok(None);
+        }
+        _ => {
+            return Err(JsError::bad_request(format!(
+                "Canopy does not offer $JS.API.{operation}: it serves JetStream's account, \
+                 stream and pull consumer calls"
+            )));
+        }
+    };
+    Ok(Some(body))
+}
+
+/// Splits `STREAM.INFO.default` into the call (`STREAM.INFO`) and its arguments.
+fn split_verb(operation: &str) -> (&str, &str) {
+    const VERBS: [&str; 13] = [
+        "CONSUMER.DURABLE.CREATE",
+        "CONSUMER.MSG.NEXT",
+        "CONSUMER.CREATE",
+        "CONSUMER.INFO",
+        "CONSUMER.DELETE",
+        "CONSUMER.NAMES",
+        "CONSUMER.LIST",
+        "STREAM.NAMES",
+        "STREAM.LIST",
+        "STREAM.INFO",
+        "STREAM.CREATE",
+        "STREAM.UPDATE",
+        "STREAM.DELETE",
+    ];
+    for verb in VERBS.iter().chain(["STREAM.PURGE", "INFO"].iter()) {
+        if let Some(rest) = operation.strip_prefix(verb) {
+            if rest.is_empty() {
+                return (verb, "");
+            }
+            if let Some(rest) = rest.strip_prefix('.') {
+                return (verb, rest);
+            }
+        }
+    }
+    (operation, "")
+}
+
+/// Checks that a call names the tenant's stream.
+fn stream_named<'a>(tenant: &str, rest: &'a str) -> Result<&'a str, JsError> {
+    let stream = rest.split('.').next().unwrap_or_default();
+    if stream != tenant {
+        return Err(JsError::stream_not_found());
+    }
+    Ok(stream)
+}
+
+/// The stream and consumer a consumer call names (`<stream>.<name>[.<filter>]`).
+fn consumer_target<'a>(
+    tenant: &str,
+    rest: &'a str,
+    creating: bool,
+) -> Result<(&'a str, &'a str), JsError> {
+    let stream = stream_named(tenant, rest)?;
+    let name = rest
+        .get(stream.len()..)
+        .and_then(|r| r.strip_prefix('.'))
+        .map(|r| r.split('.').next().unwrap_or_default())
+        .unwrap_or_default();
+    if name.is_empty() {
+        return Err(if creating {
+            JsError::bad_request(
+                "Canopy keeps durable consumers only: give the consumer a name (durable_name)",
+            )
+        } else {
+            JsError::consumer_not_found()
+        });
+    }
+    Ok((stream, name))
+}
+
+async fn account_info(broker: &Broker, store: &Store, tenant: &str) -> Result<Value, JsError> {
+    let usage = store.usage(tenant).await?;
+    let consumers = store.groups(tenant).await?.len();
+    let _ = broker;
+    Ok(json!({
+        "type": "io.nats.jetstream.api.v1.account_info_response",
+        "memory": 0,
+        "storage": usage.bytes,
+        "streams": 1,
+        "consumers": consumers,
+        "limits": {
+            "max_memory": -1, "max_storage": -1, "max_streams": 1, "max_consumers": -1,
+            "max_ack_pending": -1, "memory_max_stream_bytes": -1,
+            "storage_max_stream_bytes": -1, "max_bytes_required": false,
+        },
+        "api": {"total": 0, "errors": 0},
+    }))
+}
+
+/// The tenant as a stream. Canopy keeps no count of a tenant's messages, so
+/// `messages` and `last_seq` are the offsets handed out (purged and expired messages
+/// included).
+async fn stream_info(broker: &Broker, store: &Store, tenant: &str) -> Result<Value, JsError> {
+    let usage = store.usage(tenant).await?;
+    let last_seq = store.next_offset(tenant).await?.saturating_sub(1);
+    let consumers = store.groups(tenant).await?.len();
+    let created = time::format(0);
+    let now = time::format(broker.clock().now_ms());
+    Ok(json!({
+        "config": {
+            "name": tenant,
+            "subjects": [">"],
+            "retention": "limits",
+            "max_consumers": -1,
+            "max_msgs": -1,
+            "max_bytes": -1,
+            "max_age": 0,
+            "max_msgs_per_subject": -1,
+            "max_msg_size": -1,
+            "discard": "old",
+            "storage": "file",
+            "num_replicas": 1,
+            "duplicate_window": 120_000_000_000u64,
+            "sealed": false,
+            "deny_delete": true,
+            "deny_purge": true,
+            "allow_rollup_hdrs": false,
+            "allow_direct": false,
+            "mirror_direct": false,
+        },
+        "created": created,
+        "state": {
+            "messages": last_seq,
+            "bytes": usage.bytes,
+            "first_seq": u64::from(last_seq > 0),
+            "first_ts": created,
+            "last_seq": last_seq,
+            "last_ts": now,
+            "num_subjects": usage.subjects,
+            "consumer_count": consumers,
+        },
+        "ts": now,
+    }))
+}
+
+/// Authorises a consumer call that reads `pattern` as a subscription to it.
+fn authorize_reading(broker: &Broker, call: &ApiCall, pattern: &str) -> Result<(), JsError> {
+    broker
+        .authorizer()
+        .authorize(&call.principal, Action::Subscribe, pattern)
+        .map_err(|denied| JsError::new(403, 10003, denied.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_split_into_verb_and_arguments() {
+        assert_eq!(split_verb("INFO"), ("INFO", ""));
+        assert_eq!(
+            split_verb("STREAM.INFO.default"),
+            ("STREAM.INFO", "default")
+        );
+        assert_eq!(
+            split_verb("CONSUMER.CREATE.default.billing.orders.>"),
+            ("CONSUMER.CREATE", "default.billing.orders.>")
+        );
+        assert_eq!(
+            split_verb("CONSUMER.DURABLE.CREATE.default.billing"),
+            ("CONSUMER.DURABLE.CREATE", "default.billing")
+        );
+        assert_eq!(
+            split_verb("CONSUMER.MSG.NEXT.default.billing"),
+            ("CONSUMER.MSG.NEXT", "default.billing")
+        );
+        assert_eq!(split_verb("INFOX"), ("INFOX", ""));
+    }
+
+    #[test]
+    fn consumer_calls_name_the_tenants_stream_and_a_consumer() {
+        assert_eq!(
+            consumer_target("default", "default.billing.orders.>", true).ok(),
+            Some(("default", "billing"))
+        );
+        let other = consumer_target("default", "ORDERS.billing", false).unwrap_err();
+        assert_eq!((other.code, other.err_code), (404, 10059));
+        let ephemeral = consumer_target("default", "default", true).unwrap_err();
+        assert_eq!(ephemeral.code, 400);
+        let missing = consumer_target("default", "default", false).unwrap_err();
+        assert_eq!(missing.err_code, 10014);
+    }
+}
