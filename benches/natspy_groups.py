@@ -12,7 +12,10 @@ the same JetStream pull consumer code as against nats-server (`pull_subscribe`,
 `fetch`, `ack`; `--per-subject N` sets Canopy's in flight per subject, by default
 JetStream's max_ack_pending). Against nats-server they share a JetStream pull consumer
 on a file stream, which keeps no order per subject. A run that delivers less than it
-loaded within 60 s fails (exit 1).
+loaded within 60 s fails (exit 1). With `--poison N`, N more messages go to one subject
+whose every delivery the members nack (each goes to the dead-letter subject after the
+group's 5 deliveries); the rate counts only the good messages, so it shows what a
+stuck subject costs the others.
 """
 
 import argparse
@@ -27,9 +30,10 @@ from nats.js.api import ConsumerConfig
 from natspy_report import report
 
 PREFIX = "bench.py.g"
+POISON = f"{PREFIX}.poison"
 
 
-async def load(nc, canopy: bool, msgs: int, subjects: int) -> None:
+async def load(nc, canopy: bool, msgs: int, subjects: int, poison: int) -> None:
     js = nc.jetstream(timeout=10)
     if not canopy:
         await js.add_stream(name="BENCHPYG", subjects=[f"{PREFIX}.>"])
@@ -41,8 +45,16 @@ async def load(nc, canopy: bool, msgs: int, subjects: int) -> None:
 
     await asyncio.gather(*(one(i) for i in range(msgs)))
 
+    async def bad(i: int) -> None:
+        async with window:
+            await js.publish(POISON, b"x" * 100)
 
-async def canopy_member(server: str, name: str, batch: int, wanted: int, count: list) -> None:
+    await asyncio.gather(*(bad(i) for i in range(poison)))
+
+
+async def canopy_member(
+    server: str, name: str, batch: int, wanted: int, count: list, poison: str
+) -> None:
     nc = await nats.connect(server, allow_reconnect=False)
     while count[0] < wanted:
         inbox = nc.new_inbox()
@@ -65,8 +77,13 @@ async def canopy_member(server: str, name: str, batch: int, wanted: int, count: 
         await asyncio.wait_for(ended, 10)
         await sub.unsubscribe()
         for msg in got:
-            await nc.publish(msg.reply, b"+ACK")
-        count[0] += len(got)
+            # The poison subject's messages always fail: nacked until they run out of
+            # deliveries and go to the dead-letter subject.
+            if msg.headers.get("Canopy-Subject") == poison:
+                await nc.publish(msg.reply, b"-NAK")
+            else:
+                await nc.publish(msg.reply, b"+ACK")
+                count[0] += 1
     await nc.flush()
     await nc.close()
 
@@ -94,11 +111,20 @@ async def jetstream_member(
 
 
 async def run(
-    server: str, msgs: int, subjects: int, members: int, batch: int, api: str, per_subject
+    server: str,
+    msgs: int,
+    subjects: int,
+    members: int,
+    batch: int,
+    api: str,
+    per_subject,
+    poison: int,
 ) -> dict:
     nc = await nats.connect(server, allow_reconnect=False)
     canopy = nc._server_info.get("go", "").startswith("canopy")
-    await load(nc, canopy, msgs, subjects)
+    if poison and not (canopy and api == "canopy"):
+        raise RuntimeError("--poison needs Canopy's own group API (--api canopy)")
+    await load(nc, canopy, msgs, subjects, poison)
     group_api = canopy and api == "canopy"
     if group_api:
         spec = {"name": "benchpy", "pattern": f"{PREFIX}.>", "start": "all", "per_member": 100000}
@@ -108,7 +134,9 @@ async def run(
     count = [0]
     started = time.monotonic()
     if group_api:
-        work = [canopy_member(server, f"m{m}", batch, msgs, count) for m in range(members)]
+        work = [
+            canopy_member(server, f"m{m}", batch, msgs, count, POISON) for m in range(members)
+        ]
     else:
         work = [
             jetstream_member(server, batch, msgs, count, per_subject if canopy else None)
@@ -124,6 +152,7 @@ async def run(
         "delivered": count[0],
         "members": members,
         "subjects": subjects,
+        "poison_messages": poison,
         "msgs_per_sec": count[0] / elapsed,
     }
 
@@ -137,6 +166,12 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--api", choices=["canopy", "jetstream"], default="canopy")
     parser.add_argument("--per-subject", type=int, default=None)
+    parser.add_argument(
+        "--poison",
+        type=int,
+        default=0,
+        help="messages also stored on one subject that members always nack (--api canopy)",
+    )
     args = parser.parse_args()
     return report(
         "natspy_groups",
@@ -148,6 +183,7 @@ def main() -> int:
             args.batch,
             args.api,
             args.per_subject,
+            args.poison,
         ),
         ok=lambda result: result["delivered"] >= args.msgs,
     )

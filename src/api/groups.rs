@@ -120,7 +120,7 @@ pub(super) async fn dispatch(
             info["subjects"] = json!(cursors.len());
             info["live"] = broker
                 .groups()
-                .info(tenant, &name)
+                .info(tenant, &name, true)
                 .await
                 .unwrap_or(Value::Null);
             info

@@ -516,8 +516,14 @@ impl Dispatcher {
             .map(|(subject, state)| (Arc::clone(subject), state.pending()))
             .filter(|(_, pending)| *pending > 0)
             .collect();
-        lag.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        lag.truncate(n);
+        let most_first =
+            |a: &(Arc<str>, u64), b: &(Arc<str>, u64)| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0));
+        // The first `n` found in linear time, then only they are sorted.
+        if n < lag.len() {
+            lag.select_nth_unstable_by(n, most_first);
+            lag.truncate(n);
+        }
+        lag.sort_by(most_first);
         lag
     }
 

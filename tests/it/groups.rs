@@ -352,6 +352,42 @@ async fn a_waiting_pull_gets_the_next_message_published() {
 }
 
 #[tokio::test]
+async fn a_group_takes_ten_thousand_members_and_refuses_one_more() {
+    let (server, client) =
+        with_group(test_config(), json!({"name": "g", "pattern": "cap.*"})).await;
+    // A pull with nothing ready is answered by its `Canopy-Done` alone; the first
+    // answer tells a member taken in from one refused.
+    let pull = |member: String| {
+        let client = client.clone();
+        async move {
+            let body = json!({"group": "g", "member": member, "wait_ms": 0});
+            let answer = tokio::time::timeout(
+                WAIT,
+                client.request("$CANOPY.group.next", body.to_string().into()),
+            )
+            .await
+            .expect("answered in time")
+            .expect("answered");
+            (
+                header_of(&answer, "Canopy-Status").map(str::to_owned),
+                String::from_utf8_lossy(&answer.payload).into_owned(),
+            )
+        }
+    };
+    for m in 0..10_000 {
+        let (status, body) = pull(format!("m{m}")).await;
+        assert_eq!(status, None, "member {m} is taken in: {body}");
+    }
+    let (status, body) = pull("one-more".to_owned()).await;
+    assert_eq!(status.as_deref(), Some("409"), "{body}");
+    assert!(body.contains("10000 members"), "{body}");
+    // A member already in goes on pulling.
+    let (status, body) = pull("m42".to_owned()).await;
+    assert_eq!(status, None, "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn cursors_survive_a_restart() {
     let folder = tempfile::tempdir().unwrap();
     let (server, client) = with_group(

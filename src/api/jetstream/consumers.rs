@@ -236,7 +236,7 @@ pub(super) async fn info(
         .ok_or_else(JsError::consumer_not_found)?;
     let live = broker
         .groups()
-        .info(stream, name)
+        .info(stream, name, false)
         .await
         .unwrap_or(Value::Null);
     let count = |key: &str| live.get(key).and_then(Value::as_u64).unwrap_or_default();

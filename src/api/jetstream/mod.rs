@@ -132,7 +132,7 @@ async fn call_api(
     let operation = call.operation.strip_prefix(API_PREFIX).unwrap_or_default();
     let (verb, rest) = split_verb(operation);
     let body = match verb {
-        "INFO" => account_info(broker, store, tenant).await?,
+        "INFO" => account_info(store, tenant).await?,
         "STREAM.NAMES" => json!({
             "type": "io.nats.jetstream.api.v1.stream_names_response",
             "total": 1, "offset": 0, "limit": 1024, "streams": [tenant],
@@ -253,10 +253,9 @@ fn consumer_target<'a>(
     Ok((stream, name))
 }
 
-async fn account_info(broker: &Broker, store: &Store, tenant: &str) -> Result<Value, JsError> {
+async fn account_info(store: &Store, tenant: &str) -> Result<Value, JsError> {
     let usage = store.usage(tenant).await?;
     let consumers = store.groups(tenant).await?.len();
-    let _ = broker;
     Ok(json!({
         "type": "io.nats.jetstream.api.v1.account_info_response",
         "memory": 0,

@@ -146,7 +146,12 @@ enum Input {
     Pull(Pull),
     Reply(Reply),
     JetStreamReply(JetStreamReply),
-    Info(tokio::sync::oneshot::Sender<serde_json::Value>),
+    /// Live counts; with `laggiest`, the laggiest subjects too (a walk over every
+    /// subject the group tracks, so JetStream's frequent info calls go without).
+    Info {
+        answer: tokio::sync::oneshot::Sender<serde_json::Value>,
+        laggiest: bool,
+    },
     Await(Waiter),
 }
 
@@ -250,10 +255,19 @@ impl Groups {
     }
 
     /// A running group's live counts: members, pending, in flight, redelivered, dead
-    /// letters, the laggiest subjects and the last dead letters.
-    pub async fn info(&self, tenant: &str, group: &str) -> Option<serde_json::Value> {
+    /// letters, the last dead letters and, with `laggiest`, the laggiest subjects.
+    pub async fn info(
+        &self,
+        tenant: &str,
+        group: &str,
+        laggiest: bool,
+    ) -> Option<serde_json::Value> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if !self.send_to(tenant, group, Input::Info(tx)).await {
+        let input = Input::Info {
+            answer: tx,
+            laggiest,
+        };
+        if !self.send_to(tenant, group, input).await {
             return None;
         }
         rx.await.ok()
@@ -658,11 +672,14 @@ impl GroupTask {
                     });
                 }
             }
-            Input::Info(answer) => {
+            Input::Info { answer, laggiest } => {
                 let stats = self.dispatcher.stats();
-                let laggiest: Vec<_> = self
-                    .dispatcher
-                    .laggiest(INFO_SUBJECTS)
+                let laggiest = if laggiest {
+                    self.dispatcher.laggiest(INFO_SUBJECTS)
+                } else {
+                    Vec::new()
+                };
+                let laggiest: Vec<_> = laggiest
                     .into_iter()
                     .map(|(subject, pending)| serde_json::json!({"subject": &*subject, "pending": pending}))
                     .collect();

@@ -198,14 +198,33 @@ pub(super) async fn acknowledge(
     stats: Arc<super::stats::StoreStats>,
     eager: Option<Arc<Db>>,
 ) {
-    while let Some(pending) = queue.recv().await {
+    // What was queued behind the write being waited for, taken out of the channel so
+    // the acker can see whether any of it is a write (a round without one is only a
+    // barrier: a consumer group waiting for durability, say, which must not turn a
+    // lone publish's flush into a wait for the timer).
+    let mut behind: std::collections::VecDeque<PendingDurable> = Default::default();
+    loop {
+        let pending = match behind.pop_front() {
+            Some(pending) => pending,
+            None => match queue.recv().await {
+                Some(pending) => pending,
+                None => break,
+            },
+        };
+        // At most a queue's worth: with the channel's own, at most twice
+        // DURABILITY_QUEUE writes wait, and the writer is still held back.
+        while behind.len() < super::DURABILITY_QUEUE
+            && let Ok(next) = queue.try_recv()
+        {
+            behind.push_back(next);
+        }
         let result = match &pending.handle {
             Some(handle) => {
-                // Only for a small write with none queued behind it: a queue or a
+                // Only for a small write with no write queued behind it: a queue or a
                 // large round means a busy store, where the timer's larger groups
                 // cost fewer fsyncs.
                 if let Some(db) = &eager
-                    && queue.is_empty()
+                    && behind.iter().all(|b| b.handle.is_none())
                     && pending.acks.len() + pending.barriers.len() <= EAGER_MAX_ACKS
                     && handle.await_durable().now_or_never().is_none()
                 {
