@@ -623,26 +623,36 @@ async fn a_group_made_again_under_a_deleted_name_starts_afresh() {
 /// The churn test, scaled to a test's time: 8 members pulling and acking,
 /// some dying with a batch unacked and others taking their place, over 500 subjects.
 /// Every version of every subject is acked, and no subject's next version reaches a
-/// member before the ack of the one before it was sent.
+/// member before the ack of the one before it was sent. The full size (10,000
+/// subjects × 10) runs with `CANOPY_CHURN_SUBJECTS=10000` (BENCHMARKS.md has the run).
 #[tokio::test]
 async fn members_coming_and_going_never_break_a_subjects_order_or_lose_a_message() {
     use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
     use std::time::Instant;
 
-    const SUBJECTS: usize = 500;
-    const PER_SUBJECT: u64 = 10;
+    let size = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .map(|v| {
+                v.parse::<u64>()
+                    .unwrap_or_else(|_| panic!("{name} is a number"))
+            })
+            .unwrap_or(default)
+    };
+    let subjects = size("CANOPY_CHURN_SUBJECTS", 500) as usize;
+    let per_subject = size("CANOPY_CHURN_PER_SUBJECT", 10);
     let (server, client) = with_group(
         test_config(),
         json!({"name": "g", "pattern": "churn.>", "start": "all", "ack_wait_ms": 300,
                "max_deliveries": 0}),
     )
     .await;
-    let publishing: Vec<_> = (0..SUBJECTS)
+    let publishing: Vec<_> = (0..subjects)
         .map(|s| {
             let client = client.clone();
             tokio::spawn(async move {
-                for _ in 0..PER_SUBJECT {
+                for _ in 0..per_subject {
                     publish_acked(&client, &format!("churn.{s}"), "m").await;
                 }
             })
@@ -656,10 +666,11 @@ async fn members_coming_and_going_never_break_a_subjects_order_or_lose_a_message
     // of it arrived.
     type Log = Arc<Mutex<BTreeMap<(String, u64), (Option<Instant>, Vec<Instant>)>>>;
     let log: Log = Arc::default();
-    let total = SUBJECTS as u64 * PER_SUBJECT;
+    let total = subjects as u64 * per_subject;
     let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut generation = 0u32;
-    let deadline = Instant::now() + WAIT * 4;
+    // The bound on progress grows with the size asked for.
+    let deadline = Instant::now() + WAIT * 4 * (total / 5_000).max(1) as u32;
     while acked.load(std::sync::atomic::Ordering::Acquire) < total {
         assert!(
             Instant::now() < deadline,
@@ -715,8 +726,8 @@ async fn members_coming_and_going_never_break_a_subjects_order_or_lose_a_message
     }
 
     let log = std::mem::take(&mut *log.lock().unwrap());
-    for s in 0..SUBJECTS {
-        for version in 1..=PER_SUBJECT {
+    for s in 0..subjects {
+        for version in 1..=per_subject {
             let key = (format!("churn.{s}"), version);
             let (ack, _) = log
                 .get(&key)

@@ -1,8 +1,9 @@
 //! The running consumer groups: one task per group, which owns the group's
 //! [`Dispatcher`], learns of new messages from the sequencer's routing, answers
-//! `$CANOPY.group.next` pulls with messages read from the store, takes the acks
-//! published to each delivery's reply subject, and writes the cursors that moved in
-//! batches of its own (every [`CURSOR_FLUSH`]).
+//! `$CANOPY.group.next` pulls and JetStream's `CONSUMER.MSG.NEXT` pulls (framed as
+//! [`jetstream`] says) with messages read from the store, takes the acks published to
+//! each delivery's reply subject, and writes the cursors that moved in batches of its
+//! own (every [`CURSOR_FLUSH`]).
 //!
 //! Must never: block the sequencer (new messages are offered with `try_send`; a full
 //! queue marks the group lagging and it rescans its subjects from the store), or hold
