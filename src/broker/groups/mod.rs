@@ -1043,10 +1043,7 @@ impl GroupTask {
             payload: &message.payload,
             ..Message::default()
         };
-        let mut scratch = RouteScratch::default();
-        let mut wakes = Wakes::default();
-        broker.route(&pull.routes, None, &routed, &mut scratch, &mut wakes);
-        wakes.wake_all();
+        route_one(broker, &pull.routes, &routed);
     }
 
     /// Answers a pull with an error (409) instead of messages.
@@ -1229,8 +1226,6 @@ fn send(
     headers: Option<&[u8]>,
     payload: &[u8],
 ) {
-    let mut scratch = RouteScratch::default();
-    let mut wakes = Wakes::default();
     let message = Message {
         subject,
         reply,
@@ -1238,5 +1233,12 @@ fn send(
         payload,
         ..Message::default()
     };
-    broker.route(routes, None, &message, &mut scratch, &mut wakes);
+    route_one(broker, routes, &message);
+}
+
+/// Routes one message the group sends (its subscribers are woken when `Wakes` drops).
+fn route_one(broker: &Broker, routes: &TenantRoutes, message: &Message<'_>) {
+    let mut scratch = RouteScratch::default();
+    let mut wakes = Wakes::default();
+    broker.route(routes, None, message, &mut scratch, &mut wakes);
 }
