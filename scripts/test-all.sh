@@ -90,6 +90,10 @@ urllib.request.urlopen(request, timeout=10).read()
 PY
 export CANOPY_TEST_S3_ENDPOINT="http://127.0.0.1:$port"
 
+# A failing test's message and place come last in the output, where CI's tail shows
+# them; a backtrace would push them out of it.
+export RUST_BACKTRACE=0
+
 cargo test --workspace --locked "$@"
 
 # The durable-stream tests again, on a local folder and on S3.
