@@ -4,6 +4,7 @@
 //   const canopy = await connect("ws://127.0.0.1:8080/ws");
 //   await canopy.subscribe("devices.*.temp", (msg) => console.log(msg.subject, msg.data));
 //   await canopy.publish("devices.42.temp", { t: 21.5 }, { expectVersion: 3 });
+//   canopy.consume("billing", async (msg) => bill(msg.data)); // acked when it returns
 
 /** An error the server answered: `code` for programs, `message` for people. */
 export class CanopyError extends Error {
@@ -60,6 +61,10 @@ class Client {
   }
 
   #receive(answer) {
+    if (answer.op === "group.msg") {
+      this.#pending.get(answer.id)?.messages?.push(answer);
+      return;
+    }
     if (answer.op === "msg") {
       this.#handlers.get(answer.sid)?.(message(answer));
       return;
@@ -78,15 +83,79 @@ class Client {
     // A subscription's handler is in place before the next message is read: the
     // server may send its first messages in the same read as this answer.
     if (waiting.handler && answer.sid !== undefined) this.#handlers.set(answer.sid, waiting.handler);
-    waiting.resolve(answer);
+    waiting.resolve(waiting.messages ? waiting.messages : answer);
   }
 
-  #request(op, fields, handler) {
+  #request(op, fields, handler, messages) {
     const id = String(this.#nextId++);
     return new Promise((resolve, reject) => {
-      this.#pending.set(id, { resolve, reject, handler });
+      this.#pending.set(id, { resolve, reject, handler, messages });
       this.#socket.send(JSON.stringify({ op, id, ...fields }));
     });
+  }
+
+  /**
+   * One pull from consumer group `group`: up to `max` messages, waiting up to `waitMs`
+   * for a first one. Each has `ack()`, `nack({delayMs})`, `inProgress()` and `term()`,
+   * which resolve once the group has the answer.
+   */
+  async next(group, { max = 1, waitMs = 0 } = {}) {
+    const raw = await this.#request("group.next", { group, max, wait_ms: waitMs }, undefined, []);
+    return raw.map((answer) => this.#delivery(answer));
+  }
+
+  #delivery(raw) {
+    const delivery = message(raw);
+    let settled = false;
+    const settle = (kind, delayMs) => {
+      settled = true;
+      return this.#request("group.ack", { ack: raw.ack, kind, delay_ms: delayMs });
+    };
+    delivery.ack = () => settle("ack");
+    delivery.nack = ({ delayMs } = {}) => settle("nack", delayMs);
+    delivery.inProgress = () => this.#request("group.ack", { ack: raw.ack, kind: "in_progress" });
+    delivery.term = () => settle("term");
+    Object.defineProperty(delivery, "settled", { get: () => settled });
+    return delivery;
+  }
+
+  /**
+   * Consumes group `group` until `stop()`: pulls up to `batch` messages at a time
+   * (waiting up to `waitMs` when none is ready) and calls `handler` with each, in
+   * order. A message the handler leaves unanswered is acked once it returns (or its
+   * promise resolves), and nacked when it throws; with `manualAck` it is left to the
+   * handler (unanswered, it goes again after the group's ack wait). Resolves `done`
+   * when it stops: after `stop()`, or with the error that ended it.
+   */
+  consume(group, handler, { batch = 10, waitMs = 5000, manualAck = false } = {}) {
+    let stopping = false;
+    const done = (async () => {
+      while (!stopping) {
+        const deliveries = await this.next(group, { max: batch, waitMs });
+        for (const delivery of deliveries) {
+          let failed = false;
+          try {
+            await handler(delivery);
+          } catch {
+            failed = true;
+          }
+          if (manualAck || delivery.settled) continue;
+          try {
+            await (failed ? delivery.nack() : delivery.ack());
+          } catch (error) {
+            // Its ack wait ran out meanwhile: it goes again, and consuming goes on.
+            if (!(error instanceof CanopyError && error.code === "conflict")) throw error;
+          }
+        }
+      }
+    })();
+    return {
+      done,
+      stop: () => {
+        stopping = true;
+        return done;
+      },
+    };
   }
 
   /**

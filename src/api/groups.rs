@@ -249,9 +249,15 @@ async fn found(store: &Store, tenant: &str, name: &str) -> Result<Stored, ApiErr
 
 /// An ack, nack, in-progress or term published to a delivery's reply subject
 /// (`$CANOPY.group.ack.<group>.<version>.<attempt>.<subject>`), handed to its group.
-/// With a reply subject it is confirmed once the group has taken it; a subject that
-/// is not a delivery's is ignored.
+/// With a reply subject it is confirmed once the group has taken it, and refused
+/// with a status when it is not a delivery's ack, or its group is not running.
 pub(super) fn reply(broker: &Arc<Broker>, call: &ApiCall) {
+    // Told only to a member that asked for a confirmation: a plain ack has no answer.
+    let refuse = |code: u16, description: &str| {
+        if let Some(to) = call.reply.clone() {
+            Answer::new(Arc::clone(broker), Arc::clone(&call.routes), to).error(code, description);
+        }
+    };
     let Some(rest) = ACK_PREFIX
         .strip_prefix(PREFIX)
         .and_then(|op| call.operation.strip_prefix(op))
@@ -262,13 +268,18 @@ pub(super) fn reply(broker: &Arc<Broker>, call: &ApiCall) {
     let (Some(group), Some(version), Some(attempt), Some(subject)) =
         (tokens.next(), tokens.next(), tokens.next(), tokens.next())
     else {
+        refuse(400, "not a delivery's ack subject");
         return;
     };
-    let (Ok(version), Ok(attempt), Some(kind)) = (
-        version.parse(),
-        attempt.parse(),
-        ReplyKind::parse(&call.body),
-    ) else {
+    let (Ok(version), Ok(attempt)) = (version.parse(), attempt.parse()) else {
+        refuse(400, "not a delivery's ack subject");
+        return;
+    };
+    let Some(kind) = ReplyKind::parse(&call.body) else {
+        refuse(
+            400,
+            "an ack says +ACK (or nothing), -NAK, -NAK {\"delay\":<ns>}, +WPI or +TERM",
+        );
         return;
     };
     let reply = Reply {
@@ -278,12 +289,18 @@ pub(super) fn reply(broker: &Arc<Broker>, call: &ApiCall) {
         kind,
         confirm: call.reply.clone().map(|to| (to, Arc::clone(&call.routes))),
     };
-    let (broker, tenant, group) = (
+    let (broker, routes, group) = (
         Arc::clone(broker),
-        Arc::clone(&call.routes.name),
+        Arc::clone(&call.routes),
         group.to_owned(),
     );
+    let confirm = call.reply.clone();
     tokio::spawn(async move {
-        broker.groups().reply(&tenant, &group, reply).await;
+        if !broker.groups().reply(&routes.name, &group, reply).await
+            && let Some(to) = confirm
+        {
+            Answer::new(Arc::clone(&broker), routes, to)
+                .error(404, &format!("group {group} is not running"));
+        }
     });
 }

@@ -178,6 +178,23 @@ async fn canopy_js_and_mqtt_js_in_chromium_exchange_messages_with_native_clients
     let mut canopy_out = nats.subscribe("browser.canopy.out").await.expect("sub");
     let mut mqtt_out = nats.subscribe("browser.mqtt.out").await.expect("sub");
     nats.flush().await.expect("flush");
+    // What the canopy.js page consumes as a member of group `browser`.
+    let (status, created) = crate::common::api(
+        &nats,
+        "group.create",
+        serde_json::json!({"name": "browser", "pattern": "browser.orders.>", "start": "all"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{created}");
+    for (subject, body) in [
+        ("browser.orders.1", r#"{"n":1}"#),
+        ("browser.orders.2", r#"{"fail":true}"#),
+    ] {
+        let mut headers = header("Canopy-Ack", "durable");
+        headers.insert("Content-Type", "application/json");
+        let ack = crate::common::store_request(&nats, subject, headers, body).await;
+        assert!(ack.get("error").is_none(), "{ack}");
+    }
 
     let mut script = Script::spawn("browser_clients_check.mjs", &[format!("http://{http}")]);
     script.expect("ready").await;
@@ -234,6 +251,48 @@ async fn canopy_js_and_mqtt_js_in_chromium_exchange_messages_with_native_clients
     script.expect("mqtt published").await;
     let mqtt = next_message(&mut mqtt_out, "MQTT.js's publish").await;
     assert_eq!(&mqtt.payload[..], &from_mqtt[..], "MQTT.js's bytes");
+
+    // canopy.js's consume(): each message handled in turn, the one whose handler threw
+    // nacked and handed out again, every one acked in the end.
+    let consumed = script.expect_json("canopy consumed").await;
+    let mut handled: Vec<(String, u64, u64, String)> = consumed
+        .as_array()
+        .unwrap_or_else(|| panic!("a list: {consumed}"))
+        .iter()
+        .map(|m| {
+            (
+                m["subject"].as_str().unwrap_or_default().to_owned(),
+                m["version"].as_u64().unwrap_or_default(),
+                m["attempt"].as_u64().unwrap_or_default(),
+                m["outcome"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    handled.sort();
+    assert_eq!(
+        handled,
+        [
+            ("browser.orders.1".into(), 1, 1, "acked".into()),
+            ("browser.orders.2".into(), 1, 1, "threw".into()),
+            ("browser.orders.2".into(), 1, 2, "acked".into()),
+        ],
+        "{consumed}"
+    );
+    let first = consumed
+        .as_array()
+        .and_then(|all| all.iter().find(|m| m["subject"] == "browser.orders.1"));
+    assert_eq!(
+        first.map(|m| &m["data"]),
+        Some(&serde_json::json!({"n": 1})),
+        "JSON comes as data: {consumed}"
+    );
+    let (_, info) =
+        crate::common::api(&nats, "group.info", serde_json::json!({"name": "browser"})).await;
+    assert_eq!(
+        (&info["live"]["pending"], &info["live"]["in_flight"]),
+        (&serde_json::json!(0), &serde_json::json!(0)),
+        "the group holds nothing after the page's acks: {info}"
+    );
 
     for page in ["canopy-js", "mqtt-js"] {
         let path = script.expect(&format!("screenshot {page} ")).await;

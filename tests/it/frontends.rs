@@ -694,21 +694,25 @@ impl Ws {
             .flatten()
     }
 
-    /// Sends `request` with a fresh id and returns the text answering it (or the close
-    /// that came instead; `None`: nothing within the wait); other texts are kept for
-    /// [`Ws::next`].
-    pub async fn call(&mut self, mut request: Value) -> Option<WsEvent> {
+    /// Sends `request` with a fresh id, which it returns; `None` when the send failed.
+    async fn send_with_id(&mut self, mut request: Value) -> Option<String> {
         self.next_id += 1;
         let id = format!("r{}", self.next_id);
         request["id"] = json!(id);
-        if self
-            .sink
+        self.sink
             .send(WsMessage::text(request.to_string()))
             .await
-            .is_err()
-        {
+            .ok()?;
+        Some(id)
+    }
+
+    /// Sends `request` with a fresh id and returns the text answering it (or the close
+    /// that came instead; `None`: nothing within the wait); other texts are kept for
+    /// [`Ws::next`].
+    pub async fn call(&mut self, request: Value) -> Option<WsEvent> {
+        let Some(id) = self.send_with_id(request).await else {
             return Some(WsEvent::Closed(Some("the send failed".into())));
-        }
+        };
         let mut kept = VecDeque::new();
         let answer = loop {
             match tokio::time::timeout(WAIT, self.events.recv()).await {
@@ -723,6 +727,30 @@ impl Ws {
         };
         self.pending.extend(kept);
         answer
+    }
+
+    /// Sends a `group.next` and returns its `group.msg` texts and the answer that
+    /// ends it (`None`: not within the wait, or the socket closed).
+    pub async fn pull(&mut self, request: Value) -> (Vec<Value>, Option<Value>) {
+        let Some(id) = self.send_with_id(request).await else {
+            return (Vec::new(), None);
+        };
+        let (mut messages, mut kept) = (Vec::new(), VecDeque::new());
+        let answer = loop {
+            match tokio::time::timeout(WAIT, self.events.recv()).await {
+                Ok(Some(WsEvent::Text(value))) if value["id"] == json!(id) => {
+                    if value["op"] == "group.msg" {
+                        messages.push(value);
+                    } else {
+                        break Some(value);
+                    }
+                }
+                Ok(Some(WsEvent::Text(value))) => kept.push_back(WsEvent::Text(value)),
+                _ => break None,
+            }
+        };
+        self.pending.extend(kept);
+        (messages, answer)
     }
 }
 

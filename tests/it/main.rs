@@ -40,4 +40,5 @@ mod tenants;
 mod tls;
 mod wills;
 mod wire;
+mod ws_groups;
 mod ws_limits;

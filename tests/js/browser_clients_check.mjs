@@ -10,6 +10,11 @@
 //   mqtt received JSON          what the MQTT.js page got: [{topic, bytes}]
 //   canopy published JSON       the acks of the page's two publishes to browser.canopy.out
 //   mqtt published              the page's QoS 1 publish to browser/mqtt/out was acked
+//   canopy consumed JSON        what the canopy.js page's consume() of group `browser`
+//                               handled (the Rust side stored browser.orders.1 {"n":1} and
+//                               browser.orders.2 {"fail":true} before): [{subject, version,
+//                               attempt, data, outcome}], the handler throwing on the first
+//                               attempt of a message that says `fail` (so it is nacked)
 //   screenshot NAME PATH        one per page
 //   all checks passed
 import { withBrowser } from "./browser.mjs";
@@ -62,6 +67,25 @@ window.publishOut = async (bytes, json) => {
   log("published to browser.canopy.out: " + JSON.stringify(acks));
   return acks;
 };
+window.consumeGroup = async (group, handled) => {
+  const seen = [];
+  let enough;
+  const finished = new Promise((resolve) => (enough = resolve));
+  const consumer = canopy.consume(group, async (msg) => {
+    const entry = { subject: msg.subject, version: msg.version, attempt: msg.attempt, data: msg.data };
+    seen.push(entry);
+    if (seen.length >= handled) enough();
+    log("consumed " + msg.subject + " v" + msg.version + " attempt " + msg.attempt);
+    if (msg.data?.fail && msg.attempt === 1) {
+      entry.outcome = "threw";
+      throw new Error("fails once");
+    }
+    entry.outcome = "acked";
+  }, { batch: 10, waitMs: 1000 });
+  await Promise.race([finished, consumer.done]);
+  await consumer.stop();
+  return seen;
+};
 window.__report("ready", true);
 `,
 );
@@ -111,6 +135,9 @@ await withBrowser(async (browser) => {
   console.log(`canopy published ${JSON.stringify(acks)}`);
   await mqtt.evaluate((bytes) => window.publishOut(bytes), MQTT_BYTES);
   console.log("mqtt published");
+
+  const consumed = await canopy.evaluate((group) => window.consumeGroup(group, 3), "browser");
+  console.log(`canopy consumed ${JSON.stringify(consumed)}`);
 
   for (const page of [canopy, mqtt]) {
     page.assertNoErrors();

@@ -259,6 +259,60 @@ pub struct SnapshotPut<'a> {
     pub data: Data<'a>,
 }
 
+/// `group.next`: up to `max` (1 by default) messages of consumer group `group`,
+/// waiting up to `wait_ms` for a first one when none is ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupNext<'a> {
+    pub id: Option<Cow<'a, str>>,
+    pub group: Cow<'a, str>,
+    pub max: Option<u64>,
+    pub wait_ms: Option<u64>,
+}
+
+/// What a `group.ack` says of a delivery: `kind` `ack` (the default), `nack` (again,
+/// at once or after `delay_ms`), `in_progress` (the ack wait starts again) or `term`
+/// (give up on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckKind {
+    Ack,
+    Nack,
+    InProgress,
+    Term,
+}
+
+impl AckKind {
+    /// The `kind` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AckKind::Ack => "ack",
+            AckKind::Nack => "nack",
+            AckKind::InProgress => "in_progress",
+            AckKind::Term => "term",
+        }
+    }
+
+    fn named(name: &str) -> Option<AckKind> {
+        [
+            AckKind::Ack,
+            AckKind::Nack,
+            AckKind::InProgress,
+            AckKind::Term,
+        ]
+        .into_iter()
+        .find(|kind| kind.as_str() == name)
+    }
+}
+
+/// `group.ack`: answers the delivery whose `ack` token a `group.msg` carried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupAck<'a> {
+    pub id: Option<Cow<'a, str>>,
+    pub ack: Cow<'a, str>,
+    pub kind: AckKind,
+    /// For a `nack`: how long until the message goes again.
+    pub delay_ms: Option<u64>,
+}
+
 /// One request, its fields checked. Fields that other ops use are accepted and ignored;
 /// fields no op has are refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,6 +325,8 @@ pub enum ClientOp<'a> {
     Subjects(Subjects<'a>),
     SnapshotGet(SnapshotGet<'a>),
     SnapshotPut(SnapshotPut<'a>),
+    GroupNext(GroupNext<'a>),
+    GroupAck(GroupAck<'a>),
 }
 
 impl ClientOp<'_> {
@@ -285,6 +341,8 @@ impl ClientOp<'_> {
             ClientOp::Subjects(op) => op.id.as_deref(),
             ClientOp::SnapshotGet(op) => op.id.as_deref(),
             ClientOp::SnapshotPut(op) => op.id.as_deref(),
+            ClientOp::GroupNext(op) => op.id.as_deref(),
+            ClientOp::GroupAck(op) => op.id.as_deref(),
         }
     }
 
@@ -299,6 +357,8 @@ impl ClientOp<'_> {
             ClientOp::Subjects(_) => "subjects",
             ClientOp::SnapshotGet(_) => "snapshot.get",
             ClientOp::SnapshotPut(_) => "snapshot.put",
+            ClientOp::GroupNext(_) => "group.next",
+            ClientOp::GroupAck(_) => "group.ack",
         }
     }
 }
@@ -313,6 +373,8 @@ pub const OPS: &[&str] = &[
     "subjects",
     "snapshot.get",
     "snapshot.put",
+    "group.next",
+    "group.ack",
 ];
 
 /// The fields of a request, as named in JSON.
@@ -335,6 +397,11 @@ enum Field {
     Max,
     After,
     FromSnapshot,
+    Group,
+    WaitMs,
+    Ack,
+    Kind,
+    DelayMs,
 }
 
 const FIELDS: &[(&str, Field)] = &[
@@ -355,6 +422,11 @@ const FIELDS: &[(&str, Field)] = &[
     ("max", Field::Max),
     ("after", Field::After),
     ("from_snapshot", Field::FromSnapshot),
+    ("group", Field::Group),
+    ("wait_ms", Field::WaitMs),
+    ("ack", Field::Ack),
+    ("kind", Field::Kind),
+    ("delay_ms", Field::DelayMs),
 ];
 
 impl Field {
@@ -382,7 +454,10 @@ impl Field {
             | Field::Subject
             | Field::DataB64
             | Field::MsgId
-            | Field::After => "a string",
+            | Field::After
+            | Field::Group
+            | Field::Ack => "a string",
+            Field::Kind => "\"ack\", \"nack\", \"in_progress\" or \"term\"",
             Field::Sid => "a subscription id (an integer from 0 to 4294967295)",
             Field::Data => "JSON",
             Field::Headers => "an object whose values are strings",
@@ -391,7 +466,9 @@ impl Field {
             | Field::FromOffset
             | Field::FromVersion
             | Field::FromTimeMs
-            | Field::Max => "an integer from 0 to 18446744073709551615",
+            | Field::Max
+            | Field::WaitMs
+            | Field::DelayMs => "an integer from 0 to 18446744073709551615",
             Field::FromSnapshot => "true or false",
         }
     }
@@ -417,6 +494,11 @@ struct Fields<'a> {
     max: Option<u64>,
     after: Option<Cow<'a, str>>,
     from_snapshot: Option<bool>,
+    group: Option<Cow<'a, str>>,
+    wait_ms: Option<u64>,
+    ack: Option<Cow<'a, str>>,
+    kind: Option<Cow<'a, str>>,
+    delay_ms: Option<u64>,
 }
 
 impl Fields<'_> {
@@ -606,6 +688,11 @@ fn read_fields<'de, A: MapAccess<'de>>(
             Field::FromTimeMs => fields.from_time_ms = map.next_value()?,
             Field::Max => fields.max = map.next_value()?,
             Field::FromSnapshot => fields.from_snapshot = map.next_value()?,
+            Field::Group => fields.group = text(map)?,
+            Field::Ack => fields.ack = text(map)?,
+            Field::Kind => fields.kind = text(map)?,
+            Field::WaitMs => fields.wait_ms = map.next_value()?,
+            Field::DelayMs => fields.delay_ms = map.next_value()?,
         }
         trace.reading = None;
     }
@@ -826,12 +913,40 @@ fn op_of<'a>(f: &mut Fields<'a>, limits: &WsLimits) -> Result<ClientOp<'a>, WsDe
                 id: f.id.take(),
             })
         }
+        "group.next" => ClientOp::GroupNext(GroupNext {
+            group: need(f.group.take(), "group.next", "group")?,
+            max: f.max,
+            wait_ms: f.wait_ms,
+            id: f.id.take(),
+        }),
+        "group.ack" => {
+            let ack = need(f.ack.take(), "group.ack", "ack")?;
+            let kind = match f.kind.take() {
+                None => AckKind::Ack,
+                Some(name) => AckKind::named(&name).ok_or_else(|| {
+                    WsDecodeError::new(
+                        WsErrorKind::WrongType { field: "kind" },
+                        format!(
+                            "`kind` must be {}, not \"{}\"",
+                            Field::Kind.expected(),
+                            quoted(&name)
+                        ),
+                    )
+                })?,
+            };
+            ClientOp::GroupAck(GroupAck {
+                ack,
+                kind,
+                delay_ms: f.delay_ms,
+                id: f.id.take(),
+            })
+        }
         other => {
             return Err(WsDecodeError::new(
                 WsErrorKind::UnknownOp,
                 format!(
                     "unknown op `{}`: use sub, unsub, pub, get, replay, subjects, \
-                     snapshot.get or snapshot.put",
+                     snapshot.get, snapshot.put, group.next or group.ack",
                     quoted(other)
                 ),
             ));
@@ -1030,6 +1145,16 @@ pub fn encode_client(out: &mut String, op: &ClientOp<'_>) {
             push_text_field(out, "subject", Some(&op.subject));
             push_number_field(out, "version", Some(op.version));
             push_data(out, &op.data);
+        }
+        ClientOp::GroupNext(op) => {
+            push_text_field(out, "group", Some(&op.group));
+            push_number_field(out, "max", op.max);
+            push_number_field(out, "wait_ms", op.wait_ms);
+        }
+        ClientOp::GroupAck(op) => {
+            push_text_field(out, "ack", Some(&op.ack));
+            push_text_field(out, "kind", Some(op.kind.as_str()));
+            push_number_field(out, "delay_ms", op.delay_ms);
         }
     }
     out.push('}');

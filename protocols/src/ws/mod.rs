@@ -23,16 +23,18 @@ mod json;
 mod server;
 
 pub use client::{
-    ClientOp, DEFAULT_PAGE, Data, Get, MAX_PAGE, OPS, Publish, Replay, SnapshotGet, SnapshotPut,
-    Start, Subjects, Subscribe, Target, Unsubscribe, WsLimits, decode_client, encode_client,
+    AckKind, ClientOp, DEFAULT_PAGE, Data, Get, GroupAck, GroupNext, MAX_PAGE, OPS, Publish,
+    Replay, SnapshotGet, SnapshotPut, Start, Subjects, Subscribe, Target, Unsubscribe, WsLimits,
+    decode_client, encode_client,
 };
 pub use error::{ErrorCode, WsDecodeError, WsErrorKind};
 pub use serde_json::value::RawValue;
 pub use server::{
-    Delivery, MSG_HEAD, ServerFrame, SnapshotBody, StoredMessage, SubjectHead, encode_conflict,
-    encode_error, encode_message, encode_msg, encode_msg_tail, encode_msg_with_tail, encode_ok,
-    encode_page, encode_published, encode_server, encode_snapshot, encode_snapshot_first,
-    encode_snapshot_stored, encode_stored, encode_subjects, encode_subscribed,
+    Delivery, GroupDelivery, MSG_HEAD, ServerFrame, SnapshotBody, StoredMessage, SubjectHead,
+    encode_conflict, encode_error, encode_group_done, encode_group_msg, encode_message, encode_msg,
+    encode_msg_tail, encode_msg_with_tail, encode_ok, encode_page, encode_published, encode_server,
+    encode_snapshot, encode_snapshot_first, encode_snapshot_stored, encode_stored, encode_subjects,
+    encode_subscribed,
 };
 
 #[cfg(test)]

@@ -72,6 +72,18 @@ pub struct SubjectHead<'a> {
     pub time_ms: u64,
 }
 
+/// A consumer group's delivery to a `group.next`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupDelivery<'a> {
+    pub group: &'a str,
+    /// 1 for the first delivery of this version, more for redeliveries.
+    pub attempt: u32,
+    /// The token a `group.ack` names the delivery by.
+    pub ack: &'a str,
+    /// The message, with its own headers.
+    pub message: StoredMessage<'a>,
+}
+
 /// Everything the server sends. `id` is the request's, when it had one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServerFrame<'a> {
@@ -320,6 +332,34 @@ pub fn encode_msg_tail(out: &mut String, delivery: &Delivery<'_>) {
     }
     push_message_body(out, delivery.headers, delivery.payload);
     out.push('}');
+}
+
+/// `{"op":"group.msg","id":…,"group":…,"attempt":A,"ack":…,"subject":…,"version":V,
+/// "offset":O,"time_ms":T,"headers":{…},"data":…}`: one message for the `group.next`
+/// request `id` (headers when the message has any).
+pub fn encode_group_msg(out: &mut String, id: Option<&str>, delivery: &GroupDelivery<'_>) {
+    out.push_str("{\"op\":\"group.msg\"");
+    push_id_after(out, id);
+    push_key(out, "group");
+    push_str(out, delivery.group);
+    push_key(out, "attempt");
+    push_u64(out, u64::from(delivery.attempt));
+    push_key(out, "ack");
+    push_str(out, delivery.ack);
+    out.push(',');
+    push_stored(out, &delivery.message);
+    out.push('}');
+}
+
+/// `{"count":N,"group":…,"id":…,"op":"ok"}`: a `group.next` answered, after its
+/// `count` messages.
+pub fn encode_group_done(out: &mut String, id: Option<&str>, group: &str, count: u64) {
+    out.push_str("{\"count\":");
+    push_u64(out, count);
+    push_key(out, "group");
+    push_str(out, group);
+    push_id_after(out, id);
+    out.push_str(",\"op\":\"ok\"}");
 }
 
 /// `"subject":…,"version":V,"offset":O,"time_ms":T` and the body, without braces.

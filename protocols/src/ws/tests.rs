@@ -282,6 +282,66 @@ fn snapshot_put_needs_subject_and_version() {
 }
 
 #[test]
+fn group_ops_read_their_fields_and_refuse_an_unknown_kind() {
+    assert_eq!(
+        ok(r#"{"op":"group.next","id":"n","group":"billing","max":10,"wait_ms":5000}"#),
+        ClientOp::GroupNext(GroupNext {
+            id: Some(cow("n")),
+            group: cow("billing"),
+            max: Some(10),
+            wait_ms: Some(5000),
+        })
+    );
+    let e = err(r#"{"op":"group.next","id":"n","max":1}"#);
+    assert_eq!(
+        (e.kind, e.message.as_str(), e.id.as_deref()),
+        (
+            WsErrorKind::MissingField { field: "group" },
+            "group.next needs `group`",
+            Some("n")
+        )
+    );
+    assert_eq!(
+        ok(r#"{"op":"group.ack","ack":"t"}"#),
+        ClientOp::GroupAck(GroupAck {
+            id: None,
+            ack: cow("t"),
+            kind: AckKind::Ack,
+            delay_ms: None,
+        })
+    );
+    for kind in [
+        AckKind::Ack,
+        AckKind::Nack,
+        AckKind::InProgress,
+        AckKind::Term,
+    ] {
+        let text = format!(
+            r#"{{"op":"group.ack","ack":"t","kind":"{}","delay_ms":250}}"#,
+            kind.as_str()
+        );
+        match ok(&text) {
+            ClientOp::GroupAck(ack) => assert_eq!((ack.kind, ack.delay_ms), (kind, Some(250))),
+            other => panic!("{other:?}"),
+        }
+    }
+    let e = err(r#"{"op":"group.ack","id":"a","ack":"t","kind":"maybe"}"#);
+    assert_eq!(
+        (e.kind, e.code(), e.id.as_deref()),
+        (
+            WsErrorKind::WrongType { field: "kind" },
+            ErrorCode::BadRequest,
+            Some("a")
+        )
+    );
+    assert!(e.message.contains("maybe"), "{}", e.message);
+    let e = err(r#"{"op":"group.ack","kind":"ack"}"#);
+    assert_eq!(e.kind, WsErrorKind::MissingField { field: "ack" });
+    let e = err(r#"{"op":"group.next","group":"g","wait_ms":-1}"#);
+    assert_eq!(e.kind, WsErrorKind::WrongType { field: "wait_ms" });
+}
+
+#[test]
 fn every_required_field_is_named_when_missing() {
     for (text, field) in [
         (r#"{"id":"x","op":"sub"}"#, "pattern"),
@@ -394,7 +454,7 @@ fn unknown_ops_and_fields_and_repeats() {
     );
     assert_eq!(
         e.message,
-        "unknown op `fly`: use sub, unsub, pub, get, replay, subjects, snapshot.get or snapshot.put"
+        "unknown op `fly`: use sub, unsub, pub, get, replay, subjects, snapshot.get, snapshot.put, group.next or group.ack"
     );
     let long = "x".repeat(10_000);
     let e = err(&format!(r#"{{"op":"{long}"}}"#));
@@ -706,6 +766,39 @@ fn client_op() -> impl Strategy<Value = ClientOp<'static>> {
                 data,
             })
         }),
+        (
+            id(),
+            text(),
+            proptest::option::of(any::<u64>()),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(id, g, max, wait_ms)| {
+                ClientOp::GroupNext(GroupNext {
+                    id,
+                    group: owned(g),
+                    max,
+                    wait_ms,
+                })
+            }),
+        (
+            id(),
+            text(),
+            proptest::sample::select(vec![
+                AckKind::Ack,
+                AckKind::Nack,
+                AckKind::InProgress,
+                AckKind::Term
+            ]),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(id, a, kind, delay_ms)| {
+                ClientOp::GroupAck(GroupAck {
+                    id,
+                    ack: owned(a),
+                    kind,
+                    delay_ms,
+                })
+            }),
     ]
 }
 
@@ -1390,4 +1483,51 @@ fn every_kind_of_body_is_the_old_text() {
             }
         }
     }
+}
+
+#[test]
+fn a_group_delivery_shows_the_message_and_how_to_ack_it() {
+    let mut headers = HeaderMap::new();
+    headers.insert("Content-Type", "application/json");
+    headers.insert("X-Trace", "t\"1");
+    let mut block = bytes::BytesMut::new();
+    headers.encode(&mut block);
+    let delivery = GroupDelivery {
+        group: "billing",
+        attempt: 2,
+        ack: "$CANOPY.group.ack.billing.3.2.orders.42",
+        message: StoredMessage {
+            subject: "orders.42",
+            version: 3,
+            offset: 118,
+            time_ms: 7,
+            headers: &block,
+            payload: br#"{"paid": true}"#,
+        },
+    };
+    let mut out = String::new();
+    encode_group_msg(&mut out, Some("n1"), &delivery);
+    assert_eq!(
+        out,
+        r#"{"op":"group.msg","id":"n1","group":"billing","attempt":2,"ack":"$CANOPY.group.ack.billing.3.2.orders.42","subject":"orders.42","version":3,"offset":118,"time_ms":7,"headers":{"Content-Type":"application/json","X-Trace":"t\"1"},"data":{"paid": true}}"#
+    );
+    let bytes = GroupDelivery {
+        message: StoredMessage {
+            headers: b"",
+            payload: &[0, 255],
+            ..delivery.message
+        },
+        ..delivery
+    };
+    out.clear();
+    encode_group_msg(&mut out, None, &bytes);
+    let value: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(value["data_b64"], "AP8=");
+    assert!(
+        value.get("headers").is_none() && value.get("id").is_none(),
+        "{out}"
+    );
+    out.clear();
+    encode_group_done(&mut out, Some("n1"), "billing", 2);
+    assert_eq!(out, r#"{"count":2,"group":"billing","id":"n1","op":"ok"}"#);
 }

@@ -1104,12 +1104,11 @@ impl GroupTask {
         let mut still = VecDeque::with_capacity(self.waiting.len());
         let broker = self.broker.upgrade();
         while let Some(mut waiting) = self.waiting.pop_front() {
-            // A JetStream client that stopped listening (a fetch it gave up on) gets
-            // no more: what it would take goes to a pull that is read.
-            if matches!(waiting.pull.style, PullStyle::JetStream { .. })
-                && broker
-                    .as_ref()
-                    .is_some_and(|b| !b.has_interest(&waiting.pull.routes, &waiting.pull.reply))
+            // A client that stopped listening (a fetch it gave up on, a closed
+            // connection) gets no more: what it would take goes to a pull that is read.
+            if broker
+                .as_ref()
+                .is_some_and(|b| !b.has_interest(&waiting.pull.routes, &waiting.pull.reply))
             {
                 continue;
             }

@@ -41,29 +41,13 @@ impl Connection {
             return;
         }
         if let Err(refused) = self.session.admit_subscription(&native, &pattern, false) {
-            let code = match refused {
-                SubscribeRefusal::Denied(_) | SubscribeRefusal::InboxTaken(_) => {
-                    ErrorCode::Forbidden
-                }
-                SubscribeRefusal::OverQuota(_) | SubscribeRefusal::TooMany(_) => {
-                    ErrorCode::QuotaExceeded
-                }
-            };
+            let code = subscribe_code(&refused);
             self.reply_error(id, refusal(code, refused.to_string()));
             return;
         }
         let sid = self.next_sid;
         self.next_sid = self.next_sid.wrapping_add(1).max(1);
-        let sub = self.session.subscribe(
-            Bytes::new(),
-            pattern,
-            None,
-            Some(MqttOptions {
-                qos: 0,
-                subscription_id: sid,
-                ..MqttOptions::default()
-            }),
-        );
+        let sub = self.subscribe_as(sid, pattern);
         let literal = sub.pattern.is_literal();
         let pattern = sub.pattern.clone();
         self.subs.insert(sid, sub);
@@ -199,6 +183,10 @@ impl Connection {
         let whole = taken.freeze();
         let mut taken = whole.clone();
         while let Some(delivery) = envelope::decode(&mut taken) {
+            if delivery.subscription_id == super::groups::GROUP_SID {
+                self.group_answer(&delivery);
+                continue;
+            }
             if self
                 .catchups
                 .iter()

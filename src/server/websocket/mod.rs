@@ -11,6 +11,7 @@
 //! kept as the very same bytes; base64 otherwise). This module must never block on
 //! another connection, nor write JSON by hand.
 
+mod groups;
 mod live;
 mod reads;
 
@@ -158,6 +159,26 @@ fn refusal(code: ErrorCode, message: impl Into<String>) -> Refusal {
     }
 }
 
+/// A publish the client core refused, in `/ws` terms.
+fn publish_refusal(refused: &session::Refusal) -> Refusal {
+    let code = match refused {
+        session::Refusal::InvalidSubject(_) => ErrorCode::InvalidSubject,
+        session::Refusal::Reserved(_) | session::Refusal::Denied(_) => ErrorCode::Forbidden,
+        session::Refusal::TooLarge { .. } => ErrorCode::TooLarge,
+        session::Refusal::OverQuota(_) => ErrorCode::QuotaExceeded,
+        session::Refusal::BadHeader(_) => ErrorCode::BadRequest,
+    };
+    refusal(code, refused.to_string())
+}
+
+/// The `/ws` code of a subscription the client core refused.
+fn subscribe_code(refused: &SubscribeRefusal) -> ErrorCode {
+    match refused {
+        SubscribeRefusal::Denied(_) | SubscribeRefusal::InboxTaken(_) => ErrorCode::Forbidden,
+        SubscribeRefusal::OverQuota(_) | SubscribeRefusal::TooMany(_) => ErrorCode::QuotaExceeded,
+    }
+}
+
 /// Serves one `/ws` connection until it ends.
 pub async fn serve(
     socket: WebSocket,
@@ -196,6 +217,7 @@ pub async fn serve(
         held: HashMap::new(),
         held_bytes: 0,
         spare: BytesMut::new(),
+        groups: groups::GroupCalls::default(),
     };
     let (mut sink, mut stream) = socket.split();
     let deadline = connection.context.write_deadline;
@@ -288,7 +310,8 @@ pub async fn serve(
             break None;
         }
     };
-    let subs: Vec<Arc<Subscription>> = connection.subs.drain().map(|(_, s)| s).collect();
+    let mut subs: Vec<Arc<Subscription>> = connection.subs.drain().map(|(_, s)| s).collect();
+    subs.extend(connection.groups.subscription());
     connection.session.close(&subs);
     connection.broker.mqtt_acks().remove(id);
     connection.session.outbox.close();
@@ -324,6 +347,8 @@ struct Connection {
     held_bytes: usize,
     /// The buffer the outbox's bytes are swapped into, kept between batches.
     spare: BytesMut,
+    /// `group.next` and `group.ack` calls waiting for their group.
+    groups: groups::GroupCalls,
 }
 
 impl Connection {
@@ -332,6 +357,17 @@ impl Connection {
         let mut text = String::new();
         encode(&mut text);
         self.out.push(text);
+    }
+
+    /// Adds an admitted subscription whose deliveries come as envelopes under `sid`.
+    pub(super) fn subscribe_as(&mut self, sid: u32, pattern: Pattern) -> Arc<Subscription> {
+        let options = MqttOptions {
+            qos: 0,
+            subscription_id: sid,
+            ..MqttOptions::default()
+        };
+        self.session
+            .subscribe(Bytes::new(), pattern, None, Some(options))
     }
 
     pub(super) fn reply_error(&mut self, id: Option<&str>, refusal: Refusal) {
@@ -383,6 +419,8 @@ impl Connection {
                     .await
             }
             ClientOp::SnapshotPut(put) => self.put_snapshot(id.as_deref(), put).await,
+            ClientOp::GroupNext(next) => self.group_next(id.clone(), &next),
+            ClientOp::GroupAck(ack) => self.group_ack(id.clone(), &ack),
         };
         if let Err(refusal) = result {
             self.reply_error(id.as_deref(), refusal);
@@ -413,17 +451,10 @@ impl Connection {
             subject_checked: true,
             ..Publish::new(subject, payload)
         };
-        let published = self.session.publish(publish).map_err(|refused| {
-            let refused = refused.refusal;
-            let code = match &refused {
-                session::Refusal::InvalidSubject(_) => ErrorCode::InvalidSubject,
-                session::Refusal::Reserved(_) | session::Refusal::Denied(_) => ErrorCode::Forbidden,
-                session::Refusal::TooLarge { .. } => ErrorCode::TooLarge,
-                session::Refusal::OverQuota(_) => ErrorCode::QuotaExceeded,
-                session::Refusal::BadHeader(_) => ErrorCode::BadRequest,
-            };
-            refusal(code, refused.to_string())
-        })?;
+        let published = self
+            .session
+            .publish(publish)
+            .map_err(|refused| publish_refusal(&refused.refusal))?;
         self.session.end_batch();
         match published {
             session::Published::Stored { .. } => {
