@@ -9,6 +9,10 @@ load nor a new Canopy group's walk over its subjects is counted. Prints one JSON
 
     PYTHON benches/natspy_ackcost.py --server nats://127.0.0.1:4222 --pid PID --subjects 100000
 
+`--load core` loads with plain publishes with a reply inbox (both servers store them and
+answer with a PubAck; at most 4,000 unanswered), for the million-subject row: one
+coroutine per acked publish spends minutes of nats-py's own CPU there.
+
 Against nats-server the stream is made first (`BENCHACK` on `bench.py.ack.>`, file
 storage); against Canopy the tenant's stream `default` holds them already.
 """
@@ -45,28 +49,62 @@ async def load(js, subjects: int, msgs: int) -> None:
     await asyncio.gather(*(one(i) for i in range(msgs)))
 
 
+async def load_core(nc, subjects: int, msgs: int) -> None:
+    """Plain publishes with a reply inbox, which both servers answer with a PubAck, up to
+    `WINDOW` unanswered: no coroutine per message, and never faster than the server
+    stores (JetStream drops plain publishes past its ingest queue)."""
+    window = 4_000
+    acked = 0
+
+    async def count(_msg) -> None:
+        nonlocal acked
+        acked += 1
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, cb=count)
+    payload = b"x" * 100
+    for i in range(msgs):
+        while i - acked >= window:
+            await asyncio.sleep(0.001)
+        await nc.publish(f"{PREFIX}.{i % subjects}", payload, reply=inbox)
+    deadline = time.monotonic() + 600
+    while acked < msgs:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {acked} of {msgs} publishes were acked within 600 s")
+        await asyncio.sleep(0.05)
+    await sub.unsubscribe()
+
+
 def info_stream(canopy: bool) -> str:
     return "default" if canopy else "BENCHACK"
 
 
-async def run(server: str, pid: int, subjects: int, acks: int, batch: int) -> dict:
+async def run(
+    server: str, pid: int, subjects: int, acks: int, batch: int, how: str, ready_file: str
+) -> dict:
     nc = await nats.connect(server, allow_reconnect=False)
     canopy = nc._server_info.get("go", "").startswith("canopy")
     js = nc.jetstream(timeout=30)
     if not canopy:
         await js.add_stream(name="BENCHACK", subjects=[f"{PREFIX}.>"])
-    await load(js, subjects, max(subjects, acks))
+    if how == "core":
+        await load_core(nc, subjects, max(subjects, acks))
+    else:
+        await load(js, subjects, max(subjects, acks))
     config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, max_ack_pending=batch * 2)
     sub = await js.pull_subscribe(f"{PREFIX}.>", CONSUMER, config=config)
     # A new Canopy group first walks the subjects it matches; the acks are timed once
     # it knows their backlog, so what is measured is the ack path, not that walk.
     loaded = max(subjects, acks)
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 1800
     while (await js.consumer_info(info_stream(canopy), CONSUMER)).num_pending < loaded:
         if time.monotonic() > deadline:
-            raise RuntimeError("the consumer did not find every message within 600 s")
+            raise RuntimeError("the consumer did not find every message within 1800 s")
         await asyncio.sleep(0.2)
     done = 0
+    if ready_file:
+        # For a profiler to start on the ack phase alone.
+        open(ready_file, "w").close()
     cpu_before, started = cpu_seconds(pid), time.monotonic()
     while done < acks:
         try:
@@ -97,10 +135,14 @@ def main() -> int:
     parser.add_argument("--subjects", type=int, default=1_000)
     parser.add_argument("--acks", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--load", choices=["acked", "core"], default="acked")
+    parser.add_argument("--ready-file", default="", help="made when the ack phase starts")
     args = parser.parse_args()
     return report(
         "natspy_ackcost",
-        lambda: run(args.server, args.pid, args.subjects, args.acks, args.batch),
+        lambda: run(
+            args.server, args.pid, args.subjects, args.acks, args.batch, args.load, args.ready_file
+        ),
         ok=lambda result: result["acked"] >= args.acks,
     )
 

@@ -289,18 +289,7 @@ pub(super) fn reply(broker: &Arc<Broker>, call: &ApiCall) {
         kind,
         confirm: call.reply.clone().map(|to| (to, Arc::clone(&call.routes))),
     };
-    let (broker, routes, group) = (
-        Arc::clone(broker),
-        Arc::clone(&call.routes),
-        group.to_owned(),
-    );
-    let confirm = call.reply.clone();
-    tokio::spawn(async move {
-        if !broker.groups().reply(&routes.name, &group, reply).await
-            && let Some(to) = confirm
-        {
-            Answer::new(Arc::clone(&broker), routes, to)
-                .error(404, &format!("group {group} is not running"));
-        }
-    });
+    if !broker.groups().reply(&call.routes.name, group, reply) {
+        refuse(404, &format!("group {group} is not running"));
+    }
 }

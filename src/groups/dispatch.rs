@@ -190,8 +190,10 @@ pub struct Dispatcher {
     /// New subjects start at their first version (start at all) or at the version
     /// first observed (start at new).
     from_first: bool,
-    subjects: HashMap<Arc<str>, SubjectState>,
-    members: HashMap<MemberId, Member>,
+    /// Keyed by subject names clients choose, looked up on every take and ack:
+    /// foldhash, seeded at random per map, costs a fraction of SipHash on them.
+    subjects: HashMap<Arc<str>, SubjectState, foldhash::fast::RandomState>,
+    members: HashMap<MemberId, Member, foldhash::fast::RandomState>,
     /// Unowned subjects with something to send, oldest first.
     ready: VecDeque<Arc<str>>,
     timers: BTreeSet<Timer>,
@@ -211,8 +213,8 @@ impl Dispatcher {
         Self {
             limits,
             from_first,
-            subjects: HashMap::new(),
-            members: HashMap::new(),
+            subjects: HashMap::default(),
+            members: HashMap::default(),
             ready: VecDeque::new(),
             timers: BTreeSet::new(),
             moved: BTreeSet::new(),

@@ -91,17 +91,9 @@ pub(super) fn ack(broker: &Arc<Broker>, call: &ApiCall) {
         kind,
         confirm: call.reply.clone().map(|to| (to, Arc::clone(&call.routes))),
     };
-    let (broker, tenant, group) = (
-        Arc::clone(broker),
-        Arc::clone(&call.routes.name),
-        target.consumer.to_owned(),
-    );
-    tokio::spawn(async move {
-        broker
-            .groups()
-            .jetstream_reply(&tenant, &group, reply)
-            .await;
-    });
+    broker
+        .groups()
+        .jetstream_reply(&call.routes.name, target.consumer, reply);
 }
 
 /// Answers one `$JS.API.` call.

@@ -94,7 +94,7 @@ pub fn status_block(code: u16, description: &str, unfilled: Option<(usize, usize
 #[derive(Default)]
 pub struct Sequences {
     last: u64,
-    outstanding: HashMap<u64, Delivery>,
+    outstanding: HashMap<u64, Delivery, foldhash::fast::RandomState>,
 }
 
 impl Sequences {

@@ -274,15 +274,36 @@ impl Groups {
         rx.await.ok()
     }
 
-    /// Hands an ack (or nack, in-progress, term) to its group.
-    pub async fn reply(&self, tenant: &str, group: &str, reply: Reply) -> bool {
-        self.send_to(tenant, group, Input::Reply(reply)).await
+    /// Queues `input` for a running group without waiting: into its queue when there
+    /// is room (so one connection's acks reach the group in the order it sent them,
+    /// and cost no task), through a task that waits for room when it is full (an ack
+    /// is never dropped). False when the group is not running.
+    fn hand(&self, tenant: &str, group: &str, input: Input) -> bool {
+        let Some(handle) = self.handle(tenant, group) else {
+            return false;
+        };
+        match handle.tx.try_send(input) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(input)) => {
+                let tx = handle.tx.clone();
+                tokio::spawn(async move {
+                    let _ = tx.send(input).await;
+                });
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
     }
 
-    /// Hands a JetStream ack to its group.
-    pub async fn jetstream_reply(&self, tenant: &str, group: &str, reply: JetStreamReply) -> bool {
-        self.send_to(tenant, group, Input::JetStreamReply(reply))
-            .await
+    /// Hands an ack (or nack, in-progress, term) to its group; false when the group
+    /// is not running.
+    pub fn reply(&self, tenant: &str, group: &str, reply: Reply) -> bool {
+        self.hand(tenant, group, Input::Reply(reply))
+    }
+
+    /// Hands a JetStream ack to its group; false when the group is not running.
+    pub fn jetstream_reply(&self, tenant: &str, group: &str, reply: JetStreamReply) -> bool {
+        self.hand(tenant, group, Input::JetStreamReply(reply))
     }
 
     /// Calls `answer` once every group in `awaiting` has passed `version` of `subject`
