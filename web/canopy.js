@@ -4,7 +4,7 @@
 //   const canopy = await connect("ws://127.0.0.1:8080/ws");
 //   await canopy.subscribe("devices.*.temp", (msg) => console.log(msg.subject, msg.data));
 //   await canopy.publish("devices.42.temp", { t: 21.5 }, { expectVersion: 3 });
-//   canopy.consume("billing", async (msg) => bill(msg.data)); // acked when it returns
+//   const consumer = canopy.consume("billing", async (msg) => bill(msg.data)); // acked when it returns
 
 /** An error the server answered: `code` for programs, `message` for people. */
 export class CanopyError extends Error {
@@ -124,14 +124,34 @@ class Client {
    * (waiting up to `waitMs` when none is ready) and calls `handler` with each, in
    * order. A message the handler leaves unanswered is acked once it returns (or its
    * promise resolves), and nacked when it throws; with `manualAck` it is left to the
-   * handler (unanswered, it goes again after the group's ack wait). Resolves `done`
-   * when it stops: after `stop()`, or with the error that ended it.
+   * handler (unanswered, it goes again after the group's ack wait). A pull answered
+   * empty before its wait was out, and a passing `busy` or `unavailable`, are retried
+   * after a pause that grows to 5 s.
+   * `done` resolves when it stops after `stop()`, and rejects with the error that
+   * ended it otherwise (the connection closing, the group deleted, a refusal).
    */
   consume(group, handler, { batch = 10, waitMs = 5000, manualAck = false } = {}) {
     let stopping = false;
+    const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
     const done = (async () => {
+      let idle = 0;
       while (!stopping) {
-        const deliveries = await this.next(group, { max: batch, waitMs });
+        let deliveries;
+        const asked = Date.now();
+        try {
+          deliveries = await this.next(group, { max: batch, waitMs });
+        } catch (error) {
+          if (!(error instanceof CanopyError && ["busy", "unavailable"].includes(error.code))) throw error;
+          deliveries = [];
+        }
+        // Nothing, sooner than the wait asked for (a refusal, a group with too many
+        // waiting pulls, waitMs 0): pause before asking again, longer each time.
+        if (deliveries.length === 0 && Date.now() - asked < waitMs / 2 + 10) {
+          idle = Math.min(Math.max(idle * 2, 50), 5000);
+          if (!stopping) await pause(idle);
+          continue;
+        }
+        idle = 0;
         for (const delivery of deliveries) {
           let failed = false;
           try {

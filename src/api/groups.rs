@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 
 use super::{Answer, ApiCall, ApiError, PREFIX, authorize, parse};
 use crate::broker::Broker;
-use crate::broker::groups::{ACK_PREFIX, Pull, PullStyle, Reply, ReplyKind};
+use crate::broker::groups::{ACK_PREFIX, Handed, Pull, PullStyle, Reply, ReplyKind};
 use crate::groups::awaiting::{Await, DEFAULT_AWAIT, MAX_AWAIT, Missed};
 use crate::groups::{GroupSpec, StoredGroup as Stored};
 use crate::store::{Store, now_ms};
@@ -289,7 +289,9 @@ pub(super) fn reply(broker: &Arc<Broker>, call: &ApiCall) {
         kind,
         confirm: call.reply.clone().map(|to| (to, Arc::clone(&call.routes))),
     };
-    if !broker.groups().reply(&call.routes.name, group, reply) {
-        refuse(404, &format!("group {group} is not running"));
+    match broker.groups().reply(&call.routes.name, group, reply) {
+        Handed::Queued => {}
+        Handed::NotRunning => refuse(404, &format!("group {group} is not running")),
+        Handed::Busy => refuse(503, &format!("group {group} is too far behind; ack again")),
     }
 }

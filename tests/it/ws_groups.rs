@@ -216,7 +216,7 @@ async fn ws_group_requests_are_refused_in_the_clients_own_protocol() {
 async fn a_ws_member_that_closes_holds_nothing_back() {
     let (server, client) = with_group(
         test_config(),
-        json!({"name": "billing", "pattern": "orders.>", "start": "all", "ack_wait_ms": 500}),
+        json!({"name": "billing", "pattern": "orders.>", "start": "all", "ack_wait_ms": 3000}),
     )
     .await;
     stored(&client, "orders.1", r#"{"n":1}"#).await;
@@ -230,8 +230,8 @@ async fn a_ws_member_that_closes_holds_nothing_back() {
     assert_eq!(shown(&taken), [("orders.1".into(), 1, 1)]);
     drop(taker);
 
-    // Another asks to wait for messages and goes before any come (within the first's
-    // ack wait, so it is not handed the first's message either).
+    // Another asks to wait for messages and goes before any come (well within the
+    // first's ack wait, so it is not handed the first's message either).
     {
         use futures::SinkExt;
         let (mut waiter, _) = tokio_tungstenite::connect_async(format!("ws://{http}/ws"))
@@ -245,10 +245,10 @@ async fn a_ws_member_that_closes_holds_nothing_back() {
             ))
             .await
             .expect("send");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
         waiter.close(None).await.expect("close");
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     stored(&client, "orders.2", r#"{"n":2}"#).await;
 
     // What both would have had goes to a member that is there.
@@ -270,6 +270,48 @@ async fn a_ws_member_that_closes_holds_nothing_back() {
     assert_eq!(
         delivered(&got),
         [("orders.1".into(), 1, 2), ("orders.2".into(), 1, 1)]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_message_carrying_a_pulls_own_header_names_is_delivered_as_a_message() {
+    let (server, client) = with_group(
+        test_config(),
+        json!({"name": "billing", "pattern": "orders.>", "start": "all"}),
+    )
+    .await;
+    stored(&client, "orders.1", r#"{"n":1}"#).await;
+    let mut headers = header("Canopy-Ack", "durable");
+    headers.insert("Canopy-Done", "true");
+    headers.insert("Canopy-Status", "500");
+    headers.insert("X-Kept", "yes");
+    let ack = store_request(&client, "orders.2", headers, "tricky").await;
+    assert!(ack.get("error").is_none(), "{ack}");
+    stored(&client, "orders.3", r#"{"n":3}"#).await;
+    let http = server.http_addr.expect("the HTTP listener is on");
+    let mut ws = Ws::open(http, None).await.unwrap();
+    let (messages, done) = ws
+        .pull(json!({"op": "group.next", "group": "billing", "max": 10}))
+        .await;
+    assert_eq!(
+        shown(&messages),
+        [
+            ("orders.1".into(), 1, 1),
+            ("orders.2".into(), 1, 1),
+            ("orders.3".into(), 1, 1)
+        ]
+    );
+    assert_eq!(done.expect("ends")["count"], 3);
+    let tricky = messages
+        .iter()
+        .find(|m| m["subject"] == "orders.2")
+        .unwrap();
+    assert_eq!(tricky["headers"]["X-Kept"], "yes", "{tricky}");
+    assert!(
+        tricky["headers"].get("Canopy-Done").is_none()
+            && tricky["headers"].get("Canopy-Status").is_none(),
+        "{tricky}"
     );
     server.stop().await;
 }

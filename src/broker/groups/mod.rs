@@ -186,6 +186,54 @@ struct Handle {
     /// Set when the group is deleted or replaced: its task writes no more cursors,
     /// which would outlive the group's deletion.
     stopped: Arc<AtomicBool>,
+    /// Acks that found the queue full, in the order they came.
+    overflow: parking_lot::Mutex<Overflow>,
+}
+
+/// Inputs waiting for room in a group's queue, and whether a task is moving them in.
+#[derive(Default)]
+struct Overflow {
+    queued: VecDeque<Input>,
+    draining: bool,
+}
+
+/// Acks one group holds beyond its queue at most; more are refused as busy.
+const OVERFLOW: usize = 65_536;
+
+/// How [`Groups::reply`] and [`Groups::jetstream_reply`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handed {
+    /// The group has it, or will in the order it came.
+    Queued,
+    /// No such group is running.
+    NotRunning,
+    /// The group is this far behind: the ack was dropped (the delivery goes again
+    /// after its ack wait).
+    Busy,
+}
+
+impl Handle {
+    /// Moves the overflow into the queue as it has room, oldest first. A hand-off
+    /// finds the overflow empty only once its last input is in the queue, so nothing
+    /// overtakes what came before it.
+    async fn drain(self: Arc<Self>) {
+        loop {
+            let Ok(permit) = self.tx.reserve().await else {
+                let mut overflow = self.overflow.lock();
+                overflow.queued.clear();
+                overflow.draining = false;
+                return;
+            };
+            let mut overflow = self.overflow.lock();
+            match overflow.queued.pop_front() {
+                Some(input) => permit.send(input),
+                None => {
+                    overflow.draining = false;
+                    return;
+                }
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -275,34 +323,39 @@ impl Groups {
     }
 
     /// Queues `input` for a running group without waiting: into its queue when there
-    /// is room (so one connection's acks reach the group in the order it sent them,
-    /// and cost no task), through a task that waits for room when it is full (an ack
-    /// is never dropped). False when the group is not running.
-    fn hand(&self, tenant: &str, group: &str, input: Input) -> bool {
+    /// is room, so an ack costs no task; behind the group's overflow otherwise, which
+    /// one task moves into the queue in order, so one connection's acks reach the
+    /// group in the order it sent them.
+    fn hand(&self, tenant: &str, group: &str, input: Input) -> Handed {
         let Some(handle) = self.handle(tenant, group) else {
-            return false;
+            return Handed::NotRunning;
         };
-        match handle.tx.try_send(input) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(input)) => {
-                let tx = handle.tx.clone();
-                tokio::spawn(async move {
-                    let _ = tx.send(input).await;
-                });
-                true
+        let mut overflow = handle.overflow.lock();
+        let input = if overflow.queued.is_empty() {
+            match handle.tx.try_send(input) {
+                Ok(()) => return Handed::Queued,
+                Err(mpsc::error::TrySendError::Closed(_)) => return Handed::NotRunning,
+                Err(mpsc::error::TrySendError::Full(input)) => input,
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        } else if overflow.queued.len() >= OVERFLOW {
+            return Handed::Busy;
+        } else {
+            input
+        };
+        overflow.queued.push_back(input);
+        if !std::mem::replace(&mut overflow.draining, true) {
+            tokio::spawn(Arc::clone(&handle).drain());
         }
+        Handed::Queued
     }
 
-    /// Hands an ack (or nack, in-progress, term) to its group; false when the group
-    /// is not running.
-    pub fn reply(&self, tenant: &str, group: &str, reply: Reply) -> bool {
+    /// Hands an ack (or nack, in-progress, term) to its group.
+    pub fn reply(&self, tenant: &str, group: &str, reply: Reply) -> Handed {
         self.hand(tenant, group, Input::Reply(reply))
     }
 
-    /// Hands a JetStream ack to its group; false when the group is not running.
-    pub fn jetstream_reply(&self, tenant: &str, group: &str, reply: JetStreamReply) -> bool {
+    /// Hands a JetStream ack to its group.
+    pub fn jetstream_reply(&self, tenant: &str, group: &str, reply: JetStreamReply) -> Handed {
         self.hand(tenant, group, Input::JetStreamReply(reply))
     }
 
@@ -410,6 +463,7 @@ impl Groups {
             tx,
             lagging: Arc::clone(&lagging),
             stopped: Arc::clone(&stopped),
+            overflow: parking_lot::Mutex::default(),
         });
         let task = GroupTask {
             tenant: Arc::from(tenant),
@@ -560,7 +614,7 @@ impl GroupTask {
         // The walk over the store's subjects, a page per turn, so pulls and acks are
         // answered while a large group is still finding its subjects.
         let mut scanning: Option<Option<String>> = Some(None);
-        loop {
+        'run: loop {
             if let Some(after) = scanning.take() {
                 match self.scan_page(after.as_deref()).await {
                     Ok(next) => scanning = next.map(Some),
@@ -572,7 +626,8 @@ impl GroupTask {
                     match rx.try_recv() {
                         Ok(input) => self.take_input(input).await,
                         Err(mpsc::error::TryRecvError::Empty) => break,
-                        Err(mpsc::error::TryRecvError::Disconnected) => return,
+                        // Deleted while still walking: its pulls are ended below.
+                        Err(mpsc::error::TryRecvError::Disconnected) => break 'run,
                     }
                 }
                 self.take_observed().await;
@@ -1009,6 +1064,11 @@ impl GroupTask {
         message: &crate::store::StoredMessage,
     ) {
         let mut headers = HeaderMap::parse(&message.headers).unwrap_or_default();
+        // A pull's own answers say these; a message carrying them must not end or
+        // fail the pull it is in.
+        for control in ["Canopy-Done", "Canopy-Count", "Canopy-Status"] {
+            headers.remove(control);
+        }
         headers.insert("Canopy-Subject", message.subject.clone());
         headers.insert("Canopy-Version", message.version.to_string());
         headers.insert("Canopy-Offset", message.offset.to_string());

@@ -204,7 +204,9 @@ impl Connection {
             return;
         };
         let mut headers = HeaderMap::parse(&delivery.headers).unwrap_or_default();
-        if let Some(status) = headers.get("Canopy-Status") {
+        // A delivery has a reply (its ack subject); the call's own answers have none.
+        let control = delivery.reply.is_empty();
+        if control && let Some(status) = headers.get("Canopy-Status") {
             let status = status.trim().parse().unwrap_or(500);
             let description = serde_json::from_slice::<serde_json::Value>(&delivery.payload)
                 .ok()
@@ -227,7 +229,7 @@ impl Connection {
                     self.push(|out| ws::encode_ok(out, id.as_deref()));
                 }
             }
-            OpenCall::Next { .. } if headers.get("Canopy-Done").is_some() => {
+            OpenCall::Next { .. } if control => {
                 if let Some(OpenCall::Next { id, group, count }) = self.groups.open.remove(&number)
                 {
                     self.push(|out| ws::encode_group_done(out, id.as_deref(), &group, count));
