@@ -213,6 +213,27 @@ pub enum Handed {
 }
 
 impl Handle {
+    /// Queues `input` without waiting (see [`Groups::reply`]).
+    fn offer(self: &Arc<Self>, input: Input) -> Handed {
+        let mut overflow = self.overflow.lock();
+        let input = if overflow.queued.is_empty() {
+            match self.tx.try_send(input) {
+                Ok(()) => return Handed::Queued,
+                Err(mpsc::error::TrySendError::Closed(_)) => return Handed::NotRunning,
+                Err(mpsc::error::TrySendError::Full(input)) => input,
+            }
+        } else if overflow.queued.len() >= OVERFLOW {
+            return Handed::Busy;
+        } else {
+            input
+        };
+        overflow.queued.push_back(input);
+        if !std::mem::replace(&mut overflow.draining, true) {
+            tokio::spawn(Arc::clone(self).drain());
+        }
+        Handed::Queued
+    }
+
     /// Moves the overflow into the queue as it has room, oldest first. A hand-off
     /// finds the overflow empty only once its last input is in the queue, so nothing
     /// overtakes what came before it.
@@ -327,26 +348,10 @@ impl Groups {
     /// one task moves into the queue in order, so one connection's acks reach the
     /// group in the order it sent them.
     fn hand(&self, tenant: &str, group: &str, input: Input) -> Handed {
-        let Some(handle) = self.handle(tenant, group) else {
-            return Handed::NotRunning;
-        };
-        let mut overflow = handle.overflow.lock();
-        let input = if overflow.queued.is_empty() {
-            match handle.tx.try_send(input) {
-                Ok(()) => return Handed::Queued,
-                Err(mpsc::error::TrySendError::Closed(_)) => return Handed::NotRunning,
-                Err(mpsc::error::TrySendError::Full(input)) => input,
-            }
-        } else if overflow.queued.len() >= OVERFLOW {
-            return Handed::Busy;
-        } else {
-            input
-        };
-        overflow.queued.push_back(input);
-        if !std::mem::replace(&mut overflow.draining, true) {
-            tokio::spawn(Arc::clone(&handle).drain());
+        match self.handle(tenant, group) {
+            Some(handle) => handle.offer(input),
+            None => Handed::NotRunning,
         }
-        Handed::Queued
     }
 
     /// Hands an ack (or nack, in-progress, term) to its group.
@@ -1321,4 +1326,68 @@ fn route_one(broker: &Broker, routes: &TenantRoutes, message: &Message<'_>) {
     let mut scratch = RouteScratch::default();
     let mut wakes = Wakes::default();
     broker.route(routes, None, message, &mut scratch, &mut wakes);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ack(version: u64) -> Input {
+        Input::Reply(Reply {
+            subject: Arc::from("orders.1"),
+            version,
+            attempt: 1,
+            kind: ReplyKind::Ack,
+            confirm: None,
+        })
+    }
+
+    #[tokio::test]
+    async fn acks_past_a_full_queue_arrive_in_order_and_a_bounded_overflow_says_busy() {
+        let (tx, mut rx) = mpsc::channel(2);
+        let handle = Arc::new(Handle {
+            name: "g".into(),
+            pattern: Pattern::parse_native("orders.>").unwrap(),
+            tx,
+            lagging: Arc::default(),
+            stopped: Arc::default(),
+            overflow: parking_lot::Mutex::default(),
+        });
+        // Nobody reads yet: two fit the queue, the rest wait in the overflow, and
+        // past its bound an ack is refused rather than held without limit.
+        let total = 2 + OVERFLOW as u64;
+        for version in 1..=total {
+            assert_eq!(handle.offer(ack(version)), Handed::Queued, "{version}");
+        }
+        assert_eq!(handle.offer(ack(total + 1)), Handed::Busy);
+        // Half are read, more come behind the rest: every ack arrives once, in the
+        // order it was offered, none overtaking the overflow.
+        let mut seen = Vec::new();
+        let read = |seen: &mut Vec<u64>, rx: &mut mpsc::Receiver<Input>| {
+            let Ok(Input::Reply(reply)) = rx.try_recv() else {
+                return false;
+            };
+            seen.push(reply.version);
+            true
+        };
+        while (seen.len() as u64) < total / 2 {
+            if !read(&mut seen, &mut rx) {
+                tokio::task::yield_now().await;
+            }
+        }
+        for version in total + 2..total + 12 {
+            assert_eq!(handle.offer(ack(version)), Handed::Queued, "{version}");
+        }
+        let expected: Vec<u64> = (1..=total).chain(total + 2..total + 12).collect();
+        while seen.len() < expected.len() {
+            if !read(&mut seen, &mut rx) {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert!(seen == expected, "acks were reordered or lost");
+        drop(rx);
+        // A group that is gone is said to be not running.
+        tokio::task::yield_now().await;
+        assert_eq!(handle.offer(ack(1)), Handed::NotRunning);
+    }
 }
