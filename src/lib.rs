@@ -12,6 +12,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod groups;
+pub mod schemas;
 pub mod server;
 pub mod session;
 pub mod store;
