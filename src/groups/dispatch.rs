@@ -191,7 +191,8 @@ pub struct Dispatcher {
     /// first observed (start at new).
     from_first: bool,
     /// Keyed by subject names clients choose, looked up on every take and ack:
-    /// foldhash, seeded at random per map, costs a fraction of SipHash on them.
+    /// foldhash (seeded at random per process, as the sequencer's maps) costs a
+    /// fraction of SipHash on them.
     subjects: HashMap<Arc<str>, SubjectState, foldhash::fast::RandomState>,
     members: HashMap<MemberId, Member, foldhash::fast::RandomState>,
     /// Unowned subjects with something to send, oldest first.

@@ -62,6 +62,15 @@ pub enum SubscribeRefusal {
     TooMany(usize),
 }
 
+/// Why a connection could not have an inbox of its own.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InboxRefusal {
+    #[error("{0}")]
+    Refused(#[from] SubscribeRefusal),
+    #[error("no inbox could be made: {0}")]
+    NotMade(String),
+}
+
 /// One connection's share of the server.
 pub struct Session {
     /// Boxed: it is cloned for wills, and an idle connection's task stays small.
@@ -282,6 +291,34 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Subscribes the connection to an inbox of its own, `_INBOX.<tag><random>.*`,
+    /// for the answers to requests the front end makes for its client (MQTT 5
+    /// response topics, `/ws` group calls); returns its prefix (`_INBOX.<…>.`, a
+    /// request number goes after it) and the subscription. The owner token is
+    /// random, since the first subscriber claims an inbox: a predictable one could
+    /// be taken first.
+    pub fn subscribe_private_inbox(
+        &mut self,
+        tag: &str,
+        sid: Bytes,
+        options: MqttOptions,
+    ) -> Result<(String, Arc<Subscription>), InboxRefusal> {
+        let mut token = [0u8; 16];
+        getrandom::fill(&mut token)
+            .map_err(|e| InboxRefusal::NotMade(format!("no random owner token: {e}")))?;
+        let mut prefix = format!("{}.{tag}", canopy_subjects::INBOX_TOKEN);
+        for byte in token {
+            prefix.push_str(&format!("{byte:02x}"));
+        }
+        prefix.push('.');
+        let text = format!("{prefix}*");
+        let pattern = Pattern::parse_native(&text)
+            .map_err(|e| InboxRefusal::NotMade(format!("{text}: {e}")))?;
+        self.admit_subscription(&text, &pattern, false)?;
+        let sub = self.subscribe(sid, pattern, None, Some(options));
+        Ok((prefix, sub))
     }
 
     /// Adds a subscription that [`Session::admit_subscription`] allowed.

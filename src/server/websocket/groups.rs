@@ -164,25 +164,21 @@ impl Connection {
         if let Some((prefix, _)) = &self.groups.inbox {
             return Ok(prefix.clone());
         }
-        // Random, since the first subscriber claims an inbox.
-        let mut token = [0u8; 16];
-        getrandom::fill(&mut token)
-            .map_err(|e| refusal(ErrorCode::Internal, format!("no random inbox: {e}")))?;
-        let mut prefix = String::from("_INBOX.ws");
-        for byte in token {
-            prefix.push_str(&format!("{byte:02x}"));
-        }
-        let text = format!("{prefix}.*");
-        let pattern = Pattern::parse_native(&text)
-            .map_err(|e| refusal(ErrorCode::Internal, e.to_string()))?;
-        self.session
-            .admit_subscription(&text, &pattern, false)
+        let options = MqttOptions {
+            qos: 0,
+            subscription_id: GROUP_SID,
+            ..MqttOptions::default()
+        };
+        let (prefix, sub) = self
+            .session
+            .subscribe_private_inbox("ws", Bytes::new(), options)
             .map_err(|refused| {
-                let code = subscribe_code(&refused);
+                let code = match &refused {
+                    session::InboxRefusal::Refused(refused) => subscribe_code(refused),
+                    session::InboxRefusal::NotMade(_) => ErrorCode::Internal,
+                };
                 refusal(code, format!("no inbox for the group's answers: {refused}"))
             })?;
-        let sub = self.subscribe_as(GROUP_SID, pattern);
-        prefix.push('.');
         self.groups.inbox = Some((prefix.clone(), sub));
         Ok(prefix)
     }

@@ -89,7 +89,7 @@ const UNWRITTEN_ROUNDS: usize = WRITES_AHEAD + 2;
 
 /// A tenant's part of one round: its first offset and (subject, version, bytes) list.
 /// The maps the sequencer looks up once or more per append, keyed by tenant and
-/// subject names that clients choose: foldhash, seeded at random per map, costs a
+/// subject names that clients choose: foldhash, seeded at random per process, costs a
 /// fraction of SipHash on short keys.
 pub(super) type SeededMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 

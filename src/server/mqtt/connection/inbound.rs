@@ -285,30 +285,15 @@ impl Connection {
         correlation: Bytes,
     ) -> Option<Bytes> {
         if self.reply_inbox.is_none() {
-            // The owner token is random: inboxes are claimed by their first
-            // subscriber, so a predictable one could be taken first.
-            let mut token = [0u8; 16];
-            getrandom::fill(&mut token).ok()?;
-            let mut prefix = String::from("_INBOX.mqtt");
-            for byte in token {
-                prefix.push_str(&format!("{byte:02x}"));
-            }
-            let text = format!("{prefix}.*");
-            let pattern = Pattern::parse_native(&text).ok()?;
-            self.session
-                .admit_subscription(&text, &pattern, false)
+            let options = MqttOptions {
+                qos: 2,
+                ..MqttOptions::default()
+            };
+            let inbox = self
+                .session
+                .subscribe_private_inbox("mqtt", Bytes::from_static(b"$reply"), options)
                 .ok()?;
-            let sub = self.session.subscribe(
-                Bytes::from_static(b"$reply"),
-                pattern,
-                None,
-                Some(MqttOptions {
-                    qos: 2,
-                    ..MqttOptions::default()
-                }),
-            );
-            prefix.push('.');
-            self.reply_inbox = Some((prefix, sub));
+            self.reply_inbox = Some(inbox);
         }
         let seq = self.next_request;
         self.next_request += 1;
