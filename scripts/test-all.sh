@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test of Canopy. On a fresh machine it first installs what the tests
 # need (a Python venv under target/ with nats-py, paho-mqtt and moto's S3 server;
-# Debian's mosquitto-clients for mosquitto_pub and mosquitto_sub; Node with MQTT.js and
-# playwright-core from tests/js/package-lock.json; Debian's chromium), starts an
+# Debian's mosquitto-clients for mosquitto_pub and mosquitto_sub; Node with MQTT.js,
+# playwright-core and the AsyncAPI specs from tests/js/package-lock.json; Debian's
+# chromium), starts an
 # S3-compatible server (moto) on a free loopback port for the S3 tests, runs the
 # whole suite, runs the durable-stream tests again on the file and S3 backends, and
 # stops moto. A missing tool is an error here, never a skipped test.
@@ -38,13 +39,14 @@ fi
   exit 1
 }
 
-# Node, MQTT.js and playwright-core (tests/js, pinned by its package-lock.json), for the
-# browser-side tests.
+# Node, MQTT.js, playwright-core and the AsyncAPI specs (tests/js, pinned by its
+# package-lock.json), for the browser-side tests and the AsyncAPI document's check.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   echo "test-all: installing nodejs and npm" >&2
   apt_install nodejs npm
 fi
 if [ ! -d tests/js/node_modules/mqtt ] || [ ! -d tests/js/node_modules/playwright-core ] ||
+  [ ! -d tests/js/node_modules/@asyncapi/specs ] ||
   [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
   echo "test-all: installing the JavaScript test clients (npm ci in tests/js)" >&2
   npm ci --prefix tests/js --no-audit --no-fund >&2

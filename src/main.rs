@@ -83,6 +83,13 @@ enum Command {
     /// time, in order).
     #[command(subcommand)]
     Group(cli::groups::GroupCommand),
+    /// Bind JSON Schemas to subject patterns; show, list and delete them, their
+    /// history and the messages they refused.
+    #[command(subcommand)]
+    Schema(cli::schemas::SchemaCommand),
+    /// Print the tenant's AsyncAPI 3.0 document: a channel per bound pattern, its
+    /// schema as the message payload, the operations your rules allow.
+    Asyncapi(cli::schemas::AsyncApiArgs),
     /// Measure live pub/sub throughput and latency of any NATS-protocol server.
     #[command(
         long_about = "Measure live pub/sub throughput and latency of any NATS-protocol \
@@ -404,6 +411,8 @@ async fn run(command: Command) -> Result<()> {
         Command::Tenant(command) => run_tenant(command).await,
         Command::User(command) => cli::users::run(command).await,
         Command::Group(command) => cli::groups::run(command).await,
+        Command::Schema(command) => cli::schemas::run(command).await,
+        Command::Asyncapi(args) => cli::schemas::asyncapi(args).await,
         Command::Purge(args) => {
             let (mut client, timeout) = connect(&args.connect, "canopy purge").await?;
             cli::streams::purge(&mut client, &args.target, args.yes, timeout).await

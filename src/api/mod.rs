@@ -12,6 +12,7 @@
 pub(crate) mod groups;
 pub mod jetstream;
 mod read;
+pub mod schemas;
 mod snapshots;
 pub mod tenants;
 mod users;
@@ -232,11 +233,22 @@ async fn dispatch(
         op if op.starts_with("tenant.") => tenants::dispatch(broker, store, call, answer).await,
         op if op.starts_with("user.") => users::dispatch(broker, store, call, answer).await,
         op if op.starts_with("group.") => groups::dispatch(broker, store, call, answer).await,
+        op if op.starts_with("schema.") => schemas::dispatch(broker, store, call, answer).await,
+        "asyncapi" => {
+            authorize(broker, &call.principal, Action::Publish, "$CANOPY.asyncapi")?;
+            let body: &[u8] = if call.body.is_empty() {
+                b"{}"
+            } else {
+                &call.body
+            };
+            answer.json(&schemas::asyncapi(broker, &call.principal, parse(body)?)?);
+            Ok(())
+        }
         other => Err(ApiError::new(
             404,
             format!(
                 "no API `{PREFIX}{other}`: use get, replay, subjects, append, snapshot.put, \
-                 snapshot.get, purge, tenant.*, user.* or group.*"
+                 snapshot.get, purge, tenant.*, user.*, group.*, schema.* or asyncapi"
             ),
         )),
     }

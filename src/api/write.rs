@@ -48,20 +48,49 @@ pub(super) async fn append(broker: &Broker, store: &Store, call: &ApiCall) -> Re
     if request.messages.is_empty() {
         return Err(ApiError::new(400, "an append needs at least one message"));
     }
+    // An append is all or nothing, so a message its schema refuses fails the whole
+    // append, whatever the binding does with a single invalid publish.
+    let binding = call.routes.schemas.for_subject(&request.subject);
     let mut messages = Vec::with_capacity(request.messages.len());
-    for message in request.messages {
+    for (i, message) in request.messages.into_iter().enumerate() {
         let payload = payload_of(message.data, message.data_base64)?;
-        let headers = if message.headers.is_empty() {
+        let own: Vec<_> = message
+            .headers
+            .into_iter()
+            .filter(|(name, _)| !name.eq_ignore_ascii_case(crate::schemas::SCHEMA_HEADER))
+            .collect();
+        let mut headers = if own.is_empty() {
             Bytes::new()
         } else {
             let mut map = HeaderMap::new();
-            for (name, value) in message.headers {
+            for (name, value) in own {
                 map.append(name, value);
             }
             let mut block = BytesMut::new();
             map.encode(&mut block);
             block.freeze()
         };
+        if let Some(binding) = &binding {
+            if let Err(violation) = binding.check(&payload) {
+                call.routes
+                    .schemas
+                    .record_error(crate::schemas::registry::RecentError {
+                        subject: request.subject.clone(),
+                        schema: binding.reference(),
+                        violation: violation.clone(),
+                        time_ms: broker.clock().now_ms(),
+                        dead_lettered: false,
+                    });
+                return Err(ApiError::new(
+                    400,
+                    format!(
+                        "message {i} does not match schema {} at {violation}; nothing was appended",
+                        binding.reference()
+                    ),
+                ));
+            }
+            headers = binding.stamp(&headers);
+        }
         let size = headers.len() + payload.len();
         call.routes
             .quota

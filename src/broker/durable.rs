@@ -109,6 +109,8 @@ pub struct StoreRequest {
     pub jetstream: bool,
     /// `Canopy-Await`: the ack waits for these groups to pass the message.
     pub awaiting: Option<Arc<Await>>,
+    /// The client sent a `Canopy-Schema` header, which only the server may set.
+    pub schema_header: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -155,6 +157,9 @@ impl StoreRequest {
                     request.jetstream = true;
                 }
                 "Canopy-Await" => await_groups = Some(value.as_str()),
+                other if other.eq_ignore_ascii_case(crate::schemas::SCHEMA_HEADER) => {
+                    request.schema_header = true;
+                }
                 "Canopy-Await-Timeout" => await_timeout = Some(value.as_str()),
                 other if other.starts_with("Nats-Expected-") => request.jetstream = true,
                 _ => {}

@@ -88,6 +88,8 @@ pub struct TenantRoutes {
     pub deleted: tokio_util::sync::CancellationToken,
     /// Which connection holds each reply inbox.
     pub inboxes: crate::session::InboxClaims,
+    /// The tenant's schema bindings, which its publishes are checked against.
+    pub schemas: Arc<crate::schemas::TenantSchemas>,
 }
 
 impl TenantRoutes {
@@ -113,6 +115,10 @@ pub struct Broker {
     clock: crate::clock::Clock,
     /// The running consumer groups.
     groups: groups::Groups,
+    /// Every tenant's schema bindings.
+    schemas: crate::schemas::Registry,
+    /// The listeners clients reach, as documents describing the server name them.
+    listeners: OnceLock<Vec<crate::schemas::asyncapi::Listener>>,
 }
 
 impl Broker {
@@ -128,7 +134,48 @@ impl Broker {
             tenant_records: crate::tenancy::Tenants::default(),
             clock: crate::clock::Clock::default(),
             groups: groups::Groups::default(),
+            schemas: crate::schemas::Registry::default(),
+            listeners: OnceLock::new(),
         }
+    }
+
+    /// Records the listeners' addresses, once they are bound; later calls are ignored.
+    pub fn advertise(&self, listeners: Vec<crate::schemas::asyncapi::Listener>) {
+        let _ = self.listeners.set(listeners);
+    }
+
+    /// The listeners clients reach.
+    pub fn listeners(&self) -> &[crate::schemas::asyncapi::Listener] {
+        self.listeners.get().map_or(&[], Vec::as_slice)
+    }
+
+    /// Every tenant's schema bindings.
+    pub fn schemas(&self) -> &crate::schemas::Registry {
+        &self.schemas
+    }
+
+    /// Loads every tenant's current schema bindings from the store; for the server's
+    /// start, once the store is attached. A version that no longer compiles is
+    /// skipped with a warning, and its subjects go unchecked.
+    pub async fn load_schemas(&self) -> Result<(), crate::store::StoreError> {
+        let Some(store) = self.store().cloned() else {
+            return Ok(());
+        };
+        for tenant in self.tenant_records.list() {
+            let records = store.tenant_schemas(&tenant.name).await?;
+            let bindings = crate::schemas::current_bindings(
+                records
+                    .iter()
+                    .map(|r| (r.pattern.as_str(), r.version, &r.record[..])),
+                |pattern, error| {
+                    tracing::warn!(tenant = %tenant.name, pattern, %error, "a stored schema cannot be used; its subjects are not checked");
+                },
+            );
+            if !bindings.is_empty() {
+                self.schemas.tenant(&tenant.name).set(bindings);
+            }
+        }
+        Ok(())
     }
 
     /// The running consumer groups.

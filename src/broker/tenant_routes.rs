@@ -36,6 +36,7 @@ impl Broker {
                 )),
                 deleted: tokio_util::sync::CancellationToken::new(),
                 inboxes: crate::session::InboxClaims::default(),
+                schemas: self.schemas.tenant(tenant),
             })
         });
         Arc::clone(routes)
@@ -65,8 +66,10 @@ impl Broker {
         if let Some(routes) = self.tenants.write().remove(name) {
             routes.deleted.cancel();
         }
-        // Its groups stop too: their cursors go with the tenant's data.
+        // Its groups stop too: their cursors go with the tenant's data; so do its
+        // schemas.
         self.groups().stop_tenant(name);
+        self.schemas.evict(name);
     }
 
     /// Tells the store every tenant's stored limits (at start, after loading).

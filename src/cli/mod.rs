@@ -7,6 +7,7 @@ pub mod bench;
 pub mod connect;
 pub mod groups;
 pub mod pubsub;
+pub mod schemas;
 pub mod serve;
 pub mod streams;
 pub mod tenants;

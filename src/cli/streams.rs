@@ -136,6 +136,20 @@ pub(super) fn line(message: &Received, json_output: bool) -> String {
         if snapshot {
             object["snapshot"] = true.into();
         }
+        // The schema the server checked the message against, `<pattern>@<version>`.
+        if let Some((pattern, version)) =
+            header(message, "Canopy-Schema").and_then(|s| s.rsplit_once('@'))
+        {
+            object["schema"] = json!({"pattern": pattern, "version": version.parse::<u64>().ok()});
+        }
+        for (name, key) in [
+            ("Canopy-Dead-Subject", "dead_subject"),
+            ("Canopy-Dead-Reason", "dead_reason"),
+        ] {
+            if let Some(value) = header(message, name) {
+                object[key] = value.into();
+            }
+        }
         if let Some(headers) = &message.headers {
             let own: serde_json::Map<String, Value> = headers
                 .entries

@@ -70,21 +70,22 @@ pub struct Breakage {
 /// Checks `new` (about to become version `earlier.len() + 1`) against the earlier
 /// versions of its binding, oldest first, under `mode`.
 pub fn check(mode: Mode, earlier: &[Value], new: &Value) -> Result<(), Breakage> {
-    let next = earlier.len() + 1;
-    let against: Vec<(usize, &Value)> = match mode {
-        Mode::None => Vec::new(),
-        Mode::Backward | Mode::Forward | Mode::Full => earlier
-            .iter()
-            .enumerate()
-            .map(|(i, v)| (i + 1, v))
-            .next_back()
-            .into_iter()
-            .collect(),
-        _ => earlier
-            .iter()
-            .enumerate()
-            .map(|(i, v)| (i + 1, v))
-            .collect(),
+    let numbered: Vec<(u64, &Value)> = earlier.iter().zip(1..).map(|(v, n)| (n, v)).collect();
+    check_numbered(mode, &numbered, earlier.len() as u64 + 1, new)
+}
+
+/// [`check`] with the versions' own numbers: `earlier` oldest first, `new` to become
+/// version `next` (a binding's numbers go on across a deletion).
+pub fn check_numbered(
+    mode: Mode,
+    earlier: &[(u64, &Value)],
+    next: u64,
+    new: &Value,
+) -> Result<(), Breakage> {
+    let against: &[(u64, &Value)] = match mode {
+        Mode::None => &[],
+        Mode::Backward | Mode::Forward | Mode::Full => &earlier[earlier.len().saturating_sub(1)..],
+        _ => earlier,
     };
     let backward = matches!(
         mode,
@@ -94,7 +95,7 @@ pub fn check(mode: Mode, earlier: &[Value], new: &Value) -> Result<(), Breakage>
         mode,
         Mode::Forward | Mode::ForwardTransitive | Mode::Full | Mode::FullTransitive
     );
-    for (version, old) in against {
+    for &(version, old) in against {
         let fail = |direction: String| {
             move |(path, what): (String, String)| Breakage {
                 direction,

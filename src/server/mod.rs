@@ -200,7 +200,32 @@ impl Server {
             crate::api::tenants::spawn_purge(Arc::clone(&store), tenant);
         }
         broker.attach_store(store);
+        let tls_on = |listener: &str| config.tls.on(listener);
+        let mut listeners = vec![crate::schemas::asyncapi::Listener {
+            name: "nats",
+            protocol: "nats",
+            host: native_addr.to_string(),
+            pathname: None,
+        }];
+        if let Some((_, addr)) = &mqtt {
+            listeners.push(crate::schemas::asyncapi::Listener {
+                name: "mqtt",
+                protocol: if tls_on("mqtt") { "mqtts" } else { "mqtt" },
+                host: addr.to_string(),
+                pathname: None,
+            });
+        }
+        if let Some((_, addr)) = &http {
+            listeners.push(crate::schemas::asyncapi::Listener {
+                name: "ws",
+                protocol: if tls_on("http") { "wss" } else { "ws" },
+                host: addr.to_string(),
+                pathname: Some("/ws"),
+            });
+        }
+        broker.advertise(listeners);
         broker.apply_stored_limits().await?;
+        broker.load_schemas().await?;
         broker.start_groups().await?;
         Ok(Server {
             config: Arc::new(config),

@@ -3,8 +3,9 @@
 //!
 //! Order matters and is the same everywhere: the subject's syntax and limits, the
 //! API prefix (native calls only), the server's namespaces, the user's rules, the
-//! size limit (headers plus payload), the store policy and its headers, the stored
-//! bytes limit, then the rate quotas (last, so a refused publish spends no token).
+//! size limit (headers plus payload), the subject's schema, the store policy and its
+//! headers, the stored bytes limit, then the rate quotas (last, so a refused publish
+//! spends no token).
 //! This module decides and hands over; it must never touch a socket.
 
 use std::sync::Arc;
@@ -19,6 +20,8 @@ use crate::broker::durable::{
 };
 use crate::broker::{Broker, Message, Outbox, RouteScratch, TenantRoutes, Wakes};
 use crate::config::StorePolicy;
+use crate::schemas::registry::RecentError;
+use crate::schemas::{Binding, OnInvalid, Violation};
 use crate::store::{AckTo, AppendOutcome, AppendRequest, NewMessage, RouteTag};
 use crate::tenancy::quota::Exceeded;
 use crate::tenancy::{Action, Denied, Principal};
@@ -115,6 +118,17 @@ pub enum Refusal {
     OverQuota(Exceeded),
     #[error("invalid Canopy header: {0}")]
     BadHeader(String),
+    /// The payload does not match the schema bound to its subject.
+    #[error("the message does not match schema {} at {}", .0.schema, .0.violation)]
+    Invalid(Box<Invalid>),
+}
+
+/// A payload its subject's schema refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// `<pattern>@<version>`.
+    pub schema: String,
+    pub violation: Violation,
 }
 
 impl Refusal {
@@ -147,11 +161,28 @@ pub struct Decision<'p> {
 
 enum Route<'p> {
     Call,
-    Live,
+    /// Routed now; with the schema the payload was checked against, when one is bound.
+    Live(Option<Arc<Binding>>),
     Store {
         policy: &'p StorePolicy,
         request: StoreRequest,
+        /// The schema the payload was checked against, stamped on the message.
+        schema: Option<Arc<Binding>>,
     },
+    /// Its schema refused it and says to keep it under a dead-letter subject.
+    DeadLetter {
+        policy: Option<&'p StorePolicy>,
+        request: StoreRequest,
+        binding: Arc<Binding>,
+        violation: Violation,
+    },
+}
+
+/// What the subject's schema made of a payload.
+enum Checked {
+    Unbound,
+    Valid(Arc<Binding>),
+    DeadLetter(Arc<Binding>, Violation),
 }
 
 /// What became of a publish that was taken.
@@ -247,26 +278,41 @@ impl Publisher {
                 limit: self.limits.max_payload,
             });
         }
-        let route = match self.broker.store_policy(subject) {
-            None => Route::Live,
-            Some(policy) => {
-                let request = if publish.headers.is_empty() {
-                    StoreRequest::default()
-                } else {
-                    StoreRequest::from_headers(&publish.headers)
-                        .map_err(|bad| Refusal::BadHeader(bad.0))?
-                };
-                if self
-                    .broker
-                    .store()
-                    .is_some_and(|store| store.at_bytes_limit(&self.routes.name))
-                {
-                    return Err(Refusal::OverQuota(
-                        self.routes.quota.stored_bytes_exceeded(),
-                    ));
-                }
-                Route::Store { policy, request }
-            }
+        let checked = self.check_schema(publish)?;
+        let policy = self.broker.store_policy(subject);
+        let request = match policy {
+            Some(_) if !publish.headers.is_empty() => StoreRequest::from_headers(&publish.headers)
+                .map_err(|bad| Refusal::BadHeader(bad.0))?,
+            _ => StoreRequest::default(),
+        };
+        let stored = policy.is_some() || matches!(checked, Checked::DeadLetter(..));
+        if stored
+            && self
+                .broker
+                .store()
+                .is_some_and(|store| store.at_bytes_limit(&self.routes.name))
+        {
+            return Err(Refusal::OverQuota(
+                self.routes.quota.stored_bytes_exceeded(),
+            ));
+        }
+        let route = match (checked, policy) {
+            (Checked::DeadLetter(binding, violation), policy) => Route::DeadLetter {
+                policy,
+                request,
+                binding,
+                violation,
+            },
+            (checked, Some(policy)) => Route::Store {
+                policy,
+                request,
+                schema: match checked {
+                    Checked::Valid(binding) => Some(binding),
+                    _ => None,
+                },
+            },
+            (Checked::Valid(binding), None) => Route::Live(Some(binding)),
+            (_, None) => Route::Live(None),
         };
         let throttled = match publish.admission {
             Admission::Refusable => {
@@ -283,6 +329,120 @@ impl Publisher {
             charged: true,
             throttled,
         })
+    }
+
+    /// Checks the payload against the schema bound to its subject, if any: refused
+    /// (and remembered for the console) when invalid, unless the binding keeps
+    /// invalid messages as dead letters and a store is open.
+    #[inline]
+    fn check_schema(&self, publish: &Publish<'_>) -> Result<Checked, Refusal> {
+        let schemas = &self.routes.schemas;
+        let Some(binding) = schemas.for_subject(publish.subject) else {
+            return Ok(Checked::Unbound);
+        };
+        // MQTT clears a retained message with an empty retained publish: a deletion,
+        // not a document.
+        if publish.retain && publish.payload.is_empty() {
+            return Ok(Checked::Unbound);
+        }
+        let Err(violation) = binding.check(&publish.payload) else {
+            return Ok(Checked::Valid(binding));
+        };
+        let keep =
+            binding.stored.on_invalid == OnInvalid::DeadLetter && self.broker.store().is_some();
+        schemas.record_error(RecentError {
+            subject: publish.subject.to_owned(),
+            schema: binding.reference(),
+            violation: violation.clone(),
+            time_ms: self.broker.clock().now_ms(),
+            dead_lettered: keep,
+        });
+        if keep {
+            return Ok(Checked::DeadLetter(binding, violation));
+        }
+        Err(Refusal::Invalid(Box::new(Invalid {
+            schema: binding.reference(),
+            violation,
+        })))
+    }
+
+    /// Who hears from the store about a publish stored under `policy`: its ack
+    /// address, if it asked for one.
+    fn ack_address(&self, publish: &Publish<'_>, jetstream: bool) -> Option<AckTo> {
+        match &publish.ack {
+            AskAck::Nobody => None,
+            AskAck::To(to) => Some(to.clone()),
+            AskAck::Inbox(number) => Some(AckTo {
+                address: crate::broker::envelope::ack_address(self.origin, *number),
+                flags: crate::broker::durable::ACK_MQTT,
+                awaiting: None,
+            }),
+            AskAck::Reply => publish.reply.as_ref().map(|address| AckTo {
+                address: address.clone(),
+                flags: if jetstream {
+                    crate::broker::durable::ACK_JETSTREAM
+                } else {
+                    0
+                },
+                awaiting: None,
+            }),
+        }
+    }
+
+    /// Keeps a message its schema refused under the binding's dead-letter subject,
+    /// with its own headers and why, acknowledged as its own subject would have
+    /// been (a live subject's publish asked the store nothing, so it hears nothing).
+    fn dead_letter(
+        &self,
+        publish: Publish<'_>,
+        policy: Option<&StorePolicy>,
+        request: StoreRequest,
+        binding: &Binding,
+        violation: &Violation,
+        appends: &mut Vec<AppendRequest>,
+    ) -> Published {
+        let subject = binding.dead_letter_subject(publish.subject);
+        let mut headers =
+            canopy_protocols::native::HeaderMap::parse(&publish.headers).unwrap_or_default();
+        headers
+            .entries
+            .retain(|(name, _)| !name.eq_ignore_ascii_case(crate::schemas::SCHEMA_HEADER));
+        headers.insert(crate::schemas::SCHEMA_HEADER, binding.reference());
+        headers.insert("Canopy-Dead-Subject", publish.subject.to_owned());
+        headers.insert("Canopy-Dead-Reason", format!("schema: {violation}"));
+        let mut block = bytes::BytesMut::new();
+        headers.encode(&mut block);
+        let ack = match (&publish.ack, policy) {
+            (AskAck::Reply, None) => None,
+            (AskAck::Reply, Some(policy)) => {
+                self.ack_address(&publish, request.jetstream || !request.wants_ack(policy))
+            }
+            _ => self.ack_address(&publish, false),
+        };
+        let acked = ack.is_some();
+        let dead_policy = self.broker.store_policy(&subject);
+        appends.push(AppendRequest {
+            tenant: Arc::clone(&self.routes.name),
+            subject: Arc::from(subject),
+            messages: vec![NewMessage {
+                headers: block.freeze(),
+                payload: publish.payload,
+                flags: publish.flags,
+            }],
+            expect: None,
+            msg_id: None,
+            durability: crate::store::Durability::Durable,
+            ack,
+            route: RouteTag {
+                origin: self.origin,
+                flags: 0,
+                reply: None,
+            },
+            compaction: dead_policy.and_then(StorePolicy::compaction),
+            max_versions: dead_policy.map_or(0, |p| p.max_versions),
+            retain: false,
+        });
+        Published::Stored { acked }
     }
 
     /// Routes a publish to the live subscribers now, with NATS's no-responders
@@ -348,8 +508,32 @@ impl Publisher {
                 api::spawn(Arc::clone(&self.broker), call);
                 Published::Call
             }
-            Route::Live => self.route_live(publish, outbox, scratch, wakes),
-            Route::Store { policy, request } => {
+            Route::Live(schema) => {
+                // The header says the server checked it: a client's own never passes.
+                let publish = match &schema {
+                    Some(binding) => Publish {
+                        headers: binding.stamp(&publish.headers),
+                        ..publish
+                    },
+                    None if !publish.headers.is_empty() => Publish {
+                        headers: crate::schemas::strip_schema_header(&publish.headers),
+                        ..publish
+                    },
+                    None => publish,
+                };
+                self.route_live(publish, outbox, scratch, wakes)
+            }
+            Route::DeadLetter {
+                policy,
+                request,
+                binding,
+                violation,
+            } => self.dead_letter(publish, policy, request, &binding, &violation, appends),
+            Route::Store {
+                policy,
+                request,
+                schema,
+            } => {
                 let to_reply = matches!(publish.ack, AskAck::Reply);
                 // A request with no store headers to a stored subject: a service's
                 // when one answers the subject (it is then not stored, and only the
@@ -357,6 +541,15 @@ impl Publisher {
                 // with its PubAck (and that only watchers see). Stored means acked.
                 let plain_request =
                     to_reply && publish.reply.is_some() && !request.wants_ack(policy);
+                // The header says the server checked it: a client's own never passes.
+                let headers = match &schema {
+                    Some(binding) => binding.stamp(&publish.headers),
+                    None if request.schema_header => {
+                        crate::schemas::strip_schema_header(&publish.headers)
+                    }
+                    None => publish.headers.clone(),
+                };
+                let publish = Publish { headers, ..publish };
                 if plain_request {
                     let skip = outbox.filter(|o| !o.echo()).map(|o| o.conn_id);
                     if self
@@ -366,24 +559,7 @@ impl Publisher {
                         return self.route_live(publish, outbox, scratch, wakes);
                     }
                 }
-                let ack = match publish.ack {
-                    AskAck::Nobody => None,
-                    AskAck::To(to) => Some(to),
-                    AskAck::Inbox(number) => Some(AckTo {
-                        address: crate::broker::envelope::ack_address(self.origin, number),
-                        flags: crate::broker::durable::ACK_MQTT,
-                        awaiting: None,
-                    }),
-                    AskAck::Reply => publish.reply.as_ref().map(|address| AckTo {
-                        address: address.clone(),
-                        flags: if request.jetstream || plain_request {
-                            crate::broker::durable::ACK_JETSTREAM
-                        } else {
-                            0
-                        },
-                        awaiting: None,
-                    }),
-                };
+                let ack = self.ack_address(&publish, request.jetstream || plain_request);
                 let acked = ack.is_some();
                 // The reply belongs to the ack when the store answers a publish that
                 // asked for one; otherwise it is a request that subscribers may answer.
@@ -437,6 +613,12 @@ impl Publisher {
         let tenant = &self.routes.name;
         match refusal {
             Refusal::BadHeader(why) => Some((reply, bad_request_body(tenant, why))),
+            // A publish that waits for the store (an ack asked for, or a JetStream
+            // publish: a reply to a stored subject) hears its schema's refusal there.
+            Refusal::Invalid(_) => {
+                self.broker.store_policy(publish.subject)?;
+                Some((reply, bad_request_body(tenant, &refusal.to_string())))
+            }
             Refusal::OverQuota(exceeded) => {
                 let policy = self.broker.store_policy(publish.subject)?;
                 let request = if publish.headers.is_empty() {

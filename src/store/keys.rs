@@ -15,6 +15,7 @@
 //!  user      'u' tenant 0x00 name                           -> a user's record (JSON, users.rs)
 //!  group     'k' tenant 0x00 name                           -> a consumer group's definition (JSON, groups.rs)
 //!  cursor    'z' tenant 0x00 group 0x00 subject 0x00        -> the group's cursor in the subject (u64be)
+//!  schema    'y' tenant 0x00 pattern 0x00 version:u64be     -> one version of a schema binding (JSON, schemas.rs)
 //!  format    'x' "format"                                   -> format version
 //! ```
 //!
@@ -37,8 +38,10 @@ pub const TENANT: u8 = b't';
 pub const USER: u8 = b'u';
 pub const GROUP: u8 = b'k';
 pub const CURSOR: u8 = b'z';
+pub const SCHEMA: u8 = b'y';
 /// Every kind of key that belongs to one tenant's data (not its record).
-pub const TENANT_KINDS: [u8; 12] = [
+pub const TENANT_KINDS: [u8; 13] = [
+    SCHEMA,
     USER,
     GROUP,
     CURSOR,
@@ -184,6 +187,30 @@ pub fn cursor_subject<'k>(key: &'k [u8], tenant: &str, group: &str) -> Option<&'
     let start = 2 + tenant.len() + group.len() + 1;
     let rest = key.get(start..key.len().checked_sub(1)?)?;
     std::str::from_utf8(rest).ok()
+}
+
+/// One version of a schema binding.
+pub fn schema(tenant: &str, pattern: &str, version: u64) -> Bytes {
+    versioned(SCHEMA, tenant, pattern, version)
+}
+
+/// Every version of one schema binding.
+pub fn schema_range(tenant: &str, pattern: &str) -> std::ops::Range<Bytes> {
+    versioned_range(SCHEMA, tenant, pattern, 0)
+}
+
+/// The pattern and version of a schema key of `tenant`.
+pub fn schema_parts<'k>(key: &'k [u8], tenant: &str) -> Option<(&'k str, u64)> {
+    let rest = key
+        .strip_prefix(&[SCHEMA])?
+        .strip_prefix(tenant.as_bytes())?
+        .strip_prefix(&[0])?;
+    let split = rest.len().checked_sub(9)?;
+    let (pattern, tail) = rest.split_at(split);
+    let version = tail.strip_prefix(&[0])?;
+    let pattern = std::str::from_utf8(pattern).ok()?;
+    let version = u64::from_be_bytes(version.try_into().ok()?);
+    Some((pattern, version))
 }
 
 /// Every tenant record.

@@ -329,10 +329,14 @@ async fn the_console_shows_cli_and_mqtt_traffic_streams_and_conflicts() {
     let burst = script.expect("burst:").await;
     assert!(burst.starts_with("2003 counted"), "{burst}");
     script.expect("stream view opened from the tree").await;
+    script
+        .expect("stream view shows the schema and its refusals")
+        .await;
     for view in [
         "console-subscribe",
         "console-burst",
         "console-conflict",
+        "console-schema",
         "console-overview",
     ] {
         let path = script.expect(&format!("screenshot {view} ")).await;

@@ -892,6 +892,9 @@ pub enum Want {
     Disconnect(u8),
     /// The connection closes without any answer (MQTT 3.1.1 has no way to refuse).
     Closed,
+    /// Acknowledged like a taken publish, but neither delivered nor stored (what
+    /// MQTT 3.1.1 does with a message its schema refuses).
+    Dropped,
     /// `/ws` error with this code; the socket goes on.
     WsError(&'static str),
     /// `/ws`: close code 1009, or an error `too_large` (the socket then goes on).
@@ -946,7 +949,7 @@ impl Want {
     /// Whether `answer` is this answer; `None` when it is, else what differs.
     pub fn check(&self, answer: &Answer) -> Option<String> {
         let ok = match (self, answer) {
-            (Want::Taken, Answer::Taken { .. }) => true,
+            (Want::Taken | Want::Dropped, Answer::Taken { .. }) => true,
             (
                 Want::NatsErr {
                     text,
@@ -999,6 +1002,7 @@ impl std::fmt::Display for Want {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Want::Taken => write!(f, "taken and delivered"),
+            Want::Dropped => write!(f, "acknowledged, not delivered"),
             Want::NatsErr {
                 text,
                 prefix,

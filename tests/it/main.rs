@@ -2,6 +2,7 @@
 //! clients (async-nats, nats-py, the `canopy` binary, raw TCP). One test binary, so
 //! CI links once.
 
+mod asyncapi;
 mod auth;
 mod bench;
 mod bench_mqtt;
@@ -35,6 +36,7 @@ mod refusals;
 mod replies;
 mod response_topics;
 mod s3;
+mod schemas;
 mod snapshots;
 mod tenants;
 mod tls;

@@ -34,6 +34,8 @@ enum Prepare {
     WarmUp,
     /// The row's subject at version 1, so that expecting version 0 is stale.
     FirstVersion,
+    /// A JSON Schema bound to `ok.typed.*` (a number `t`, required) in the cell's tenant.
+    Schema,
 }
 
 struct Row {
@@ -219,6 +221,30 @@ fn rows() -> Vec<Row> {
             ],
         ),
         Row {
+            prepare: Prepare::Schema,
+            ..row(
+                "invalid under the schema bound to its subject",
+                Message {
+                    payload: br#"{"t": "warm"}"#.to_vec(),
+                    ..message("ok.typed.x", "ok/typed/x")
+                },
+                true,
+                [
+                    Want::err_prefix(
+                        "Invalid Message: the message does not match schema ok.typed.*@1 at /t: ",
+                    ),
+                    Want::PubAck {
+                        code: 0x99,
+                        why: true,
+                        property: None,
+                    },
+                    // MQTT 3.1.1 cannot refuse, and closing brings the message back.
+                    Want::Dropped,
+                    Want::WsError("invalid_message"),
+                ],
+            )
+        },
+        Row {
             prepare: Prepare::FirstVersion,
             ..row(
                 "conflict (expected version 0, the subject is at 1)",
@@ -278,8 +304,28 @@ async fn run_cell(
             Ok(publisher) => publisher,
             Err(e) => return vec![format!("the publisher cannot connect: {e}")],
         };
+    if let Prepare::Schema = row.prepare {
+        let owner = match async_nats::ConnectOptions::with_token(tokens[1].clone())
+            .connect(addrs.native.to_string())
+            .await
+        {
+            Ok(owner) => owner,
+            Err(e) => return vec![format!("the schema's owner cannot connect: {e}")],
+        };
+        let schema =
+            json!({"type": "object", "properties": {"t": {"type": "number"}}, "required": ["t"]});
+        let (status, body) = crate::common::api(
+            &owner,
+            "schema.put",
+            json!({"pattern": "ok.typed.*", "schema": schema}),
+        )
+        .await;
+        if status != 200 {
+            return vec![format!("the schema was not bound: {body}")];
+        }
+    }
     let first = match row.prepare {
-        Prepare::Nothing => None,
+        Prepare::Nothing | Prepare::Schema => None,
         Prepare::WarmUp => Some(Message::plain("ok.warm", b"warm-up")),
         Prepare::FirstVersion => Some(Message {
             expect_version: Some(0),

@@ -2,11 +2,15 @@
 // tests/it/browser.rs. It subscribes to devices.*.temp and sees messages published by
 // the `canopy` CLI and by an MQTT client, pauses and resumes, follows a fast stream
 // with a bounded list, opens a subject's history from the tree, sees a stale
-// expected version answered as a conflict, and shows the overview. Screenshots of
+// expected version answered as a conflict, shows a bound schema and the messages it
+// refused, and shows the overview. Screenshots of
 // each view are saved (browser.mjs says where).
 //
 // Usage: node console_check.mjs HTTP_ORIGIN NATS_URL MQTT_URL CANOPY_BINARY
 import { execFile } from "node:child_process";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { promisify } from "node:util";
 import mqtt from "mqtt";
 import { withBrowser, WAIT_MS } from "./browser.mjs";
@@ -103,6 +107,35 @@ await withBrowser(async (browser) => {
   await page.locator('#stream-history tr[data-version="2"]').waitFor({ timeout: WAIT_MS });
   const stored = await cli("get", "devices.1.temp");
   check(stored.stdout.includes('{"t":22}'), `the CLI reads what the console stored: ${stored.stdout}`);
+
+  // A schema bound to the subject: the stream view shows it, a message it refuses is
+  // answered invalid_message and listed under "Refused lately", and what it takes is
+  // stored with the schema's version shown in the history.
+  const schemaFile = join(mkdtempSync(join(tmpdir(), "console-schema-")), "t.json");
+  writeFileSync(schemaFile, JSON.stringify({ type: "object", properties: { t: { type: "number" } }, required: ["t"] }));
+  await cli("schema", "put", "devices.*.temp", schemaFile);
+  await page.fill("#pub-expect", "");
+  await page.fill("#pub-data", '{"t":"warm"}');
+  await page.click("#pub-go");
+  await page.locator("#pub-result.error").waitFor({ timeout: WAIT_MS });
+  const refused = await text("#pub-result");
+  check(refused.startsWith("invalid_message:") && refused.includes("/t"), `refusal shown: ${refused}`);
+  await page.waitForFunction(() => document.getElementById("stream-errors").textContent.includes("/t"), null, {
+    timeout: WAIT_MS,
+    polling: 100,
+  });
+  check((await text("#stream-schema")).includes("devices.*.temp version 1"), `schema: ${await text("#stream-schema")}`);
+  await page.fill("#pub-data", '{"t":23}');
+  await page.click("#pub-go");
+  await page.waitForFunction(() => document.getElementById("pub-result").textContent.includes("stored as version 3"), null, {
+    timeout: WAIT_MS,
+    polling: 100,
+  });
+  await page.locator('#stream-history tr[data-version="3"]').waitFor({ timeout: WAIT_MS });
+  const newest = await page.locator('#stream-history tr[data-version="3"]').innerText();
+  check(newest.includes("devices.*.temp@1"), `the schema version is shown: ${newest}`);
+  console.log("stream view shows the schema and its refusals");
+  console.log(`screenshot console-schema ${await view.screenshot("console-schema")}`);
 
   // The overview: connections by protocol, rates, and the facts table.
   await page.click('nav [data-view="overview"]');

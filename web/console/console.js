@@ -72,6 +72,19 @@ const token = () => sessionStorage.getItem("canopy-token") ?? undefined;
 let loginRequired;
 
 /** Whether the server wants a token this tab does not have yet: then the form shows. */
+/** The tab's token as HTTP headers, for the HTTP API (none before there is one). */
+function authHeaders() {
+  return token() === undefined ? {} : { Authorization: `Bearer ${token()}` };
+}
+
+/** GETs a JSON API path. */
+async function getJson(path) {
+  const response = await fetch(path, { cache: "no-store", headers: authHeaders() });
+  const body = await response.json();
+  if (!response.ok) throw new Error(body?.error?.description ?? `HTTP ${response.status}`);
+  return body;
+}
+
 async function needsLogin() {
   try {
     const rules = await (await fetch("/api/login", { cache: "no-store" })).json();
@@ -506,12 +519,46 @@ const streamView = {
       $("stream-snapshot").textContent =
         error instanceof CanopyError && error.code === "not_found" ? "none" : String(error.message);
     }
+    await this.schema();
     this.oldest = this.head + 1;
     await this.older();
     try {
       this.follow = await canopy.subscribe(subject, (msg) => this.live(msg));
     } catch (error) {
       this.failed(error);
+    }
+  },
+
+  /** The schema the subject falls under, and the messages it refused lately. */
+  async schema() {
+    const subject = encodeURIComponent(this.subject);
+    try {
+      const [binding] = (await getJson(`/api/schemas?subject=${subject}`)).schemas;
+      if (!binding) {
+        $("stream-schema").textContent = "none: payloads are not checked";
+      } else {
+        const box = document.createElement("div");
+        const invalid = binding.on_invalid === "dead_letter" ? `kept under ${binding.dead_letter}.${this.subject}` : "refused";
+        box.textContent = `${binding.pattern} version ${binding.version} (${binding.mode}; invalid messages ${invalid})`;
+        const pre = document.createElement("pre");
+        pre.className = "json";
+        pre.textContent = JSON.stringify(binding.schema, null, 2);
+        $("stream-schema").replaceChildren(box, pre);
+      }
+      const { errors } = await getJson(`/api/schema-errors?subject=${subject}`);
+      if (!errors.length) {
+        $("stream-errors").textContent = "none";
+      } else {
+        const list = document.createElement("ul");
+        for (const error of errors.slice(-10).reverse()) {
+          const item = document.createElement("li");
+          item.textContent = `${clock(error.time_ms)} ${error.schema} at ${error.path || "/"}: ${error.message}${error.dead_lettered ? " (dead-lettered)" : ""}`;
+          list.append(item);
+        }
+        $("stream-errors").replaceChildren(list);
+      }
+    } catch (error) {
+      $("stream-schema").textContent = String(error.message ?? error);
     }
   },
 
@@ -546,6 +593,7 @@ const streamView = {
     cell(row, msg.version);
     cell(row, msg.time_ms ? clock(msg.time_ms) : clock(Date.now()));
     cell(row, msg.offset ?? "–");
+    cell(row, msg.headers?.["Canopy-Schema"] ?? "–");
     cell(row, preview(msg.data), "payload");
     return row;
   },
@@ -593,6 +641,7 @@ const streamView = {
       } else {
         result.className = "error";
         result.textContent = error instanceof CanopyError ? `${error.code}: ${error.message}` : String(error.message);
+        if (error instanceof CanopyError && error.code === "invalid_message") await this.schema();
       }
     }
   },
@@ -699,8 +748,7 @@ const overview = {
       // only its tenant's lines); until there is one, there is nothing to ask.
       if (loginRequired === undefined) await needsLogin();
       if (loginRequired && token() === undefined) return;
-      const headers = token() === undefined ? {} : { Authorization: `Bearer ${token()}` };
-      const response = await fetch("/metrics", { cache: "no-store", headers });
+      const response = await fetch("/metrics", { cache: "no-store", headers: authHeaders() });
       if (!response.ok) return;
       now = parseMetrics(await response.text());
     } catch {

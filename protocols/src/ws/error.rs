@@ -29,6 +29,8 @@ pub enum ErrorCode {
     Conflict,
     /// The tenant's subscriptions, publish rate, stored bytes or subjects.
     QuotaExceeded,
+    /// The payload does not match the schema bound to its subject.
+    InvalidMessage,
     /// Too many publishes waiting for the store on this connection.
     Busy,
     /// The store is not open, closing, or failed.
@@ -49,6 +51,7 @@ impl ErrorCode {
             Self::NotFound => "not_found",
             Self::Conflict => "conflict",
             Self::QuotaExceeded => "quota_exceeded",
+            Self::InvalidMessage => "invalid_message",
             Self::Busy => "busy",
             Self::Unavailable => "unavailable",
             Self::Internal => "internal",
@@ -65,6 +68,7 @@ impl ErrorCode {
         Self::NotFound,
         Self::Conflict,
         Self::QuotaExceeded,
+        Self::InvalidMessage,
         Self::Busy,
         Self::Unavailable,
         Self::Internal,
@@ -186,6 +190,7 @@ mod tests {
                 "not_found",
                 "conflict",
                 "quota_exceeded",
+                "invalid_message",
                 "busy",
                 "unavailable",
                 "internal"

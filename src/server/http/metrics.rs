@@ -239,6 +239,36 @@ fn render_tenants(out: &mut String, state: &HttpState, only: Option<&str>, subje
         "Publishes taken late because the connection was held to the rate, by tenant.",
         &by_tenant(&|u, _| u.throttled),
     );
+    let tallies: Vec<_> = state
+        .broker
+        .schemas()
+        .tallies()
+        .into_iter()
+        .filter(|(name, ..)| only.is_none_or(|only| **name == *only))
+        .collect();
+    let schema_lines = |pick: &dyn Fn(u64, u64) -> u64| {
+        tallies
+            .iter()
+            .map(|(name, refused, dead)| {
+                (
+                    format!("{{tenant=\"{name}\"}}"),
+                    pick(*refused, *dead) as f64,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    metric(
+        "canopy_tenant_schema_refused_total",
+        "counter",
+        "Publishes the schema bound to their subject refused, by tenant.",
+        &schema_lines(&|refused, _| refused),
+    );
+    metric(
+        "canopy_tenant_schema_dead_lettered_total",
+        "counter",
+        "Publishes the schema bound to their subject refused, kept as dead letters, by tenant.",
+        &schema_lines(&|_, dead| dead),
+    );
     if let Some(subjects) = subjects {
         let tenant = only.unwrap_or(DEFAULT_TENANT);
         metric(

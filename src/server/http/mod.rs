@@ -28,6 +28,7 @@ use crate::broker::Broker;
 mod caller;
 mod console;
 mod metrics;
+mod schema_api;
 mod tenant_api;
 
 pub use metrics::{MetricsScope, render};
@@ -35,6 +36,10 @@ pub use metrics::{MetricsScope, render};
 use caller::{Caller, login_rules};
 use console::{CONSOLE_PAGE, CONSOLE_SCRIPT, CONSOLE_STYLE, client_module, console_file};
 use metrics::metrics;
+use schema_api::{
+    asyncapi_document, delete_schema, get_schema, list_schemas, put_schema, schema_errors,
+    schema_history,
+};
 use tenant_api::{create_tenant, delete_tenant, describe_tenant, list_tenants, update_tenant};
 
 /// What the handlers read.
@@ -93,6 +98,14 @@ pub fn router(state: HttpState) -> Router {
         .route("/canopy.js", get(client_module))
         .route("/api/login", get(login_rules))
         .route("/api/tenants", get(list_tenants).post(create_tenant))
+        .route("/api/schemas", get(list_schemas))
+        .route(
+            "/api/schemas/{pattern}",
+            get(get_schema).put(put_schema).delete(delete_schema),
+        )
+        .route("/api/schemas/{pattern}/history", get(schema_history))
+        .route("/api/schema-errors", get(schema_errors))
+        .route("/api/asyncapi", get(asyncapi_document))
         .route(
             "/api/tenants/{name}",
             get(describe_tenant)

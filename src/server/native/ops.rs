@@ -321,5 +321,14 @@ fn nats_text(refusal: &Refusal) -> String {
         Refusal::TooLarge { .. } => "Maximum Payload Violation".to_owned(),
         Refusal::OverQuota(exceeded) => format!("Quota Exceeded: {exceeded}"),
         Refusal::BadHeader(why) => format!("Invalid Canopy Header: {why}"),
+        // One line between the quotes, whatever the schema's message quotes.
+        Refusal::Invalid(_) => format!("Invalid Message: {refusal}")
+            .chars()
+            .map(|c| match c {
+                '\'' => '"',
+                c if c.is_control() => ' ',
+                c => c,
+            })
+            .collect(),
     }
 }

@@ -167,6 +167,7 @@ fn publish_refusal(refused: &session::Refusal) -> Refusal {
         session::Refusal::TooLarge { .. } => ErrorCode::TooLarge,
         session::Refusal::OverQuota(_) => ErrorCode::QuotaExceeded,
         session::Refusal::BadHeader(_) => ErrorCode::BadRequest,
+        session::Refusal::Invalid(_) => ErrorCode::InvalidMessage,
     };
     refusal(code, refused.to_string())
 }

@@ -251,6 +251,14 @@ impl Connection {
             self.keep_alive.heard(until);
         }
         match published {
+            // MQTT 3.x cannot refuse: a message its schema refuses is acknowledged
+            // and dropped (the console and `schema.errors` show it), since closing
+            // would only bring the same message back on the next connection.
+            Err(refused @ Refusal::Invalid(_)) if self.level != Level::V5 => {
+                tracing::debug!(conn = self.id, %refused, "an mqtt 3 publish its schema refused was dropped");
+                self.ack_now(qos, packet_id);
+                Ok(())
+            }
             Err(refused) => {
                 let code = mqtt_code(&refused);
                 self.refuse_publish(qos, packet_id, code, refused.to_string())
@@ -263,16 +271,21 @@ impl Connection {
             }
             // Not stored: routed now, acknowledged now.
             Ok(_) => {
-                match qos {
-                    1 => self.put_control(&Packet::PubAck(Ack::new(packet_id))),
-                    2 => {
-                        self.flow_in.received(packet_id);
-                        self.put_control(&Packet::PubRec(Ack::new(packet_id)));
-                    }
-                    _ => {}
-                }
+                self.ack_now(qos, packet_id);
                 Ok(())
             }
+        }
+    }
+
+    /// Acknowledges a publish the store does not answer for.
+    fn ack_now(&mut self, qos: u8, packet_id: u16) {
+        match qos {
+            1 => self.put_control(&Packet::PubAck(Ack::new(packet_id))),
+            2 => {
+                self.flow_in.received(packet_id);
+                self.put_control(&Packet::PubRec(Ack::new(packet_id)));
+            }
+            _ => {}
         }
     }
 
@@ -507,5 +520,6 @@ pub(super) fn mqtt_code(refused: &Refusal) -> u8 {
         Refusal::Reserved(_) | Refusal::Denied(_) => reason::NOT_AUTHORIZED,
         Refusal::OverQuota(_) => reason::QUOTA_EXCEEDED,
         Refusal::TooLarge { .. } | Refusal::BadHeader(_) => reason::IMPLEMENTATION_SPECIFIC_ERROR,
+        Refusal::Invalid(_) => reason::PAYLOAD_FORMAT_INVALID,
     }
 }

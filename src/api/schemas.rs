@@ -1,0 +1,460 @@
+//! `$CANOPY.schema.*` (and `/api/schemas` on the HTTP port): bind JSON Schemas to
+//! patterns of the caller's tenant, read them, list them, see their history and the
+//! messages they refused, and delete them.
+//!
+//! A call is authorised as a publish to its own `$CANOPY.schema.<op>` subject. Changes
+//! are serialised, written to the store first and made current in the registry after,
+//! so a publish never meets a binding a restart would not find. This module must
+//! never check a payload itself: that is the client core's, at publish time.
+
+use std::sync::Arc;
+
+use canopy_subjects::{Pattern, validate_native_subject};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use super::{Answer, ApiCall, ApiError, PREFIX, authorize, parse};
+use crate::broker::Broker;
+use crate::schemas::registry::RecentError;
+use crate::schemas::{
+    Binding, DEFAULT_DEAD_LETTER, MAX_BINDINGS, MAX_SCHEMA_BYTES, MAX_VERSIONS, Mode, OnInvalid,
+    StoredVersion, compat,
+};
+use crate::store::{SchemaRecord, Store, now_ms};
+use crate::tenancy::Action;
+
+/// Serialises puts and deletes of bindings.
+static CHANGES: Mutex<()> = Mutex::const_new(());
+
+/// A new version of a binding.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Put {
+    pub pattern: String,
+    pub schema: Value,
+    /// By default the binding's current mode (backward for a new binding).
+    pub mode: Option<String>,
+    /// By default the binding's current choice (reject for a new binding).
+    pub on_invalid: Option<OnInvalid>,
+    /// The dead-letter prefix, by default the binding's current (`$DLQ.schema`).
+    pub dead_letter: Option<String>,
+}
+
+/// Which binding, or which version of it: by pattern, or the one a subject falls under.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Which {
+    pub pattern: Option<String>,
+    pub subject: Option<String>,
+    pub version: Option<u64>,
+}
+
+/// Whose recent errors: every subject, a pattern's or one subject's.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorsOf {
+    pub pattern: Option<String>,
+    pub subject: Option<String>,
+}
+
+pub(super) async fn dispatch(
+    broker: &Arc<Broker>,
+    store: &Store,
+    call: &ApiCall,
+    answer: &mut Answer,
+) -> Result<(), ApiError> {
+    authorize(
+        broker,
+        &call.principal,
+        Action::Publish,
+        &format!("{PREFIX}{}", call.operation),
+    )?;
+    let tenant = &*call.routes.name;
+    // Reads may send no body at all.
+    let body: &[u8] = if call.body.is_empty() {
+        b"{}"
+    } else {
+        &call.body
+    };
+    let value = match call.operation.as_str() {
+        "schema.put" => put(broker, store, tenant, parse(&call.body)?).await?,
+        "schema.get" => get(broker, store, tenant, parse(body)?).await?,
+        "schema.list" => list(broker, tenant),
+        "schema.history" => {
+            let which: Which = parse(&call.body)?;
+            let pattern = which
+                .pattern
+                .ok_or_else(|| ApiError::new(400, "history needs a `pattern`"))?;
+            history(store, tenant, &pattern).await?
+        }
+        "schema.delete" => {
+            let which: Which = parse(&call.body)?;
+            let pattern = which
+                .pattern
+                .ok_or_else(|| ApiError::new(400, "delete needs a `pattern`"))?;
+            delete(broker, store, tenant, &pattern).await?
+        }
+        "schema.errors" => errors(broker, tenant, parse(body)?)?,
+        other => {
+            return Err(ApiError::new(
+                404,
+                format!(
+                    "no API `{PREFIX}{other}`: use schema.put, schema.get, schema.list, \
+                     schema.history, schema.delete or schema.errors"
+                ),
+            ));
+        }
+    };
+    answer.json(&value);
+    Ok(())
+}
+
+/// Whose document: the caller's tenant, or (for the default tenant's users, who
+/// administer tenants) another.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AsyncApiOf {
+    pub tenant: Option<String>,
+}
+
+/// The AsyncAPI 3.0 document of a tenant's bindings, with the operations the caller's
+/// rules allow (every operation, for an administrator reading another tenant's).
+pub fn asyncapi(
+    broker: &Broker,
+    principal: &crate::tenancy::Principal,
+    of: AsyncApiOf,
+) -> Result<Value, ApiError> {
+    use crate::schemas::asyncapi::{Action as Operation, document};
+    let own = &*principal.tenant;
+    let tenant = of.tenant.as_deref().unwrap_or(own);
+    if tenant != own {
+        if own != crate::tenancy::DEFAULT_TENANT || principal.is_guest() {
+            return Err(ApiError::new(
+                403,
+                "another tenant's document is for the default tenant's users",
+            ));
+        }
+        if broker.tenant_records().get(tenant).is_none() {
+            return Err(ApiError::new(404, format!("no tenant {tenant}")));
+        }
+    }
+    let bindings = broker.schemas().tenant(tenant).current();
+    let authz = broker.authorizer();
+    Ok(document(
+        tenant,
+        bindings.all(),
+        broker.listeners(),
+        |operation, pattern| {
+            if tenant != own {
+                return true;
+            }
+            let action = match operation {
+                Operation::Send => Action::Publish,
+                Operation::Receive => Action::Subscribe,
+            };
+            authz.authorize(principal, action, pattern).is_ok()
+        },
+    ))
+}
+
+fn parse_pattern(pattern: &str) -> Result<Pattern, ApiError> {
+    Pattern::parse_native(pattern).map_err(|e| ApiError::new(400, format!("invalid pattern: {e}")))
+}
+
+fn stored_of(record: &SchemaRecord) -> Result<StoredVersion, ApiError> {
+    serde_json::from_slice(&record.record).map_err(|e| {
+        ApiError::new(
+            500,
+            format!(
+                "version {} of {} cannot be read: {e}",
+                record.version, record.pattern
+            ),
+        )
+    })
+}
+
+/// A version as the API shows it.
+fn version_json(pattern: &str, version: u64, stored: &StoredVersion) -> Value {
+    let mut value = json!({
+        "pattern": pattern,
+        "version": version,
+        "mode": stored.mode.as_str(),
+        "on_invalid": stored.on_invalid.as_str(),
+        "dead_letter": stored.dead_letter.as_deref().unwrap_or(DEFAULT_DEAD_LETTER),
+        "time_ms": stored.time_ms,
+    });
+    match &stored.schema {
+        Some(schema) => value["schema"] = schema.clone(),
+        None => value["deleted"] = json!(true),
+    }
+    value
+}
+
+fn binding_json(binding: &Binding) -> Value {
+    version_json(&binding.pattern, binding.version.into(), &binding.stored)
+}
+
+/// Puts a new version of a binding, held to its compatibility mode; an unchanged
+/// schema with unchanged options answers the current version.
+pub async fn put(
+    broker: &Broker,
+    store: &Store,
+    tenant: &str,
+    request: Put,
+) -> Result<Value, ApiError> {
+    parse_pattern(&request.pattern)?;
+    let size = serde_json::to_vec(&request.schema).map_or(0, |v| v.len());
+    if size > MAX_SCHEMA_BYTES {
+        return Err(ApiError::new(
+            400,
+            format!("the schema is {size} bytes of JSON; the limit is {MAX_SCHEMA_BYTES}"),
+        ));
+    }
+    let mode = request
+        .mode
+        .as_deref()
+        .map(|name| {
+            Mode::named(name).ok_or_else(|| {
+                ApiError::new(
+                    400,
+                    format!(
+                        "no mode `{name}`: use none, backward, backward_transitive, forward, \
+                         forward_transitive, full or full_transitive"
+                    ),
+                )
+            })
+        })
+        .transpose()?;
+    if let Some(prefix) = &request.dead_letter {
+        validate_native_subject(prefix, &Default::default())
+            .map_err(|e| ApiError::new(400, format!("invalid dead-letter prefix: {e}")))?;
+    }
+    let _change = CHANGES.lock().await;
+    let versions = store.schema_versions(tenant, &request.pattern).await?;
+    let mut lineage = Vec::new();
+    for record in &versions {
+        let stored = stored_of(record)?;
+        if stored.schema.is_none() {
+            lineage.clear();
+        } else {
+            lineage.push((record.version, stored));
+        }
+    }
+    let current = lineage.last().map(|(_, stored)| stored);
+    let new = StoredVersion {
+        schema: Some(request.schema),
+        mode: mode.or(current.map(|c| c.mode)).unwrap_or_default(),
+        on_invalid: request
+            .on_invalid
+            .or(current.map(|c| c.on_invalid))
+            .unwrap_or_default(),
+        dead_letter: request
+            .dead_letter
+            .or_else(|| current.and_then(|c| c.dead_letter.clone()))
+            .filter(|prefix| prefix != DEFAULT_DEAD_LETTER),
+        time_ms: now_ms(),
+    };
+    if let Some((version, current)) = lineage.last()
+        && current.schema == new.schema
+        && current.mode == new.mode
+        && current.on_invalid == new.on_invalid
+        && current.dead_letter == new.dead_letter
+    {
+        let mut value = version_json(&request.pattern, *version, current);
+        value["unchanged"] = json!(true);
+        return Ok(value);
+    }
+    let version = versions.last().map_or(1, |r| r.version + 1);
+    if version > u64::from(MAX_VERSIONS) {
+        return Err(ApiError::new(
+            409,
+            format!(
+                "{} has {MAX_VERSIONS} versions, the most one binding keeps: delete it to start again",
+                request.pattern
+            ),
+        ));
+    }
+    // Compiled first, so a schema that is not one is refused as such, not as a break.
+    let binding = Binding::new(&request.pattern, version as u32, new.clone())
+        .map_err(|e| ApiError::new(400, e.to_string()))?;
+    let earlier: Vec<(u64, &Value)> = lineage
+        .iter()
+        .filter_map(|(number, stored)| Some((*number, stored.schema.as_ref()?)))
+        .collect();
+    if let Some(schema) = &new.schema {
+        compat::check_numbered(new.mode, &earlier, version, schema).map_err(|breakage| {
+            ApiError::new(
+                409,
+                format!(
+                    "version {version} of {} breaks its {} compatibility: {breakage}",
+                    request.pattern,
+                    new.mode.as_str()
+                ),
+            )
+        })?;
+    }
+    let schemas = broker.schemas().tenant(tenant);
+    let bindings = schemas.current();
+    if bindings.get(&request.pattern).is_none() && bindings.len() >= MAX_BINDINGS {
+        return Err(ApiError::new(
+            429,
+            format!("the tenant has {MAX_BINDINGS} schema bindings, the most it may have"),
+        ));
+    }
+    let record =
+        serde_json::to_vec(&new).map_err(|e| ApiError::new(500, format!("schema record: {e}")))?;
+    store
+        .put_schema_version(tenant, &request.pattern, version, &record)
+        .await?;
+    let value = binding_json(&binding);
+    schemas.set(bindings.with(Arc::new(binding)));
+    Ok(value)
+}
+
+/// One binding's current version (by pattern or by a subject it covers), or a given
+/// version of it.
+pub async fn get(
+    broker: &Broker,
+    store: &Store,
+    tenant: &str,
+    which: Which,
+) -> Result<Value, ApiError> {
+    let bindings = broker.schemas().tenant(tenant).current();
+    let pattern = match (&which.pattern, &which.subject) {
+        (Some(pattern), None) => pattern.clone(),
+        (None, Some(subject)) => {
+            validate_native_subject(subject, &Default::default())
+                .map_err(|e| ApiError::new(400, format!("invalid subject: {e}")))?;
+            match bindings.for_subject(subject) {
+                Some(binding) if which.version.is_none() => return Ok(binding_json(binding)),
+                Some(binding) => binding.pattern.clone(),
+                None => {
+                    return Err(ApiError::new(
+                        404,
+                        format!("no schema is bound to a pattern matching {subject}"),
+                    ));
+                }
+            }
+        }
+        _ => return Err(ApiError::new(400, "name a `pattern` or a `subject`")),
+    };
+    match which.version {
+        None => bindings
+            .get(&pattern)
+            .map(|binding| binding_json(binding))
+            .ok_or_else(|| ApiError::new(404, format!("no schema is bound to {pattern}"))),
+        Some(version) => {
+            let versions = store.schema_versions(tenant, &pattern).await?;
+            let record = versions
+                .iter()
+                .find(|r| r.version == version)
+                .ok_or_else(|| ApiError::new(404, format!("{pattern} has no version {version}")))?;
+            Ok(version_json(&pattern, version, &stored_of(record)?))
+        }
+    }
+}
+
+/// The tenant's bindings in force, without their schemas.
+pub fn list(broker: &Broker, tenant: &str) -> Value {
+    let bindings = broker.schemas().tenant(tenant).current();
+    let all: Vec<Value> = bindings
+        .all()
+        .iter()
+        .map(|binding| {
+            let mut value = binding_json(binding);
+            if let Some(fields) = value.as_object_mut() {
+                fields.remove("schema");
+            }
+            value
+        })
+        .collect();
+    json!({ "schemas": all })
+}
+
+/// Every version of a binding, deletions included, oldest first.
+pub async fn history(store: &Store, tenant: &str, pattern: &str) -> Result<Value, ApiError> {
+    parse_pattern(pattern)?;
+    let versions = store.schema_versions(tenant, pattern).await?;
+    if versions.is_empty() {
+        return Err(ApiError::new(
+            404,
+            format!("no schema was ever bound to {pattern}"),
+        ));
+    }
+    let all = versions
+        .iter()
+        .map(|record| Ok(version_json(pattern, record.version, &stored_of(record)?)))
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    Ok(json!({"pattern": pattern, "versions": all}))
+}
+
+/// Unbinds a pattern: a version without a schema ends its lineage (numbers go on, so
+/// a version named in a stored message is never given again).
+pub async fn delete(
+    broker: &Broker,
+    store: &Store,
+    tenant: &str,
+    pattern: &str,
+) -> Result<Value, ApiError> {
+    parse_pattern(pattern)?;
+    let _change = CHANGES.lock().await;
+    let schemas = broker.schemas().tenant(tenant);
+    let bindings = schemas.current();
+    let Some(current) = bindings.get(pattern) else {
+        return Err(ApiError::new(
+            404,
+            format!("no schema is bound to {pattern}"),
+        ));
+    };
+    let versions = store.schema_versions(tenant, pattern).await?;
+    let version = versions
+        .last()
+        .map_or(u64::from(current.version), |r| r.version)
+        + 1;
+    let gone = StoredVersion {
+        schema: None,
+        time_ms: now_ms(),
+        ..current.stored.clone()
+    };
+    let record =
+        serde_json::to_vec(&gone).map_err(|e| ApiError::new(500, format!("schema record: {e}")))?;
+    store
+        .put_schema_version(tenant, pattern, version, &record)
+        .await?;
+    schemas.set(bindings.without(pattern));
+    Ok(json!({"pattern": pattern, "deleted": true, "version": version}))
+}
+
+/// The messages schemas refused lately (the newest [`RECENT_ERRORS`] of the tenant),
+/// with counts since the start.
+///
+/// [`RECENT_ERRORS`]: crate::schemas::registry::RECENT_ERRORS
+pub fn errors(broker: &Broker, tenant: &str, of: ErrorsOf) -> Result<Value, ApiError> {
+    let pattern = of.pattern.as_deref().map(parse_pattern).transpose()?;
+    let schemas = broker.schemas().tenant(tenant);
+    let kept = schemas.recent_errors(|subject| {
+        of.subject.as_deref().is_none_or(|s| s == subject)
+            && pattern.as_ref().is_none_or(|p| {
+                canopy_subjects::Subject::parse_native(subject)
+                    .is_ok_and(|subject| p.matches(&subject))
+            })
+    });
+    let errors: Vec<Value> = kept.iter().map(error_json).collect();
+    Ok(json!({
+        "errors": errors,
+        "refused": schemas.refused.load(std::sync::atomic::Ordering::Relaxed),
+        "dead_lettered": schemas.dead_lettered.load(std::sync::atomic::Ordering::Relaxed),
+    }))
+}
+
+fn error_json(error: &RecentError) -> Value {
+    json!({
+        "subject": error.subject,
+        "schema": error.schema,
+        "path": error.violation.path,
+        "message": error.violation.message,
+        "time_ms": error.time_ms,
+        "dead_lettered": error.dead_lettered,
+    })
+}
