@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test of Canopy. On a fresh machine it first installs what the tests
-# need (a Python venv under target/ with nats-py, paho-mqtt and moto's S3 server;
+# need (a Python venv under target/ with nats-py, paho-mqtt, pyiceberg and moto's S3 server;
 # Debian's mosquitto-clients for mosquitto_pub and mosquitto_sub; Node with MQTT.js,
 # playwright-core and the AsyncAPI specs from tests/js/package-lock.json; Debian's
 # chromium), starts an
@@ -23,8 +23,8 @@ apt_install() {
 }
 
 venv=target/py-venv
-if ! "$venv/bin/python" -c 'import nats, moto, paho.mqtt' 2>/dev/null; then
-  echo "test-all: installing nats-py, paho-mqtt and moto into $venv" >&2
+if ! "$venv/bin/python" -c 'import nats, moto, paho.mqtt, pyiceberg.catalog.sql, pyarrow' 2>/dev/null; then
+  echo "test-all: installing nats-py, paho-mqtt, moto and pyiceberg into $venv" >&2
   mkdir -p target
   if ! python3 -m venv "$venv" 2>/dev/null; then
     # Debian splits venv support out of python3.
@@ -32,10 +32,10 @@ if ! "$venv/bin/python" -c 'import nats, moto, paho.mqtt' 2>/dev/null; then
     python3 -m venv "$venv"
   fi
   "$venv/bin/pip" install --quiet --disable-pip-version-check \
-    'nats-py==2.16.0' 'moto[server]==5.*' 'paho-mqtt==2.*'
+    'nats-py==2.16.0' 'moto[server]==5.*' 'paho-mqtt==2.*' 'pyiceberg[sql-sqlite,pyarrow]==0.12.0'
 fi
-"$venv/bin/python" -c 'import nats, moto, paho.mqtt' || {
-  echo "test-all: $venv lacks nats-py, moto or paho-mqtt after installing them" >&2
+"$venv/bin/python" -c 'import nats, moto, paho.mqtt, pyiceberg.catalog.sql, pyarrow' || {
+  echo "test-all: $venv lacks nats-py, moto, paho-mqtt or pyiceberg after installing them" >&2
   exit 1
 }
 

@@ -16,4 +16,5 @@ pub mod schemas;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod tables;
 pub mod tenancy;

@@ -44,17 +44,21 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub authz: AuthzConfig,
     pub tls: TlsConfig,
+    /// Key streams written out as Iceberg tables.
+    pub tables: Vec<TableConfig>,
 }
 
 mod access;
 mod listeners;
 mod store;
+mod tables;
 
 pub use access::{AuthzConfig, LimitsConfig};
 pub use listeners::{
     HttpConfig, MqttConfig, NativeConfig, ServerConfig, TlsConfig, WebsocketConfig,
 };
 pub use store::{AckMode, Compression, RetentionConfig, StoreConfig, StorePolicy};
+pub use tables::TableConfig;
 
 impl Config {
     /// Loads the configuration: the file if given (defaults otherwise), then every
@@ -96,6 +100,16 @@ impl Config {
 
     /// Checks the relations between fields that serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut names = std::collections::HashSet::new();
+        for table in &self.tables {
+            table.check().map_err(ConfigError::Invalid)?;
+            if !names.insert(table.table.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "tables: {} is configured twice",
+                    table.table
+                )));
+            }
+        }
         let t = &self.tls;
         if t.cert_file.is_some() != t.key_file.is_some() {
             return Err(ConfigError::Invalid(

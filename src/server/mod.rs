@@ -308,6 +308,16 @@ impl Server {
                     mqtt::accept_loop(listener, context, &tracker, shutdown).await;
                 })
             });
+        if let Some(store) = self.broker.store() {
+            crate::tables::writer::start(
+                Arc::clone(store),
+                self.broker.schemas(),
+                &self.config.tables,
+                &self.config.store.url,
+                &tracker,
+                shutdown.clone(),
+            );
+        }
         native::accept_loop(self.native, context, &tracker, shutdown.clone()).await;
         if let Some(accepting) = mqtt {
             let _ = accepting.await;

@@ -50,7 +50,16 @@ pub(crate) struct Serve {
 
 impl Serve {
     pub(crate) async fn start(data: &Path) -> Serve {
-        let mut child = canopy_serve("127.0.0.1:0")
+        Serve::start_with(data, None).await
+    }
+
+    /// [`Serve::start`] with a configuration file too.
+    pub(crate) async fn start_with(data: &Path, config: Option<&Path>) -> Serve {
+        let mut command = canopy_serve("127.0.0.1:0");
+        if let Some(config) = config {
+            command.arg("--config").arg(config);
+        }
+        let mut child = command
             .env("CANOPY_STORE__URL", format!("file://{}", data.display()))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -38,6 +38,7 @@ mod response_topics;
 mod s3;
 mod schemas;
 mod snapshots;
+mod tables;
 mod tenants;
 mod tls;
 mod wills;

@@ -1,0 +1,222 @@
+//! `[[tables]]`: a pattern's stored messages as an Iceberg table, read back by
+//! pyiceberg (an independent reader, in the venv scripts/test-all.sh makes) through
+//! the table's SQL catalog: every stored message exactly once, across a restart and a
+//! `kill -9`, with the columns the pattern and its schema give.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::common::{api, local_folder_config, start};
+
+fn python() -> PathBuf {
+    let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/py-venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run ./scripts/test-all.sh, which creates it with pyiceberg",
+        python.display()
+    );
+    python
+}
+
+/// What pyiceberg reads of the table (`None` while the table does not exist yet).
+async fn read(folder: &Path, day: Option<&str>) -> Option<Value> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/iceberg_read.py");
+    let mut command = tokio::process::Command::new(python());
+    command.arg(script).arg(folder).arg("iot.devices_temp");
+    if let Some(day) = day {
+        command.arg(day);
+    }
+    let output = command.output().await.expect("python runs");
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("NoSuchTable") || stderr.contains("does not exist"),
+            "pyiceberg failed: {stderr}"
+        );
+        return None;
+    }
+    Some(serde_json::from_slice(&output.stdout).expect("JSON from the reader"))
+}
+
+/// Reads until the table holds `rows` rows (committed every second).
+async fn read_rows(folder: &Path, rows: usize, day: Option<&str>) -> Value {
+    let mut last = None;
+    for _ in 0..60 {
+        if let Some(found) = read(folder, day).await {
+            if found["rows"].as_array().map(Vec::len) == Some(rows) {
+                return found;
+            }
+            last = Some(found);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("the table never held {rows} rows; last read: {last:?}");
+}
+
+fn config(folder: &Path) -> canopy::config::Config {
+    let mut config = local_folder_config(&folder.join("store"));
+    config.tables.push(canopy::config::TableConfig {
+        pattern: "devices.*.temp".into(),
+        table: "iot.devices_temp".into(),
+        tenant: "default".into(),
+        columns: vec!["device".into()],
+        commit_secs: 1,
+        commit_mib: 64,
+        folder: Some(folder.join("tables")),
+    });
+    config
+}
+
+async fn publish(client: &async_nats::Client, from: u64, to: u64) {
+    let js = async_nats::jetstream::new(client.clone());
+    for i in from..to {
+        let payload = json!({"temp": i as f64 + 0.5, "unit": "C", "where": {"room": i % 3}});
+        js.publish(
+            format!("devices.d{}.temp", i % 4),
+            payload.to_string().into(),
+        )
+        .await
+        .expect("sent")
+        .await
+        .expect("stored");
+    }
+    // Not in the table's pattern: never a row.
+    js.publish("devices.d1.humidity", "40".into())
+        .await
+        .expect("sent")
+        .await
+        .expect("stored");
+}
+
+#[tokio::test]
+async fn stored_messages_are_rows_of_an_iceberg_table_exactly_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let folder = dir.path();
+    let server = start(config(folder)).await;
+    let client = async_nats::connect(server.native_addr.to_string())
+        .await
+        .expect("connect");
+    let schema = json!({"type": "object", "properties": {
+        "temp": {"type": "number"}, "unit": {"enum": ["C", "F"]}, "where": {"type": "object"}
+    }, "required": ["temp"]});
+    let (status, body) = api(
+        &client,
+        "schema.put",
+        json!({"pattern": "devices.*.temp", "schema": schema}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    publish(&client, 0, 40).await;
+    let found = read_rows(&folder.join("tables"), 40, None).await;
+    assert_eq!(
+        found["columns"],
+        json!([
+            "subject",
+            "device",
+            "version",
+            "offset",
+            "time",
+            "schema_version",
+            "temp",
+            "unit",
+            "where"
+        ])
+    );
+    assert_eq!(found["partition"], json!(["day"]));
+    let rows = found["rows"].as_array().expect("rows");
+    let first = rows
+        .iter()
+        .find(|r| r["temp"] == json!(0.5))
+        .expect("the first message's row");
+    assert_eq!(first["subject"], "devices.d0.temp");
+    assert_eq!(first["device"], "d0");
+    assert_eq!(first["version"], 1);
+    assert_eq!(first["schema_version"], 1);
+    assert_eq!(first["unit"], "C");
+    assert_eq!(first["where"], r#"{"room":0}"#);
+    client.flush().await.expect("flush");
+    drop(client);
+    server.stop().await;
+
+    // A restart goes on after the committed offset: nothing twice, nothing missed.
+    let server = start(config(folder)).await;
+    let client = async_nats::connect(server.native_addr.to_string())
+        .await
+        .expect("connect");
+    publish(&client, 40, 60).await;
+    let today = chrono_day(&read_rows(&folder.join("tables"), 60, None).await);
+    let found = read_rows(&folder.join("tables"), 60, Some(&today)).await;
+    let mut offsets: Vec<u64> = found["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| r["offset"].as_u64().expect("offset"))
+        .collect();
+    offsets.sort_unstable();
+    offsets.dedup();
+    assert_eq!(offsets.len(), 60, "each message once");
+    assert_eq!(found["day_rows"], 60, "a filter on the day finds them");
+    let committed: u64 = found["committed_offset"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("the committed offset in the snapshot summary");
+    assert_eq!(committed, *offsets.last().expect("rows"));
+    server.stop().await;
+}
+
+/// The UTC day (YYYY-MM-DD) of the first row's time.
+fn chrono_day(found: &Value) -> String {
+    found["rows"][0]["time"]
+        .as_str()
+        .and_then(|t| t.get(..10))
+        .expect("an ISO time")
+        .to_owned()
+}
+
+/// The same through the `canopy` binary killed with SIGKILL between commits: what was
+/// committed stays once, what was not is committed after the restart.
+#[tokio::test]
+async fn a_kill_9_between_commits_loses_and_repeats_no_row() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let folder = dir.path();
+    let tables = folder.join("tables");
+    let config = folder.join("canopy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[tables]]\npattern = \"devices.*.temp\"\ntable = \"iot.devices_temp\"\n\
+             columns = [\"device\"]\ncommit_secs = 1\nfolder = \"{}\"\n",
+            tables.display()
+        ),
+    )
+    .expect("config written");
+    let server = crate::crash::Serve::start_with(&folder.join("store"), Some(&config)).await;
+    let client = async_nats::connect(&server.url).await.expect("connect");
+    publish(&client, 0, 30).await;
+    read_rows(&tables, 30, None).await;
+    // Stored and acked, then killed before the next commit can have happened.
+    publish(&client, 30, 45).await;
+    drop(client);
+    server.kill_9().await;
+    let server = crate::crash::Serve::start_with(&folder.join("store"), Some(&config)).await;
+    let found = read_rows(&tables, 45, None).await;
+    let mut offsets: Vec<u64> = found["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| r["offset"].as_u64().expect("offset"))
+        .collect();
+    offsets.sort_unstable();
+    offsets.dedup();
+    assert_eq!(offsets.len(), 45, "each stored message once");
+    // No schema was bound when the table was made: the payload is a column.
+    assert!(
+        found["columns"]
+            .as_array()
+            .expect("columns")
+            .contains(&json!("payload"))
+    );
+    server.kill_9().await;
+}
