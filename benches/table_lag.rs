@@ -76,6 +76,13 @@ async fn publisher(url: String, index: u64, rate: u64, secs: u64, acked: Acked) 
     while Instant::now() < end {
         tick.tick().await;
         for _ in 0..per_tick {
+            // async-nats holds a publish until earlier acks are taken: keep a bound.
+            while pending.len() >= 512 {
+                if let Some(ack) = pending.next().await {
+                    let ack: Result<jetstream::publish::PublishAck, _> = ack;
+                    acked.lock().push((ack.expect("acked").sequence, Instant::now()));
+                }
+            }
             let future = js
                 .publish(format!("bench.t.{}", seq % SUBJECTS), payload(seq))
                 .await
