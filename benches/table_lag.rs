@@ -80,7 +80,9 @@ async fn publisher(url: String, index: u64, rate: u64, secs: u64, acked: Acked) 
             while pending.len() >= 512 {
                 if let Some(ack) = pending.next().await {
                     let ack: Result<jetstream::publish::PublishAck, _> = ack;
-                    acked.lock().push((ack.expect("acked").sequence, Instant::now()));
+                    acked
+                        .lock()
+                        .push((ack.expect("acked").sequence, Instant::now()));
                 }
             }
             let future = js
