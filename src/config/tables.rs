@@ -26,8 +26,9 @@ pub struct TableConfig {
     /// Commit once this many MiB of payload are waiting, whatever the time.
     #[serde(default = "default_commit_mib")]
     pub commit_mib: u64,
-    /// Where the catalog (`catalog.db`) and the table files go (default: `tables/` in
-    /// the store's folder; needed when the store is not a local folder).
+    /// A local folder for the catalog (`catalog.db`) and the table files, instead of
+    /// the store's place (`tables/` in a local store's folder, or under the prefix
+    /// of a store on S3); needed when the store is in memory.
     #[serde(default)]
     pub folder: Option<PathBuf>,
 }

@@ -313,7 +313,7 @@ impl Server {
                 Arc::clone(store),
                 self.broker.schemas(),
                 &self.config.tables,
-                &self.config.store.url,
+                &self.config.store,
                 &tracker,
                 shutdown.clone(),
             );

@@ -38,7 +38,7 @@ use bytes::Bytes;
 use slatedb::Db;
 use tokio::sync::{mpsc, watch};
 
-pub use open::{S3Settings, StoreLock, StoreUrl};
+pub use open::{S3Settings, StoreLock, StoreUrl, s3_client};
 pub use purge::Purged;
 pub use read::{ReplayFrom, ReplayPage, RetainedPage, StoredMessage, SubjectHead, SubjectsPage};
 pub use record::Record;

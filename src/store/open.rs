@@ -133,7 +133,7 @@ pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, Stor
                 (Arc::new(local), Some(lock))
             }
             (None, StoreUrl::Memory) => (Arc::new(InMemory::new()), None),
-            (None, StoreUrl::S3 { bucket, .. }) => (s3(bucket, &settings.s3)?, None),
+            (None, StoreUrl::S3 { bucket, .. }) => (s3_client(bucket, &settings.s3)?, None),
         };
     let path = match &settings.url {
         StoreUrl::S3 { prefix, .. } if !prefix.is_empty() => format!("{prefix}/db"),
@@ -260,7 +260,8 @@ fn cache(settings: &StoreSettings) -> Arc<dyn slatedb::db_cache::DbCache> {
     )
 }
 
-fn s3(bucket: &str, s3: &S3Settings) -> Result<Arc<dyn ObjectStore>, StoreError> {
+/// The client of `bucket` (also the tables' on a store on S3).
+pub fn s3_client(bucket: &str, s3: &S3Settings) -> Result<Arc<dyn ObjectStore>, StoreError> {
     let mut builder = AmazonS3Builder::from_env()
         .with_bucket_name(bucket)
         // A store must have one writer at a time: SlateDB's fencing needs conditional puts.

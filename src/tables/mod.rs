@@ -1,14 +1,18 @@
 //! Key streams as Apache Iceberg tables (`[[tables]]`): a pattern's stored messages,
-//! in offset order, as rows of Parquet files under Iceberg metadata, with a SQL
-//! catalog (SQLite) that engines open.
+//! in offset order, as rows of Parquet files under Iceberg metadata that engines
+//! open: with a SQL catalog (SQLite) in a local folder, or in the store's S3 bucket
+//! with the bucket as the catalog (`object_catalog.rs`).
 //!
 //! This file decides what a table looks like and what one message's row is, without
 //! I/O: the columns (subject, one per wildcard, version, offset, time, schema
 //! version, then the bound JSON Schema's top-level fields, or the payload when no
 //! schema is bound), the Iceberg schema and day partitioning, and Arrow batches of
-//! rows. `writer.rs` runs one task per table. Must never change what is stored: a
+//! rows. `writer.rs` runs one task per table; `object_io.rs` and `object_catalog.rs`
+//! put a table in a bucket. Must never change what is stored: a
 //! table is a reader of the store like any other.
 
+pub mod object_catalog;
+pub mod object_io;
 pub mod writer;
 
 use std::sync::Arc;

@@ -24,6 +24,9 @@ use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
+
+use super::object_catalog::ObjectCatalog;
+use super::object_io::ObjectIo;
 use parquet::file::properties::WriterProperties;
 use tokio_util::sync::CancellationToken;
 
@@ -54,18 +57,61 @@ pub enum TableError {
     Setup(String),
 }
 
-/// Where a table's catalog and files go: its own folder, else `tables/` in a local
-/// store's folder.
-pub fn folder_of(table: &TableConfig, store_url: &str) -> Result<PathBuf, TableError> {
-    if let Some(folder) = &table.folder {
-        return Ok(folder.clone());
+/// Where a table's catalog and files go.
+pub enum Place {
+    /// A folder with `catalog.db` (SQLite) and `warehouse/`: the table's own
+    /// `folder`, else `tables/` in a local store's folder.
+    Local(PathBuf),
+    /// `tables/` under the prefix of a store on S3, in the same bucket, with the
+    /// catalog in the bucket too (`object_catalog`).
+    Bucket { io: ObjectIo, root: String },
+}
+
+impl Place {
+    /// Where `table` goes on a store at `store`.
+    pub fn of(
+        table: &TableConfig,
+        store: &crate::config::StoreConfig,
+    ) -> Result<Place, TableError> {
+        if let Some(folder) = &table.folder {
+            return Ok(Place::Local(folder.clone()));
+        }
+        match store.url.parse::<crate::store::StoreUrl>() {
+            Ok(crate::store::StoreUrl::File(path)) => Ok(Place::Local(path.join("tables"))),
+            Ok(crate::store::StoreUrl::S3 { bucket, prefix }) => {
+                let client = crate::store::s3_client(&bucket, &store.s3)?;
+                let root = format!("s3://{bucket}");
+                let tables = match prefix.as_str() {
+                    "" => format!("{root}/tables"),
+                    prefix => format!("{root}/{prefix}/tables"),
+                };
+                Ok(Place::Bucket {
+                    io: ObjectIo::new(&root, client),
+                    root: tables,
+                })
+            }
+            _ => Err(TableError::Setup(format!(
+                "table {}: the store is in memory, so give the table a `folder`",
+                table.table
+            ))),
+        }
     }
-    match store_url.parse::<crate::store::StoreUrl>() {
-        Ok(crate::store::StoreUrl::File(path)) => Ok(path.join("tables")),
-        _ => Err(TableError::Setup(format!(
-            "table {}: the store is not a local folder, so give the table a `folder`",
-            table.table
-        ))),
+
+    /// Opens (creating when missing) the place's catalog.
+    pub async fn catalog(&self) -> Result<Arc<dyn Catalog>, TableError> {
+        match self {
+            Place::Local(folder) => Ok(Arc::new(open_catalog(folder).await?)),
+            Place::Bucket { io, root } => Ok(Arc::new(ObjectCatalog::new(io.clone(), root))),
+        }
+    }
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::Local(folder) => write!(f, "{}", folder.display()),
+            Place::Bucket { root, .. } => f.write_str(root),
+        }
     }
 }
 
@@ -97,7 +143,7 @@ struct Writer {
     /// its columns.
     schemas: Arc<crate::schemas::TenantSchemas>,
     columns: Vec<Column>,
-    catalog: SqlCatalog,
+    catalog: Arc<dyn Catalog>,
     ident: TableIdent,
     /// Made at the first commit, so a schema bound after the start still counts.
     table: Option<iceberg::table::Table>,
@@ -111,26 +157,26 @@ pub fn start(
     store: Arc<Store>,
     schemas: &crate::schemas::Registry,
     tables: &[TableConfig],
-    store_url: &str,
+    store_config: &crate::config::StoreConfig,
     tracker: &tokio_util::task::TaskTracker,
     shutdown: CancellationToken,
 ) {
     for config in tables {
         let schemas = schemas.tenant(&config.tenant);
-        let folder = folder_of(config, store_url);
+        let place = Place::of(config, store_config);
         let store = Arc::clone(&store);
         let config = config.clone();
         let shutdown = shutdown.clone();
         // Tracked with the connections, so the store closes after the last commit.
         tracker.spawn(async move {
-            let folder = match folder {
-                Ok(folder) => folder,
+            let place = match place {
+                Ok(place) => place,
                 Err(error) => {
                     tracing::error!(table = %config.table, %error, "table not written");
                     return;
                 }
             };
-            run(store, config, folder, schemas, shutdown).await;
+            run(store, config, place, schemas, shutdown).await;
         });
     }
 }
@@ -138,12 +184,12 @@ pub fn start(
 async fn run(
     store: Arc<Store>,
     config: TableConfig,
-    folder: PathBuf,
+    place: Place,
     schemas: Arc<crate::schemas::TenantSchemas>,
     shutdown: CancellationToken,
 ) {
     let mut writer = loop {
-        match Writer::open(&config, &folder, Arc::clone(&schemas)).await {
+        match Writer::open(&config, &place, Arc::clone(&schemas)).await {
             Ok(writer) => break writer,
             Err(error) => {
                 tracing::warn!(table = %config.table, %error, "cannot open the table; retrying");
@@ -154,7 +200,7 @@ async fn run(
             }
         }
     };
-    tracing::info!(table = %config.table, folder = %folder.display(), "writing table");
+    tracing::info!(table = %config.table, at = %place, "writing table");
     loop {
         match writer.follow(&store, &shutdown).await {
             Ok(()) => return,
@@ -175,7 +221,7 @@ async fn run(
 impl Writer {
     async fn open(
         config: &TableConfig,
-        folder: &Path,
+        place: &Place,
         schemas: Arc<crate::schemas::TenantSchemas>,
     ) -> Result<Writer, TableError> {
         let pattern = Pattern::parse_native(&config.pattern)
@@ -183,7 +229,7 @@ impl Writer {
         let (namespace, name) = config
             .ident()
             .ok_or_else(|| TableError::Setup(format!("table name {}", config.table)))?;
-        let catalog = open_catalog(folder).await?;
+        let catalog = place.catalog().await?;
         let namespace = NamespaceIdent::new(namespace.to_owned());
         if !catalog.namespace_exists(&namespace).await? {
             catalog.create_namespace(&namespace, HashMap::new()).await?;
@@ -372,7 +418,7 @@ impl Writer {
                 last.to_string(),
             )]))
             .apply(tx)?;
-        self.table = Some(tx.commit(&self.catalog).await?);
+        self.table = Some(tx.commit(&*self.catalog).await?);
         tracing::debug!(table = %self.config.table, rows = messages.len(), last, "table commit");
         Ok(())
     }

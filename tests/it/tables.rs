@@ -1,7 +1,8 @@
 //! `[[tables]]`: a pattern's stored messages as an Iceberg table, read back by
 //! pyiceberg (an independent reader, in the venv scripts/test-all.sh makes) through
-//! the table's SQL catalog: every stored message exactly once, across a restart and a
-//! `kill -9`, with the columns the pattern and its schema give.
+//! the table's SQL catalog, or from the bucket on S3: every stored message exactly
+//! once, across a restart and a `kill -9`, with the columns the pattern and its
+//! schema give.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -94,7 +95,48 @@ async fn publish(client: &async_nats::Client, from: u64, to: u64) {
 async fn stored_messages_are_rows_of_an_iceberg_table_exactly_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let folder = dir.path();
-    let server = start(config(folder)).await;
+    let tables = folder.join("tables");
+    rows_exactly_once_across_a_restart(|| config(folder), &tables).await;
+}
+
+/// On a store on S3 the table goes into the same bucket, under the store's prefix,
+/// with its catalog there too: pyiceberg opens it from the bucket by its version hint.
+#[tokio::test]
+async fn on_a_store_on_s3_the_table_is_in_the_bucket() {
+    let prefix = format!("tables-{:016x}", fastrand::u64(..));
+    let s3_config = || {
+        let mut config = canopy::config::Config {
+            tables: config(Path::new("/unused")).tables,
+            ..crate::common::test_config()
+        };
+        crate::common::use_s3(&mut config, &prefix);
+        // No folder: the default place on S3 is the store's bucket.
+        config.tables[0].folder = None;
+        config
+    };
+    let tables = PathBuf::from(format!("s3://canopy-tests/{prefix}/tables"));
+    let found = rows_exactly_once_across_a_restart(s3_config, &tables).await;
+    let files = found["files"].as_array().expect("data files");
+    assert!(!files.is_empty());
+    for file in files {
+        let file = file.as_str().expect("a location");
+        assert!(
+            file.starts_with(&format!(
+                "s3://canopy-tests/{prefix}/tables/iot/devices_temp/data/"
+            )),
+            "{file}"
+        );
+    }
+}
+
+/// Publishes 40 messages under a schema, checks their rows, restarts the server with
+/// a new config from `config`, publishes 20 more and checks each of the 60 is there
+/// once. What the reader found last is returned.
+async fn rows_exactly_once_across_a_restart(
+    config: impl Fn() -> canopy::config::Config,
+    tables: &Path,
+) -> Value {
+    let server = start(config()).await;
     let client = async_nats::connect(server.native_addr.to_string())
         .await
         .expect("connect");
@@ -109,7 +151,7 @@ async fn stored_messages_are_rows_of_an_iceberg_table_exactly_once() {
     .await;
     assert_eq!(status, 200, "{body}");
     publish(&client, 0, 40).await;
-    let found = read_rows(&folder.join("tables"), 40, None).await;
+    let found = read_rows(tables, 40, None).await;
     assert_eq!(
         found["columns"],
         json!([
@@ -141,13 +183,13 @@ async fn stored_messages_are_rows_of_an_iceberg_table_exactly_once() {
     server.stop().await;
 
     // A restart goes on after the committed offset: nothing twice, nothing missed.
-    let server = start(config(folder)).await;
+    let server = start(config()).await;
     let client = async_nats::connect(server.native_addr.to_string())
         .await
         .expect("connect");
     publish(&client, 40, 60).await;
-    let today = chrono_day(&read_rows(&folder.join("tables"), 60, None).await);
-    let found = read_rows(&folder.join("tables"), 60, Some(&today)).await;
+    let today = chrono_day(&read_rows(tables, 60, None).await);
+    let found = read_rows(tables, 60, Some(&today)).await;
     let mut offsets: Vec<u64> = found["rows"]
         .as_array()
         .expect("rows")
@@ -164,6 +206,7 @@ async fn stored_messages_are_rows_of_an_iceberg_table_exactly_once() {
         .expect("the committed offset in the snapshot summary");
     assert_eq!(committed, *offsets.last().expect("rows"));
     server.stop().await;
+    found
 }
 
 /// The UTC day (YYYY-MM-DD) of the first row's time.
@@ -219,4 +262,27 @@ async fn a_kill_9_between_commits_loses_and_repeats_no_row() {
             .contains(&json!("payload"))
     );
     server.kill_9().await;
+}
+
+/// A commit on S3 is the conditional creation of the next metadata version: the S3
+/// server must refuse a second creation of the same object, or two writers could
+/// both commit on one version and one's rows would be lost.
+#[tokio::test]
+async fn on_s3_a_metadata_version_is_created_once() {
+    let mut config = crate::common::test_config();
+    crate::common::use_s3(&mut config, "unused");
+    let client = canopy::store::s3_client("canopy-tests", &config.store.s3).expect("a client");
+    let io = canopy::tables::object_io::ObjectIo::new("s3://canopy-tests", client);
+    let location = format!(
+        "s3://canopy-tests/create-once-{:016x}/metadata/v1.metadata.json",
+        fastrand::u64(..)
+    );
+    assert!(io.create(&location, "first".into()).await.expect("created"));
+    assert!(
+        !io.create(&location, "second".into())
+            .await
+            .expect("refused")
+    );
+    let kept = io.read_if_any(&location).await.expect("read");
+    assert_eq!(kept.as_deref(), Some(&b"first"[..]));
 }
