@@ -2,7 +2,12 @@
 //! patterns of the caller's tenant, read them, list them, see their history and the
 //! messages they refused, and delete them.
 //!
-//! A call is authorised as a publish to its own `$CANOPY.schema.<op>` subject. Changes
+//! A call is authorised as a publish to its own `$CANOPY.schema.<op>` subject, and
+//! then for what it touches: a put or delete needs the rights to publish and to
+//! subscribe to the whole pattern (a binding decides what its subjects' publishers
+//! may send and where refused messages go), a custom dead-letter prefix the right to
+//! publish under it, and reads show only the bindings and refused messages of
+//! subjects the caller may subscribe to. Guests never change bindings. Changes
 //! are serialised, written to the store first and made current in the registry after,
 //! so a publish never meets a binding a restart would not find. This module must
 //! never check a payload itself: that is the client core's, at publish time.
@@ -22,7 +27,7 @@ use crate::schemas::{
     StoredVersion, compat,
 };
 use crate::store::{SchemaRecord, Store, now_ms};
-use crate::tenancy::Action;
+use crate::tenancy::{Action, Principal};
 
 /// Serialises puts and deletes of bindings.
 static CHANGES: Mutex<()> = Mutex::const_new(());
@@ -77,25 +82,26 @@ pub(super) async fn dispatch(
     } else {
         &call.body
     };
+    let principal = &call.principal;
     let value = match call.operation.as_str() {
-        "schema.put" => put(broker, store, tenant, parse(&call.body)?).await?,
-        "schema.get" => get(broker, store, tenant, parse(body)?).await?,
-        "schema.list" => list(broker, tenant),
+        "schema.put" => put(broker, store, principal, tenant, parse(&call.body)?).await?,
+        "schema.get" => get(broker, store, principal, tenant, parse(body)?).await?,
+        "schema.list" => list(broker, principal, tenant),
         "schema.history" => {
             let which: Which = parse(&call.body)?;
             let pattern = which
                 .pattern
                 .ok_or_else(|| ApiError::new(400, "history needs a `pattern`"))?;
-            history(store, tenant, &pattern).await?
+            history(broker, store, principal, tenant, &pattern).await?
         }
         "schema.delete" => {
             let which: Which = parse(&call.body)?;
             let pattern = which
                 .pattern
                 .ok_or_else(|| ApiError::new(400, "delete needs a `pattern`"))?;
-            delete(broker, store, tenant, &pattern).await?
+            delete(broker, store, principal, tenant, &pattern).await?
         }
-        "schema.errors" => errors(broker, tenant, parse(body)?)?,
+        "schema.errors" => errors(broker, principal, tenant, parse(body)?)?,
         other => {
             return Err(ApiError::new(
                 404,
@@ -200,10 +206,12 @@ fn binding_json(binding: &Binding) -> Value {
 pub async fn put(
     broker: &Broker,
     store: &Store,
+    principal: &Principal,
     tenant: &str,
     request: Put,
 ) -> Result<Value, ApiError> {
     parse_pattern(&request.pattern)?;
+    may_change(broker, principal, &request.pattern)?;
     let size = serde_json::to_vec(&request.schema).map_or(0, |v| v.len());
     if size > MAX_SCHEMA_BYTES {
         return Err(ApiError::new(
@@ -226,9 +234,10 @@ pub async fn put(
             })
         })
         .transpose()?;
-    if let Some(prefix) = &request.dead_letter {
-        validate_native_subject(prefix, &Default::default())
-            .map_err(|e| ApiError::new(400, format!("invalid dead-letter prefix: {e}")))?;
+    if let Some(prefix) = &request.dead_letter
+        && prefix != DEFAULT_DEAD_LETTER
+    {
+        check_dead_letter(broker, principal, prefix)?;
     }
     let _change = CHANGES.lock().await;
     let versions = store.schema_versions(tenant, &request.pattern).await?;
@@ -317,15 +326,20 @@ pub async fn put(
 pub async fn get(
     broker: &Broker,
     store: &Store,
+    principal: &Principal,
     tenant: &str,
     which: Which,
 ) -> Result<Value, ApiError> {
     let bindings = broker.schemas().tenant(tenant).current();
     let pattern = match (&which.pattern, &which.subject) {
-        (Some(pattern), None) => pattern.clone(),
+        (Some(pattern), None) => {
+            authorize(broker, principal, Action::Subscribe, pattern)?;
+            pattern.clone()
+        }
         (None, Some(subject)) => {
             validate_native_subject(subject, &Default::default())
                 .map_err(|e| ApiError::new(400, format!("invalid subject: {e}")))?;
+            authorize(broker, principal, Action::Subscribe, subject)?;
             match bindings.for_subject(subject) {
                 Some(binding) if which.version.is_none() => return Ok(binding_json(binding)),
                 Some(binding) => binding.pattern.clone(),
@@ -356,11 +370,12 @@ pub async fn get(
 }
 
 /// The tenant's bindings in force, without their schemas.
-pub fn list(broker: &Broker, tenant: &str) -> Value {
+pub fn list(broker: &Broker, principal: &Principal, tenant: &str) -> Value {
     let bindings = broker.schemas().tenant(tenant).current();
     let all: Vec<Value> = bindings
         .all()
         .iter()
+        .filter(|binding| authorize(broker, principal, Action::Subscribe, &binding.pattern).is_ok())
         .map(|binding| {
             let mut value = binding_json(binding);
             if let Some(fields) = value.as_object_mut() {
@@ -373,8 +388,15 @@ pub fn list(broker: &Broker, tenant: &str) -> Value {
 }
 
 /// Every version of a binding, deletions included, oldest first.
-pub async fn history(store: &Store, tenant: &str, pattern: &str) -> Result<Value, ApiError> {
+pub async fn history(
+    broker: &Broker,
+    store: &Store,
+    principal: &Principal,
+    tenant: &str,
+    pattern: &str,
+) -> Result<Value, ApiError> {
     parse_pattern(pattern)?;
+    authorize(broker, principal, Action::Subscribe, pattern)?;
     let versions = store.schema_versions(tenant, pattern).await?;
     if versions.is_empty() {
         return Err(ApiError::new(
@@ -394,10 +416,12 @@ pub async fn history(store: &Store, tenant: &str, pattern: &str) -> Result<Value
 pub async fn delete(
     broker: &Broker,
     store: &Store,
+    principal: &Principal,
     tenant: &str,
     pattern: &str,
 ) -> Result<Value, ApiError> {
     parse_pattern(pattern)?;
+    may_change(broker, principal, pattern)?;
     let _change = CHANGES.lock().await;
     let schemas = broker.schemas().tenant(tenant);
     let bindings = schemas.current();
@@ -430,11 +454,18 @@ pub async fn delete(
 /// with counts since the start.
 ///
 /// [`RECENT_ERRORS`]: crate::schemas::registry::RECENT_ERRORS
-pub fn errors(broker: &Broker, tenant: &str, of: ErrorsOf) -> Result<Value, ApiError> {
+pub fn errors(
+    broker: &Broker,
+    principal: &Principal,
+    tenant: &str,
+    of: ErrorsOf,
+) -> Result<Value, ApiError> {
     let pattern = of.pattern.as_deref().map(parse_pattern).transpose()?;
     let schemas = broker.schemas().tenant(tenant);
+    // An error quotes the refused payload: only for those who may read the subject.
     let kept = schemas.recent_errors(|subject| {
-        of.subject.as_deref().is_none_or(|s| s == subject)
+        authorize(broker, principal, Action::Subscribe, subject).is_ok()
+            && of.subject.as_deref().is_none_or(|s| s == subject)
             && pattern.as_ref().is_none_or(|p| {
                 canopy_subjects::Subject::parse_native(subject)
                     .is_ok_and(|subject| p.matches(&subject))
@@ -446,6 +477,48 @@ pub fn errors(broker: &Broker, tenant: &str, of: ErrorsOf) -> Result<Value, ApiE
         "refused": schemas.refused.load(std::sync::atomic::Ordering::Relaxed),
         "dead_lettered": schemas.dead_lettered.load(std::sync::atomic::Ordering::Relaxed),
     }))
+}
+
+/// Whether `principal` may bind or unbind `pattern`: a guest never; anyone else
+/// with the rights to publish and subscribe to all of it.
+fn may_change(broker: &Broker, principal: &Principal, pattern: &str) -> Result<(), ApiError> {
+    if principal.is_guest() {
+        return Err(ApiError::new(
+            403,
+            format!(
+                "Permissions Violation for a schema of \"{pattern}\": guests cannot bind schemas"
+            ),
+        ));
+    }
+    authorize(broker, principal, Action::Publish, pattern)?;
+    authorize(broker, principal, Action::Subscribe, pattern)
+}
+
+/// Longest custom dead-letter prefix, in bytes and tokens: half the default subject
+/// limits, so a prefixed subject still fits (one that does not is refused, not kept).
+const DEAD_LETTER_MAX_LEN: usize = 512;
+const DEAD_LETTER_MAX_TOKENS: usize = 16;
+
+/// A custom dead-letter prefix: a plain subject in none of the server's namespaces or
+/// reply inboxes, under which the caller may publish.
+fn check_dead_letter(broker: &Broker, principal: &Principal, prefix: &str) -> Result<(), ApiError> {
+    let limits = canopy_subjects::Limits {
+        max_len: DEAD_LETTER_MAX_LEN,
+        max_tokens: DEAD_LETTER_MAX_TOKENS,
+    };
+    validate_native_subject(prefix, &limits)
+        .map_err(|e| ApiError::new(400, format!("invalid dead-letter prefix: {e}")))?;
+    let first = prefix.split('.').next().unwrap_or(prefix);
+    if crate::session::is_reserved(prefix) || first == "_INBOX" {
+        return Err(ApiError::new(
+            400,
+            format!(
+                "invalid dead-letter prefix {prefix}: {first} is the server's (leave it out for \
+                 {DEFAULT_DEAD_LETTER})"
+            ),
+        ));
+    }
+    authorize(broker, principal, Action::Publish, &format!("{prefix}.>"))
 }
 
 fn error_json(error: &RecentError) -> Value {

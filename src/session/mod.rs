@@ -30,6 +30,7 @@ use crate::tenancy::{Action, Denied, Principal};
 
 pub use inbox::InboxClaims;
 pub use publish::{Admission, AskAck, Decision, Publish, Published, Publisher, Refusal, Refused};
+pub use reserved::is_reserved;
 
 /// Most messages one page of stored history holds, on every read path: the native
 /// API's get/replay, `/ws` replay and catch-up, MQTT backlogs (the `/ws` codec's

@@ -348,8 +348,14 @@ impl Publisher {
         let Err(violation) = binding.check(&publish.payload) else {
             return Ok(Checked::Valid(binding));
         };
-        let keep =
-            binding.stored.on_invalid == OnInvalid::DeadLetter && self.broker.store().is_some();
+        // A dead-letter subject longer than subjects may be is refused, not kept.
+        let keep = binding.stored.on_invalid == OnInvalid::DeadLetter
+            && self.broker.store().is_some()
+            && validate_native_subject(
+                &binding.dead_letter_subject(publish.subject),
+                &self.limits.subjects,
+            )
+            .is_ok();
         schemas.record_error(RecentError {
             subject: publish.subject.to_owned(),
             schema: binding.reference(),

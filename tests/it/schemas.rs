@@ -1815,3 +1815,115 @@ async fn bindings_are_per_tenant() {
     assert_eq!(seen["refused"], 2, "{seen}");
     logins.stop().await;
 }
+
+/// A binding decides what its subjects' publishers may send and where their refused
+/// messages go, so binding or unbinding a pattern needs the rights to publish and
+/// subscribe to all of it, a dead-letter prefix the right to publish there (never in
+/// the server's namespaces), and reads show only what the caller may subscribe to:
+/// bindings, and the refused messages errors quote.
+#[tokio::test]
+async fn a_binding_needs_the_rights_to_its_pattern() {
+    let team_a = json!({
+        "publish": {"allow": ["team-a.>", "$CANOPY.schema.>"]},
+        "subscribe": {"allow": ["team-a.>", "_INBOX.>"]}
+    });
+    let logins = Logins::start(
+        &["teams"],
+        &[("teams", "ops", None), ("teams", "ann", Some(team_a))],
+    )
+    .await;
+    let ops = logins.native("ops@teams").await;
+    let ann = logins.native("ann@teams").await;
+
+    bind(&ops, "team-b.*", temp_schema()).await;
+    let refused = store_request(&ops, "team-b.1", header("Canopy-Ack", "durable"), HOT).await;
+    assert_eq!(refused["error"]["code"], 400, "{refused}");
+
+    // Another team's pattern: neither bound, read, unbound, nor covered by a wider one.
+    for pattern in ["team-b.*", "team-b.>", ">", "*.1"] {
+        let (status, answer) = schema(
+            &ann,
+            "put",
+            json!({"pattern": pattern, "schema": false, "on_invalid": "dead_letter",
+                   "dead_letter": "team-a.loot"}),
+        )
+        .await;
+        assert_eq!(status, 403, "put {pattern}: {answer}");
+    }
+    for (op, body) in [
+        ("get", json!({"pattern": "team-b.*"})),
+        ("get", json!({"subject": "team-b.1"})),
+        ("history", json!({"pattern": "team-b.*"})),
+        ("delete", json!({"pattern": "team-b.*"})),
+    ] {
+        let (status, answer) = schema(&ann, op, body.clone()).await;
+        assert_eq!(status, 403, "{op} {body}: {answer}");
+    }
+    let (_, list) = schema(&ann, "list", json!({})).await;
+    assert_eq!(list["schemas"], json!([]), "{list}");
+    let seen = errors(&ann, json!({})).await;
+    assert_eq!(error_subjects(&seen), Vec::<String>::new(), "{seen}");
+    // Still bound, and still quoted to whoever may read it.
+    let (status, _) = schema(&ops, "get", json!({"pattern": "team-b.*"})).await;
+    assert_eq!(status, 200);
+    assert_eq!(error_subjects(&errors(&ops, json!({})).await), ["team-b.1"]);
+
+    // Its own pattern, with dead letters only where it may publish.
+    for (prefix, status) in [
+        ("team-b.loot", 403),
+        ("$SYS.loot", 400),
+        ("$JS.API.loot", 400),
+        ("_INBOX.someone", 400),
+        ("team-a.dead", 200),
+    ] {
+        let (got, answer) = schema(
+            &ann,
+            "put",
+            json!({"pattern": "team-a.*", "schema": temp_schema(), "on_invalid": "dead_letter",
+                   "dead_letter": prefix}),
+        )
+        .await;
+        assert_eq!(got, status, "dead letters under {prefix}: {answer}");
+    }
+    let (status, listed) = schema(&ann, "list", json!({})).await;
+    assert_eq!(status, 200);
+    assert_eq!(listed["schemas"][0]["pattern"], "team-a.*", "{listed}");
+    let (status, answer) = schema(&ann, "delete", json!({"pattern": "team-a.*"})).await;
+    assert_eq!(status, 200, "{answer}");
+    logins.server.stop().await;
+}
+
+/// A dead-letter subject is held to the subject limits like any other: a message
+/// whose prefixed subject would be too long is refused, not kept where no reader
+/// could name it.
+#[tokio::test]
+async fn a_dead_letter_subject_too_long_is_refused_instead() {
+    let server = start_default().await;
+    let client = connect(&server).await;
+    let prefix = format!("dead.{}", "p".repeat(500));
+    put(
+        &client,
+        json!({"pattern": "long.>", "schema": temp_schema(), "on_invalid": "dead_letter",
+               "dead_letter": prefix}),
+    )
+    .await;
+    let (status, answer) = schema(
+        &client,
+        "put",
+        json!({"pattern": "other.>", "schema": temp_schema(), "dead_letter": "p".repeat(600)}),
+    )
+    .await;
+    assert_eq!(status, 400, "a prefix longer than 512 bytes: {answer}");
+
+    let short = store_request(&client, "long.a", header("Canopy-Ack", "durable"), HOT).await;
+    assert!(
+        short.get("error").is_none(),
+        "kept as a dead letter: {short}"
+    );
+    let subject = format!("long.{}", "s".repeat(600));
+    let long = store_request(&client, &subject, header("Canopy-Ack", "durable"), HOT).await;
+    assert_eq!(long["error"]["code"], 400, "refused: {long}");
+    let seen = errors(&client, json!({"subject": subject})).await;
+    assert_eq!(seen["errors"][0]["dead_lettered"], false, "{seen}");
+    server.stop().await;
+}

@@ -62,7 +62,7 @@ pub(super) async fn list_schemas(
         match query.subject {
             None => {
                 allowed(&state, &principal, "list")?;
-                Ok(schemas::list(&state.broker, tenant))
+                Ok(schemas::list(&state.broker, &principal, tenant))
             }
             // The list of the one binding that covers the subject, empty when none
             // does: no binding is an answer, not a missing resource.
@@ -72,7 +72,7 @@ pub(super) async fn list_schemas(
                     subject: Some(subject),
                     ..Which::default()
                 };
-                match schemas::get(&state.broker, &store, tenant, which).await {
+                match schemas::get(&state.broker, &store, &principal, tenant, which).await {
                     Ok(binding) => Ok(serde_json::json!({ "schemas": [binding] })),
                     Err(ApiError { code: 404, .. }) => Ok(serde_json::json!({ "schemas": [] })),
                     Err(error) => Err(error),
@@ -102,7 +102,7 @@ pub(super) async fn get_schema(
             subject: None,
             version: query.version,
         };
-        schemas::get(&state.broker, &store, &principal.tenant, which).await
+        schemas::get(&state.broker, &store, &principal, &principal.tenant, which).await
     };
     api_answer(result.await)
 }
@@ -152,7 +152,7 @@ pub(super) async fn put_schema(
             on_invalid: wrapped.on_invalid.or(query.on_invalid),
             dead_letter: wrapped.dead_letter.or(query.dead_letter),
         };
-        schemas::put(&state.broker, &store, &principal.tenant, put).await
+        schemas::put(&state.broker, &store, &principal, &principal.tenant, put).await
     };
     api_answer(result.await)
 }
@@ -164,7 +164,14 @@ pub(super) async fn schema_history(
 ) -> Response {
     let result = async {
         let store = allowed(&state, &principal, "history")?;
-        schemas::history(&store, &principal.tenant, &pattern).await
+        schemas::history(
+            &state.broker,
+            &store,
+            &principal,
+            &principal.tenant,
+            &pattern,
+        )
+        .await
     };
     api_answer(result.await)
 }
@@ -176,7 +183,14 @@ pub(super) async fn delete_schema(
 ) -> Response {
     let result = async {
         let store = allowed(&state, &principal, "delete")?;
-        schemas::delete(&state.broker, &store, &principal.tenant, &pattern).await
+        schemas::delete(
+            &state.broker,
+            &store,
+            &principal,
+            &principal.tenant,
+            &pattern,
+        )
+        .await
     };
     api_answer(result.await)
 }
@@ -188,7 +202,7 @@ pub(super) async fn schema_errors(
 ) -> Response {
     let result = (|| {
         allowed(&state, &principal, "errors")?;
-        schemas::errors(&state.broker, &principal.tenant, of)
+        schemas::errors(&state.broker, &principal, &principal.tenant, of)
     })();
     api_answer(result)
 }
