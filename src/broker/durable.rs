@@ -243,6 +243,7 @@ impl StoreEvents for StoreRouter {
         let Some(broker) = self.broker.upgrade() else {
             return;
         };
+        broker.table_feeds().offer(batch);
         let mut scratch = RouteScratch::default();
         let mut wakes = Wakes::default();
         let mut routes: Option<Arc<super::TenantRoutes>> = None;
@@ -288,6 +289,12 @@ impl StoreEvents for StoreRouter {
         }
         if msgs > 0 {
             broker.metrics().count_out(msgs, bytes);
+        }
+    }
+
+    fn lost(&self) {
+        if let Some(broker) = self.broker.upgrade() {
+            broker.table_feeds().lost();
         }
     }
 

@@ -117,6 +117,8 @@ pub struct Broker {
     groups: groups::Groups,
     /// Every tenant's schema bindings.
     schemas: crate::schemas::Registry,
+    /// The table writers' live feed of stored messages.
+    table_feeds: Arc<crate::tables::feed::Feeds>,
     /// The listeners clients reach, as documents describing the server name them.
     listeners: OnceLock<Vec<crate::schemas::asyncapi::Listener>>,
 }
@@ -135,6 +137,7 @@ impl Broker {
             clock: crate::clock::Clock::default(),
             groups: groups::Groups::default(),
             schemas: crate::schemas::Registry::default(),
+            table_feeds: Arc::default(),
             listeners: OnceLock::new(),
         }
     }
@@ -176,6 +179,11 @@ impl Broker {
             }
         }
         Ok(())
+    }
+
+    /// The table writers' live feed of stored messages.
+    pub fn table_feeds(&self) -> &Arc<crate::tables::feed::Feeds> {
+        &self.table_feeds
     }
 
     /// The running consumer groups.

@@ -312,6 +312,7 @@ impl Server {
             crate::tables::writer::start(
                 Arc::clone(store),
                 self.broker.schemas(),
+                self.broker.table_feeds(),
                 &self.config.tables,
                 &self.config.store,
                 &tracker,

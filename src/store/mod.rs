@@ -248,6 +248,10 @@ pub trait StoreEvents: Send + Sync + 'static {
     fn sequenced(&self, batch: &[Sequenced<'_>]);
     /// Outcomes of appends that asked for an ack, once their durability holds.
     fn acknowledged(&self, acks: Vec<(Arc<str>, AckTo, AppendOutcome)>);
+    /// A write failed or did not become durable, so messages `sequenced` before this
+    /// call may not be stored. Called before any durability barrier queued after
+    /// those messages resolves.
+    fn lost(&self) {}
 }
 
 /// Settings of the store, from `[store]` in the configuration.

@@ -1,11 +1,15 @@
-//! One task per `[[tables]]` entry: reads the pattern's stored messages in offset order
-//! from the store and appends them to the table in commits, each recording the last
-//! offset it holds in its snapshot summary ([`COMMITTED_OFFSET`]).
+//! One task per `[[tables]]` entry: follows the pattern's stored messages in offset
+//! order and appends them to the table in commits, each recording the last offset it
+//! holds in its snapshot summary ([`COMMITTED_OFFSET`]). It reads them from the store
+//! to catch up (at start, after a failure, or when it fell behind), then takes them
+//! from the live feed ([`super::feed`]) for as long as the feed misses nothing.
 //!
 //! Exactly once: a commit is one catalog swap, and a restart (or a failed commit)
 //! reads the committed offset from the table and goes on after it; data files a
-//! crash left unreferenced are never read. Memory is bounded by `commit_mib` plus one
-//! replay page. Must never write to the store.
+//! crash left unreferenced are never read. A commit of messages from the feed first
+//! passes a durability barrier and then takes the feed's gap, so it holds only
+//! stored messages, with none missing. Memory is bounded by `commit_mib` plus one
+//! replay page and the feed's queue. Must never write to the store.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -30,6 +34,7 @@ use super::object_io::ObjectIo;
 use parquet::file::properties::WriterProperties;
 use tokio_util::sync::CancellationToken;
 
+use super::feed::{Fed, Feed, Feeds};
 use super::{
     COMMITTED_OFFSET, Column, batch, columns, columns_of_table, day_of, iceberg_schema,
     partition_spec,
@@ -41,9 +46,10 @@ use crate::store::{ReplayFrom, Store, StoreError, StoredMessage};
 pub const CATALOG_NAME: &str = "canopy";
 /// Messages read from the store per page.
 const PAGE: usize = 1_000;
-/// Wait between attempts after a failure, and between reads when caught up.
+/// Wait between attempts after a failure.
 const RETRY: Duration = Duration::from_secs(1);
-const IDLE: Duration = Duration::from_millis(200);
+/// Messages taken from the feed before the writer looks at its commit's size.
+const FEED_BATCH: usize = 4_096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
@@ -134,6 +140,65 @@ pub async fn open_catalog(folder: &Path) -> Result<SqlCatalog, TableError> {
     Ok(catalog)
 }
 
+/// Where a writer takes the messages from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// About to read the store: the feed's gap and queue are to be set aside first.
+    Start,
+    /// Reading the store, until caught up.
+    Reading,
+    /// Taking the feed.
+    Live,
+}
+
+/// The messages a writer holds and has not committed: every one of the pattern's
+/// messages from after the committed offset up to `next`, in offset order.
+struct Held {
+    waiting: Vec<StoredMessage>,
+    bytes: usize,
+    next: u64,
+    /// Since when the oldest of `waiting` has waited.
+    since: Instant,
+}
+
+impl Held {
+    fn after(committed: u64) -> Held {
+        Held {
+            waiting: Vec::new(),
+            bytes: 0,
+            next: committed + 1,
+            since: Instant::now(),
+        }
+    }
+
+    fn push(&mut self, message: StoredMessage) {
+        self.bytes += size(&message);
+        self.waiting.push(message);
+    }
+
+    /// Takes a message from the feed, unless it was queued before the writer last
+    /// read the store (`epoch`) or is one the writer holds already.
+    fn take(&mut self, feed: &Feed, fed: Fed, epoch: u64) {
+        feed.taken(&fed);
+        if fed.epoch != epoch || fed.message.offset < self.next {
+            return;
+        }
+        self.next = fed.message.offset + 1;
+        self.push(fed.message);
+    }
+
+    /// Drops what may follow a missed message (offset `gap`), to be read again.
+    fn forget_from(&mut self, gap: u64, committed: u64) {
+        self.waiting.retain(|m| m.offset < gap);
+        self.bytes = self.waiting.iter().map(size).sum();
+        self.next = self.next.min(gap).max(committed + 1);
+    }
+}
+
+fn size(message: &StoredMessage) -> usize {
+    message.payload.len() + message.headers.len()
+}
+
 /// One table being written.
 struct Writer {
     config: TableConfig,
@@ -156,6 +221,7 @@ struct Writer {
 pub fn start(
     store: Arc<Store>,
     schemas: &crate::schemas::Registry,
+    feeds: &Feeds,
     tables: &[TableConfig],
     store_config: &crate::config::StoreConfig,
     tracker: &tokio_util::task::TaskTracker,
@@ -167,6 +233,15 @@ pub fn start(
         let store = Arc::clone(&store);
         let config = config.clone();
         let shutdown = shutdown.clone();
+        // Registered now, before the writer's first read of the store, so nothing
+        // routed from then on is missed.
+        let feed = match Pattern::parse_native(&config.pattern) {
+            Ok(pattern) => feeds.register(&config.tenant, &pattern),
+            Err(error) => {
+                tracing::error!(table = %config.table, %error, "table not written: its pattern");
+                continue;
+            }
+        };
         // Tracked with the connections, so the store closes after the last commit.
         tracker.spawn(async move {
             let place = match place {
@@ -176,7 +251,7 @@ pub fn start(
                     return;
                 }
             };
-            run(store, config, place, schemas, shutdown).await;
+            run(store, config, place, schemas, feed, shutdown).await;
         });
     }
 }
@@ -186,6 +261,7 @@ async fn run(
     config: TableConfig,
     place: Place,
     schemas: Arc<crate::schemas::TenantSchemas>,
+    (feed, mut fed): (Arc<Feed>, tokio::sync::mpsc::Receiver<Fed>),
     shutdown: CancellationToken,
 ) {
     let mut writer = loop {
@@ -202,7 +278,7 @@ async fn run(
     };
     tracing::info!(table = %config.table, at = %place, "writing table");
     loop {
-        match writer.follow(&store, &shutdown).await {
+        match writer.follow(&store, &feed, &mut fed, &shutdown).await {
             Ok(()) => return,
             Err(error) => {
                 tracing::warn!(table = %config.table, %error, "a table commit failed; going on from the last committed offset");
@@ -318,56 +394,111 @@ impl Writer {
             .unwrap_or(0)
     }
 
-    /// Reads from the store after the committed offset and commits, until shutdown.
+    /// Follows the pattern's messages after the committed offset and commits them,
+    /// until shutdown: from the store until caught up, then from the feed until it
+    /// has a gap, then from the store again.
     async fn follow(
         &mut self,
         store: &Store,
+        feed: &Feed,
+        fed: &mut tokio::sync::mpsc::Receiver<Fed>,
         shutdown: &CancellationToken,
     ) -> Result<(), TableError> {
         let max_bytes =
             usize::try_from(self.config.commit_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         let every = Duration::from_secs(self.config.commit_secs);
-        let mut next = self.committed() + 1;
-        let mut waiting: Vec<StoredMessage> = Vec::new();
-        let mut bytes = 0usize;
-        let mut since = Instant::now();
+        let mut held = Held::after(self.committed());
+        let mut mode = Mode::Start;
+        let mut epoch = 0;
         loop {
             if shutdown.is_cancelled() {
-                if !waiting.is_empty() {
-                    self.commit(std::mem::take(&mut waiting)).await?;
-                }
+                self.commit_held(store, feed, &mut held, &mut mode).await?;
                 return Ok(());
             }
-            let page = store
-                .replay_pattern(
-                    &self.tenant,
-                    &self.pattern,
-                    ReplayFrom::Offset(next),
-                    PAGE,
-                    crate::session::PAGE_BYTES,
-                )
-                .await?;
-            next = page.next.max(next);
-            for message in page.messages {
-                bytes += message.payload.len() + message.headers.len();
-                waiting.push(message);
-            }
-            let due = !waiting.is_empty() && since.elapsed() >= every;
-            if bytes >= max_bytes || due {
-                self.commit(std::mem::take(&mut waiting)).await?;
-                bytes = 0;
-                since = Instant::now();
-            }
-            if waiting.is_empty() {
-                since = Instant::now();
-            }
-            if page.caught_up {
-                tokio::select! {
-                    () = shutdown.cancelled() => {}
-                    () = tokio::time::sleep(IDLE) => {}
+            match mode {
+                Mode::Start => {
+                    // What the feed missed is read again; what it queued before now
+                    // is read from the store, which holds it once the barrier passes.
+                    if let Some(gap) = feed.take_gap() {
+                        held.forget_from(gap, self.committed());
+                    }
+                    epoch = feed.next_epoch();
+                    store.durable_barrier().await?;
+                    mode = Mode::Reading;
+                }
+                Mode::Reading => {
+                    let page = store
+                        .replay_pattern(
+                            &self.tenant,
+                            &self.pattern,
+                            ReplayFrom::Offset(held.next),
+                            PAGE,
+                            crate::session::PAGE_BYTES,
+                        )
+                        .await?;
+                    held.next = page.next.max(held.next);
+                    for message in page.messages {
+                        held.push(message);
+                    }
+                    if page.caught_up {
+                        mode = Mode::Live;
+                    }
+                }
+                Mode::Live => {
+                    let due = held.since + every;
+                    tokio::select! {
+                        first = fed.recv() => {
+                            let Some(first) = first else {
+                                return Err(TableError::Setup("the live feed closed".into()));
+                            };
+                            held.take(feed, first, epoch);
+                            for _ in 1..FEED_BATCH {
+                                let Ok(next) = fed.try_recv() else { break };
+                                held.take(feed, next, epoch);
+                            }
+                        }
+                        () = tokio::time::sleep_until(due.into()), if !held.waiting.is_empty() => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                    if feed.has_gap() {
+                        mode = Mode::Start;
+                    }
                 }
             }
+            let due = !held.waiting.is_empty() && held.since.elapsed() >= every;
+            if held.bytes >= max_bytes || due {
+                self.commit_held(store, feed, &mut held, &mut mode).await?;
+            }
+            if held.waiting.is_empty() {
+                held.since = Instant::now();
+            }
         }
+    }
+
+    /// Commits what is held once the store vouches for it: after a durability
+    /// barrier, the feed's gap says what of it may not be stored, or follows a missed
+    /// message, and only what is before the gap is committed.
+    async fn commit_held(
+        &mut self,
+        store: &Store,
+        feed: &Feed,
+        held: &mut Held,
+        mode: &mut Mode,
+    ) -> Result<(), TableError> {
+        if held.waiting.is_empty() {
+            return Ok(());
+        }
+        let cut = held.waiting.len();
+        store.durable_barrier().await?;
+        if let Some(gap) = feed.take_gap() {
+            held.forget_from(gap, self.committed());
+            *mode = Mode::Start;
+        }
+        let cut = cut.min(held.waiting.len());
+        let messages: Vec<StoredMessage> = held.waiting.drain(..cut).collect();
+        held.bytes = held.waiting.iter().map(size).sum();
+        held.since = Instant::now();
+        self.commit(messages).await
     }
 
     /// Writes `messages` (in offset order) as one data file per day and commits them
@@ -421,5 +552,67 @@ impl Writer {
         self.table = Some(tx.commit(&*self.catalog).await?);
         tracing::debug!(table = %self.config.table, rows = messages.len(), last, "table commit");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{RouteTag, Sequenced};
+
+    fn message(offset: u64) -> StoredMessage {
+        StoredMessage {
+            subject: "a.1".into(),
+            version: offset,
+            offset,
+            time_ms: 0,
+            flags: 0,
+            headers: bytes::Bytes::new(),
+            payload: bytes::Bytes::from_static(b"{}"),
+        }
+    }
+
+    #[test]
+    fn held_messages_follow_the_feed_and_forget_what_follows_a_gap() {
+        let feeds = Feeds::default();
+        let (feed, mut rx) = feeds.register("t", &Pattern::parse_native("a.*").expect("pattern"));
+        let route = RouteTag::default();
+        let offer = |offset| {
+            feeds.offer(&[Sequenced {
+                tenant: "t",
+                subject: "a.1",
+                version: offset,
+                offset,
+                time_ms: 0,
+                flags: 0,
+                headers: b"",
+                payload: b"{}",
+                route: &route,
+            }]);
+        };
+        let mut held = Held::after(2);
+        held.push(message(3));
+        held.next = 4;
+        offer(2); // queued before the writer's epoch: stale
+        let epoch = feed.next_epoch();
+        offer(3); // held already
+        offer(4);
+        offer(6);
+        while let Ok(fed) = rx.try_recv() {
+            held.take(&feed, fed, epoch);
+        }
+        let offsets: Vec<u64> = held.waiting.iter().map(|m| m.offset).collect();
+        assert_eq!(offsets, [3, 4, 6]);
+        assert_eq!((held.next, held.bytes), (7, 6));
+
+        // A message at 5 was missed: 6 goes, and reading resumes at 5.
+        held.forget_from(5, 2);
+        let offsets: Vec<u64> = held.waiting.iter().map(|m| m.offset).collect();
+        assert_eq!(offsets, [3, 4]);
+        assert_eq!(held.next, 5);
+        // A lost write: all of it, from after the commit.
+        held.forget_from(0, 2);
+        assert!(held.waiting.is_empty());
+        assert_eq!((held.next, held.bytes), (3, 0));
     }
 }

@@ -5,6 +5,7 @@
 //! schema give.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -54,6 +55,19 @@ async fn read_rows(folder: &Path, rows: usize, day: Option<&str>) -> Value {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     panic!("the table never held {rows} rows; last read: {last:?}");
+}
+
+/// The offsets of the rows the reader found, each once.
+fn distinct_offsets(found: &Value) -> Vec<u64> {
+    let mut offsets: Vec<u64> = found["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| r["offset"].as_u64().expect("offset"))
+        .collect();
+    offsets.sort_unstable();
+    offsets.dedup();
+    offsets
 }
 
 fn config(folder: &Path) -> canopy::config::Config {
@@ -190,14 +204,7 @@ async fn rows_exactly_once_across_a_restart(
     publish(&client, 40, 60).await;
     let today = chrono_day(&read_rows(tables, 60, None).await);
     let found = read_rows(tables, 60, Some(&today)).await;
-    let mut offsets: Vec<u64> = found["rows"]
-        .as_array()
-        .expect("rows")
-        .iter()
-        .map(|r| r["offset"].as_u64().expect("offset"))
-        .collect();
-    offsets.sort_unstable();
-    offsets.dedup();
+    let offsets = distinct_offsets(&found);
     assert_eq!(offsets.len(), 60, "each message once");
     assert_eq!(found["day_rows"], 60, "a filter on the day finds them");
     let committed: u64 = found["committed_offset"]
@@ -245,14 +252,7 @@ async fn a_kill_9_between_commits_loses_and_repeats_no_row() {
     server.kill_9().await;
     let server = crate::crash::Serve::start_with(&folder.join("store"), Some(&config)).await;
     let found = read_rows(&tables, 45, None).await;
-    let mut offsets: Vec<u64> = found["rows"]
-        .as_array()
-        .expect("rows")
-        .iter()
-        .map(|r| r["offset"].as_u64().expect("offset"))
-        .collect();
-    offsets.sort_unstable();
-    offsets.dedup();
+    let offsets = distinct_offsets(&found);
     assert_eq!(offsets.len(), 45, "each stored message once");
     // No schema was bound when the table was made: the payload is a column.
     assert!(
@@ -285,4 +285,56 @@ async fn on_s3_a_metadata_version_is_created_once() {
     );
     let kept = io.read_if_any(&location).await.expect("read");
     assert_eq!(kept.as_deref(), Some(&b"first"[..]));
+}
+
+/// The writer takes new messages as they are routed, before they are durable; a
+/// commit waits until the store holds them. While the store cannot write, the table
+/// gains no row (a crash then would lose those messages, and the rows would name
+/// messages that were never stored); once it can, every message is a row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_store_cannot_write_the_table_gains_no_row() {
+    use canopy::store::observed::ObservedStore;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tables = dir.path().join("tables");
+    let observed = Arc::new(ObservedStore::new(Arc::new(
+        object_store::memory::InMemory::new(),
+    )));
+    let faults = Arc::clone(&observed.faults);
+    let mut config = config(dir.path());
+    config.store.url = "memory://".into();
+    let server = canopy::server::Server::bind_on(config, Some(observed))
+        .await
+        .expect("binds")
+        .spawn();
+    let client = async_nats::connect(server.native_url())
+        .await
+        .expect("connect");
+    publish(&client, 0, 10).await;
+    read_rows(&tables, 10, None).await;
+
+    faults.fail_writes(true);
+    for i in 10..30 {
+        client
+            .publish(
+                format!("devices.d{}.temp", i % 4),
+                json!({"temp": i}).to_string().into(),
+            )
+            .await
+            .expect("publish");
+    }
+    client.flush().await.expect("flush");
+    // Several commit intervals: the writer has the messages, the store does not.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let found = read(&tables, None).await.expect("the table");
+    assert_eq!(
+        found["rows"].as_array().map(Vec::len),
+        Some(10),
+        "rows of messages the store does not hold yet: {found}"
+    );
+
+    faults.fail_writes(false);
+    let found = read_rows(&tables, 30, None).await;
+    let offsets = distinct_offsets(&found);
+    assert_eq!(offsets.len(), 30, "each message once: {offsets:?}");
+    server.stop().await;
 }

@@ -161,6 +161,8 @@ pub(super) async fn write_rounds(
                 }
             }
             Err(reason) => {
+                // Before the round's barriers drop: a barrier's waiter then learns.
+                events.lost();
                 let failed = round
                     .durable_acks
                     .into_iter()
@@ -244,6 +246,7 @@ pub(super) async fn acknowledge(
             Ok(()) => pending.acks,
             Err(error) => {
                 report_failure(&error, "a store write did not become durable");
+                events.lost();
                 let reason = failure_reason("the store could not make the write durable", &error);
                 pending
                     .acks
