@@ -80,6 +80,9 @@ pub(super) async fn dispatch(
             spec.check()
                 .map_err(|e| ApiError::new(400, e.to_string()))?;
             authorize(broker, &call.principal, Action::Subscribe, &spec.pattern)?;
+            if let Some(prefix) = &spec.dead_letter {
+                super::check_dead_letter(broker, &call.principal, prefix)?;
+            }
             let _change = CHANGES.lock().await;
             if store.group(tenant, &spec.name).await?.is_some() {
                 return Err(ApiError::new(

@@ -302,6 +302,37 @@ fn authorize_call(broker: &Broker, call: &ApiCall) -> Result<(), ApiError> {
     )
 }
 
+/// Longest custom dead-letter prefix, in bytes and tokens: half the default subject
+/// limits, so a prefixed subject still fits (one that does not is refused, not kept).
+const DEAD_LETTER_MAX_LEN: usize = 512;
+const DEAD_LETTER_MAX_TOKENS: usize = 16;
+
+/// A custom dead-letter prefix: a plain subject in none of the server's namespaces or
+/// reply inboxes, under which the caller may publish.
+pub(super) fn check_dead_letter(
+    broker: &Broker,
+    principal: &Principal,
+    prefix: &str,
+) -> Result<(), ApiError> {
+    let limits = canopy_subjects::Limits {
+        max_len: DEAD_LETTER_MAX_LEN,
+        max_tokens: DEAD_LETTER_MAX_TOKENS,
+    };
+    validate_native_subject(prefix, &limits)
+        .map_err(|e| ApiError::new(400, format!("invalid dead-letter prefix: {e}")))?;
+    let first = prefix.split('.').next().unwrap_or(prefix);
+    if crate::session::is_reserved(prefix) || first == "_INBOX" {
+        return Err(ApiError::new(
+            400,
+            format!(
+                "invalid dead-letter prefix {prefix}: {first} is the server's (leave the \
+                 prefix out for the default)"
+            ),
+        ));
+    }
+    authorize(broker, principal, Action::Publish, &format!("{prefix}.>"))
+}
+
 fn authorize(
     broker: &Broker,
     principal: &Principal,

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-use super::{Answer, ApiCall, ApiError, PREFIX, authorize, parse};
+use super::{Answer, ApiCall, ApiError, PREFIX, authorize, check_dead_letter, parse};
 use crate::broker::Broker;
 use crate::schemas::registry::RecentError;
 use crate::schemas::{
@@ -29,8 +29,15 @@ use crate::schemas::{
 use crate::store::{SchemaRecord, Store, now_ms};
 use crate::tenancy::{Action, Principal};
 
-/// Serialises puts and deletes of bindings.
-static CHANGES: Mutex<()> = Mutex::const_new(());
+/// Serialises puts and deletes of each tenant's bindings (one tenant's never wait
+/// for another's store write).
+static CHANGES: std::sync::LazyLock<
+    parking_lot::Mutex<std::collections::HashMap<String, Arc<Mutex<()>>>>,
+> = std::sync::LazyLock::new(Default::default);
+
+fn changes_of(tenant: &str) -> Arc<Mutex<()>> {
+    Arc::clone(CHANGES.lock().entry(tenant.to_owned()).or_default())
+}
 
 /// A new version of a binding.
 #[derive(Debug, Deserialize)]
@@ -239,7 +246,8 @@ pub async fn put(
     {
         check_dead_letter(broker, principal, prefix)?;
     }
-    let _change = CHANGES.lock().await;
+    let changes = changes_of(tenant);
+    let _change = changes.lock().await;
     let versions = store.schema_versions(tenant, &request.pattern).await?;
     let mut lineage = Vec::new();
     for record in &versions {
@@ -279,7 +287,8 @@ pub async fn put(
         return Err(ApiError::new(
             409,
             format!(
-                "{} has {MAX_VERSIONS} versions, the most one binding keeps: delete it to start again",
+                "{} has had {MAX_VERSIONS} versions (deletions count), the most one pattern may \
+                 have, since a version number is never given twice",
                 request.pattern
             ),
         ));
@@ -422,7 +431,8 @@ pub async fn delete(
 ) -> Result<Value, ApiError> {
     parse_pattern(pattern)?;
     may_change(broker, principal, pattern)?;
-    let _change = CHANGES.lock().await;
+    let changes = changes_of(tenant);
+    let _change = changes.lock().await;
     let schemas = broker.schemas().tenant(tenant);
     let bindings = schemas.current();
     let Some(current) = bindings.get(pattern) else {
@@ -492,33 +502,6 @@ fn may_change(broker: &Broker, principal: &Principal, pattern: &str) -> Result<(
     }
     authorize(broker, principal, Action::Publish, pattern)?;
     authorize(broker, principal, Action::Subscribe, pattern)
-}
-
-/// Longest custom dead-letter prefix, in bytes and tokens: half the default subject
-/// limits, so a prefixed subject still fits (one that does not is refused, not kept).
-const DEAD_LETTER_MAX_LEN: usize = 512;
-const DEAD_LETTER_MAX_TOKENS: usize = 16;
-
-/// A custom dead-letter prefix: a plain subject in none of the server's namespaces or
-/// reply inboxes, under which the caller may publish.
-fn check_dead_letter(broker: &Broker, principal: &Principal, prefix: &str) -> Result<(), ApiError> {
-    let limits = canopy_subjects::Limits {
-        max_len: DEAD_LETTER_MAX_LEN,
-        max_tokens: DEAD_LETTER_MAX_TOKENS,
-    };
-    validate_native_subject(prefix, &limits)
-        .map_err(|e| ApiError::new(400, format!("invalid dead-letter prefix: {e}")))?;
-    let first = prefix.split('.').next().unwrap_or(prefix);
-    if crate::session::is_reserved(prefix) || first == "_INBOX" {
-        return Err(ApiError::new(
-            400,
-            format!(
-                "invalid dead-letter prefix {prefix}: {first} is the server's (leave it out for \
-                 {DEFAULT_DEAD_LETTER})"
-            ),
-        ));
-    }
-    authorize(broker, principal, Action::Publish, &format!("{prefix}.>"))
 }
 
 fn error_json(error: &RecentError) -> Value {

@@ -104,7 +104,9 @@ pub const MAX_ACK_WAIT_MS: u64 = 86_400_000;
 /// Why a group definition is refused.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SpecError {
-    #[error("a group name is 1 to {MAX_NAME} letters, digits, '-' or '_' (got {0:?})")]
+    #[error(
+        "a group name is 1 to {MAX_NAME} letters, digits, '-' or '_', and not `schema` (got {0:?})"
+    )]
     Name(String),
     #[error("the group's pattern is not a valid subject pattern: {0}")]
     Pattern(String),
@@ -150,7 +152,8 @@ impl GroupSpec {
                 .name
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        if !name_ok {
+        // `$DLQ.schema.…` holds schemas' dead letters.
+        if !name_ok || self.name == "schema" {
             return Err(SpecError::Name(self.name.clone()));
         }
         canopy_subjects::Pattern::parse_native(&self.pattern)

@@ -34,7 +34,8 @@ pub const SCHEMA_HEADER: &str = "Canopy-Schema";
 pub const DEFAULT_DEAD_LETTER: &str = "$DLQ.schema";
 /// Bindings one tenant may have.
 pub const MAX_BINDINGS: usize = 10_000;
-/// Versions one binding may have; past it, delete the binding to start again.
+/// Versions (deletions included) one pattern may have: numbers are never reused, so
+/// past it the pattern takes no new binding.
 pub const MAX_VERSIONS: u32 = 1_000;
 /// The largest schema accepted, in bytes of JSON.
 pub const MAX_SCHEMA_BYTES: usize = 256 * 1024;

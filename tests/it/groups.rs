@@ -102,6 +102,17 @@ async fn a_wrong_definition_is_refused_with_the_reason() {
             json!({"name": "g", "pattern": "x", "dead_letter": "a..b"}),
             "dead-letter",
         ),
+        // The server's namespaces and reply inboxes are never dead-letter subjects.
+        (
+            json!({"name": "g", "pattern": "x", "dead_letter": "$SYS.x"}),
+            "dead-letter",
+        ),
+        (
+            json!({"name": "g", "pattern": "x", "dead_letter": "_INBOX.someone"}),
+            "dead-letter",
+        ),
+        // `$DLQ.schema` is the schemas' dead letters.
+        (json!({"name": "schema", "pattern": "x"}), "not `schema`"),
         (
             json!({"name": "g", "pattern": "x", "ack_wiat_ms": 5}),
             "unknown field",
