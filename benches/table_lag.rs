@@ -13,6 +13,9 @@
 //! a sample is the time since the newest message the table holds was acked. Prints
 //! the lag's median, p99 and maximum after the first commit, when the table held
 //! every message after the load, and server CPU per message with and without it.
+//!
+//! `TABLE_ONLY=1` skips the run without the table; `KEEP=1` keeps the table's folder
+//! (its path is printed) for `benches/table_query.py` to query.
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -131,6 +134,16 @@ struct Outcome {
 async fn run(with_table: bool, rate: u64, secs: u64, commit_secs: u64) -> Outcome {
     let dir = tempfile::tempdir().expect("tempdir");
     let tables = dir.path().join("tables");
+    let dir = if with_table && env("KEEP", 0) == 1 {
+        let kept = dir.keep();
+        println!(
+            "the table's folder is kept: {}",
+            kept.join("tables").display()
+        );
+        Kept::Path(kept)
+    } else {
+        Kept::Temp(dir)
+    };
     let config = dir.path().join("canopy.toml");
     let text = if with_table {
         format!(
@@ -229,7 +242,7 @@ async fn run(with_table: bool, rate: u64, secs: u64, commit_secs: u64) -> Outcom
             caught_up_after = Some(started.elapsed().as_secs_f64() - secs as f64);
             done = true;
         }
-        if started.elapsed() > Duration::from_secs(secs + 120) {
+        if started.elapsed() > Duration::from_secs(secs * 2 + 120) {
             done = true;
         }
     }
@@ -247,6 +260,21 @@ async fn run(with_table: bool, rate: u64, secs: u64, commit_secs: u64) -> Outcom
     }
 }
 
+/// The run's folder: removed afterwards, or kept for queries.
+enum Kept {
+    Temp(tempfile::TempDir),
+    Path(std::path::PathBuf),
+}
+
+impl Kept {
+    fn path(&self) -> &std::path::Path {
+        match self {
+            Kept::Temp(dir) => dir.path(),
+            Kept::Path(path) => path,
+        }
+    }
+}
+
 fn quantile(values: &[f64], q: f64) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -261,7 +289,16 @@ async fn main() {
     let rate = env("RATE", 50_000);
     let secs = env("SECS", 30);
     let commit_secs = env("COMMIT_SECS", 10);
-    let without = run(false, rate, secs, commit_secs).await;
+    let without = if env("TABLE_ONLY", 0) == 1 {
+        Outcome {
+            cpu_per_msg_us: f64::NAN,
+            lags: Vec::new(),
+            caught_up_after: None,
+            msgs: 0,
+        }
+    } else {
+        run(false, rate, secs, commit_secs).await
+    };
     let with = run(true, rate, secs, commit_secs).await;
     println!(
         "{rate} msgs/s for {secs} s, commits every {commit_secs} s: {} and {} messages acked",
@@ -274,7 +311,9 @@ async fn main() {
         quantile(&with.lags, 1.0),
         with.lags.len(),
         with.caught_up_after
-            .map_or("never (within 120 s)".to_owned(), |s| format!("{s:.1} s")),
+            .map_or(format!("never (within {} s)", secs * 2 + 120), |s| format!(
+                "{s:.1} s"
+            )),
     );
     println!(
         "server CPU per message: {:.2} µs without the table, {:.2} µs with it ({:+.2} µs)",

@@ -157,6 +157,8 @@ struct Held {
     waiting: Vec<StoredMessage>,
     bytes: usize,
     next: u64,
+    /// The last offset handed to a commit (running or done).
+    committed: u64,
     /// Since when the oldest of `waiting` has waited.
     since: Instant,
 }
@@ -167,6 +169,7 @@ impl Held {
             waiting: Vec::new(),
             bytes: 0,
             next: committed + 1,
+            committed,
             since: Instant::now(),
         }
     }
@@ -188,10 +191,10 @@ impl Held {
     }
 
     /// Drops what may follow a missed message (offset `gap`), to be read again.
-    fn forget_from(&mut self, gap: u64, committed: u64) {
+    fn forget_from(&mut self, gap: u64) {
         self.waiting.retain(|m| m.offset < gap);
         self.bytes = self.waiting.iter().map(size).sum();
-        self.next = self.next.min(gap).max(committed + 1);
+        self.next = self.next.min(gap).max(self.committed + 1);
     }
 }
 
@@ -396,13 +399,37 @@ impl Writer {
 
     /// Follows the pattern's messages after the committed offset and commits them,
     /// until shutdown: from the store until caught up, then from the feed until it
-    /// has a gap, then from the store again.
+    /// has a gap, then from the store again. One commit at a time runs beside the
+    /// following, so the feed is drained while a commit writes its files; whatever
+    /// ends the following waits for that commit first, so a retry starts from what
+    /// the table then holds.
     async fn follow(
         &mut self,
         store: &Store,
         feed: &Feed,
         fed: &mut tokio::sync::mpsc::Receiver<Fed>,
         shutdown: &CancellationToken,
+    ) -> Result<(), TableError> {
+        let mut running = None;
+        let result = self
+            .follow_with(store, feed, fed, shutdown, &mut running)
+            .await;
+        if let Some(commit) = running.take() {
+            let finished = self.finished(commit.await);
+            if result.is_ok() {
+                finished?;
+            }
+        }
+        result
+    }
+
+    async fn follow_with(
+        &mut self,
+        store: &Store,
+        feed: &Feed,
+        fed: &mut tokio::sync::mpsc::Receiver<Fed>,
+        shutdown: &CancellationToken,
+        running: &mut Option<Running>,
     ) -> Result<(), TableError> {
         let max_bytes =
             usize::try_from(self.config.commit_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
@@ -411,8 +438,19 @@ impl Writer {
         let mut mode = Mode::Start;
         let mut epoch = 0;
         loop {
+            if running.as_ref().is_some_and(|r| r.is_finished())
+                && let Some(commit) = running.take()
+            {
+                self.finished(commit.await)?;
+            }
             if shutdown.is_cancelled() {
-                self.commit_held(store, feed, &mut held, &mut mode).await?;
+                if let Some(commit) = running.take() {
+                    self.finished(commit.await)?;
+                }
+                if let Some(messages) = self.cut(store, feed, &mut held, &mut mode).await? {
+                    let job = self.job().await?;
+                    self.table = Some(job.run(messages).await?);
+                }
                 return Ok(());
             }
             match mode {
@@ -420,7 +458,7 @@ impl Writer {
                     // What the feed missed is read again; what it queued before now
                     // is read from the store, which holds it once the barrier passes.
                     if let Some(gap) = feed.take_gap() {
-                        held.forget_from(gap, self.committed());
+                        held.forget_from(gap);
                     }
                     epoch = feed.next_epoch();
                     store.durable_barrier().await?;
@@ -457,7 +495,17 @@ impl Writer {
                                 held.take(feed, next, epoch);
                             }
                         }
-                        () = tokio::time::sleep_until(due.into()), if !held.waiting.is_empty() => {}
+                        joined = async {
+                            match running.as_mut() {
+                                Some(commit) => commit.await,
+                                None => std::future::pending().await,
+                            }
+                        }, if running.is_some() => {
+                            *running = None;
+                            self.finished(joined)?;
+                        }
+                        () = tokio::time::sleep_until(due.into()),
+                            if !held.waiting.is_empty() && running.is_none() => {}
                         () = shutdown.cancelled() => {}
                     }
                     if feed.has_gap() {
@@ -467,7 +515,18 @@ impl Writer {
             }
             let due = !held.waiting.is_empty() && held.since.elapsed() >= every;
             if held.bytes >= max_bytes || due {
-                self.commit_held(store, feed, &mut held, &mut mode).await?;
+                // Twice a commit's worth waiting: no more until the running one ends.
+                if held.bytes >= max_bytes.saturating_mul(2)
+                    && let Some(commit) = running.take()
+                {
+                    self.finished(commit.await)?;
+                }
+                if running.is_none()
+                    && let Some(messages) = self.cut(store, feed, &mut held, &mut mode).await?
+                {
+                    let job = self.job().await?;
+                    *running = Some(tokio::spawn(job.run(messages)));
+                }
             }
             if held.waiting.is_empty() {
                 held.since = Instant::now();
@@ -475,49 +534,99 @@ impl Writer {
         }
     }
 
-    /// Commits what is held once the store vouches for it: after a durability
-    /// barrier, the feed's gap says what of it may not be stored, or follows a missed
-    /// message, and only what is before the gap is committed.
-    async fn commit_held(
+    /// Takes a finished commit's table as the writer's.
+    fn finished(
+        &mut self,
+        joined: Result<Result<iceberg::table::Table, TableError>, tokio::task::JoinError>,
+    ) -> Result<(), TableError> {
+        let table = joined.map_err(|e| TableError::Setup(format!("a commit task: {e}")))??;
+        self.table = Some(table);
+        Ok(())
+    }
+
+    /// What of the held messages the store vouches for, taken out for a commit:
+    /// after a durability barrier, the feed's gap says what of it may not be stored,
+    /// or follows a missed message, and only what came before the barrier and the
+    /// gap is taken.
+    async fn cut(
         &mut self,
         store: &Store,
         feed: &Feed,
         held: &mut Held,
         mode: &mut Mode,
-    ) -> Result<(), TableError> {
+    ) -> Result<Option<Vec<StoredMessage>>, TableError> {
         if held.waiting.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let cut = held.waiting.len();
         store.durable_barrier().await?;
         if let Some(gap) = feed.take_gap() {
-            held.forget_from(gap, self.committed());
+            held.forget_from(gap);
             *mode = Mode::Start;
         }
         let cut = cut.min(held.waiting.len());
         let messages: Vec<StoredMessage> = held.waiting.drain(..cut).collect();
         held.bytes = held.waiting.iter().map(size).sum();
         held.since = Instant::now();
-        self.commit(messages).await
+        let Some(last) = messages.last() else {
+            return Ok(None);
+        };
+        held.committed = last.offset;
+        Ok(Some(messages))
     }
 
+    /// What a commit needs of the writer (making the table at the first).
+    async fn job(&mut self) -> Result<CommitJob, TableError> {
+        Ok(CommitJob {
+            table: self.table().await?,
+            catalog: Arc::clone(&self.catalog),
+            columns: self.columns.clone(),
+            file_prefix: self.file_prefix.clone(),
+            name: self.config.table.clone(),
+        })
+    }
+}
+
+/// A commit running beside the writer, with the table it made.
+type Running = tokio::task::JoinHandle<Result<iceberg::table::Table, TableError>>;
+
+/// One commit: what it needs to write its files and swap the table's metadata.
+struct CommitJob {
+    table: iceberg::table::Table,
+    catalog: Arc<dyn Catalog>,
+    columns: Vec<Column>,
+    file_prefix: String,
+    name: String,
+}
+
+impl CommitJob {
     /// Writes `messages` (in offset order) as one data file per day and commits them
-    /// with the last offset.
-    async fn commit(&mut self, messages: Vec<StoredMessage>) -> Result<(), TableError> {
+    /// with the last offset; the rows are built off the async threads.
+    async fn run(self, messages: Vec<StoredMessage>) -> Result<iceberg::table::Table, TableError> {
         let Some(last) = messages.last().map(|m| m.offset) else {
-            return Ok(());
+            return Ok(self.table);
         };
-        let table = self.table().await?;
+        let table = &self.table;
         let metadata = table.metadata();
         let schema = metadata.current_schema().clone();
         let arrow_schema = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
         let spec = metadata.default_partition_spec().as_ref().clone();
-        let mut by_day: BTreeMap<i32, Vec<&StoredMessage>> = BTreeMap::new();
-        for message in &messages {
-            by_day.entry(day_of(message)).or_default().push(message);
-        }
+        let rows = messages.len();
+        let columns = self.columns.clone();
+        let days = tokio::task::spawn_blocking(move || {
+            let mut by_day: BTreeMap<i32, Vec<&StoredMessage>> = BTreeMap::new();
+            for message in &messages {
+                by_day.entry(day_of(message)).or_default().push(message);
+            }
+            by_day
+                .into_iter()
+                .map(|(day, rows)| Ok((day, batch(&columns, &arrow_schema, &rows)?)))
+                .collect::<Result<Vec<_>, TableError>>()
+        })
+        .await
+        .map_err(|e| TableError::Setup(format!("building rows: {e}")))??;
         let mut files = Vec::new();
-        for (day, rows) in by_day {
+        for (day, rows) in days {
             let parquet = ParquetWriterBuilder::new(WriterProperties::default(), schema.clone());
             let rolling = RollingFileWriterBuilder::new_with_default_file_size(
                 parquet,
@@ -535,12 +644,10 @@ impl Writer {
                 Struct::from_iter([Some(Literal::date(day))]),
             );
             let mut writer = DataFileWriterBuilder::new(rolling).build(Some(key)).await?;
-            writer
-                .write(batch(&self.columns, &arrow_schema, &rows)?)
-                .await?;
+            writer.write(rows).await?;
             files.extend(writer.close().await?);
         }
-        let tx = Transaction::new(&table);
+        let tx = Transaction::new(table);
         let tx = tx
             .fast_append()
             .add_data_files(files)
@@ -549,9 +656,9 @@ impl Writer {
                 last.to_string(),
             )]))
             .apply(tx)?;
-        self.table = Some(tx.commit(&*self.catalog).await?);
-        tracing::debug!(table = %self.config.table, rows = messages.len(), last, "table commit");
-        Ok(())
+        let table = tx.commit(&*self.catalog).await?;
+        tracing::debug!(table = %self.name, rows, last, "table commit");
+        Ok(table)
     }
 }
 
@@ -606,12 +713,12 @@ mod tests {
         assert_eq!((held.next, held.bytes), (7, 6));
 
         // A message at 5 was missed: 6 goes, and reading resumes at 5.
-        held.forget_from(5, 2);
+        held.forget_from(5);
         let offsets: Vec<u64> = held.waiting.iter().map(|m| m.offset).collect();
         assert_eq!(offsets, [3, 4]);
         assert_eq!(held.next, 5);
         // A lost write: all of it, from after the commit.
-        held.forget_from(0, 2);
+        held.forget_from(0);
         assert!(held.waiting.is_empty());
         assert_eq!((held.next, held.bytes), (3, 0));
     }
