@@ -368,12 +368,11 @@ pub async fn get(
             .map(|binding| binding_json(binding))
             .ok_or_else(|| ApiError::new(404, format!("no schema is bound to {pattern}"))),
         Some(version) => {
-            let versions = store.schema_versions(tenant, &pattern).await?;
-            let record = versions
-                .iter()
-                .find(|r| r.version == version)
+            let record = store
+                .schema_version(tenant, &pattern, version)
+                .await?
                 .ok_or_else(|| ApiError::new(404, format!("{pattern} has no version {version}")))?;
-            Ok(version_json(&pattern, version, &stored_of(record)?))
+            Ok(version_json(&pattern, version, &stored_of(&record)?))
         }
     }
 }

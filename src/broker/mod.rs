@@ -165,7 +165,7 @@ impl Broker {
             return Ok(());
         };
         for tenant in self.tenant_records.list() {
-            let records = store.tenant_schemas(&tenant.name).await?;
+            let records = store.newest_schemas(&tenant.name).await?;
             let bindings = crate::schemas::current_bindings(
                 records
                     .iter()

@@ -27,6 +27,24 @@ impl Store {
         put_durably(self.db(), keys::schema(tenant, pattern, version), record).await
     }
 
+    /// One version of a binding, if it was stored.
+    pub async fn schema_version(
+        &self,
+        tenant: &str,
+        pattern: &str,
+        version: u64,
+    ) -> Result<Option<SchemaRecord>, StoreError> {
+        let found = self
+            .db()
+            .get(keys::schema(tenant, pattern, version))
+            .await?;
+        Ok(found.map(|record| SchemaRecord {
+            pattern: pattern.to_owned(),
+            version,
+            record,
+        }))
+    }
+
     /// Every version of one binding, oldest first.
     pub async fn schema_versions(
         &self,
@@ -37,10 +55,28 @@ impl Store {
             .await
     }
 
-    /// Every version of every binding of a tenant, by pattern, then oldest first.
-    pub async fn tenant_schemas(&self, tenant: &str) -> Result<Vec<SchemaRecord>, StoreError> {
-        self.scan_schemas(tenant, keys::tenant_kind_range(keys::SCHEMA, tenant))
-            .await
+    /// The newest version of every binding of a tenant (deletions included), by
+    /// pattern: what a start needs, in memory one record per pattern however long
+    /// the histories are.
+    pub async fn newest_schemas(&self, tenant: &str) -> Result<Vec<SchemaRecord>, StoreError> {
+        let range = keys::tenant_kind_range(keys::SCHEMA, tenant);
+        let mut found = self.db().scan(range).await?;
+        let mut newest: Vec<SchemaRecord> = Vec::new();
+        while let Some(kv) = found.next().await? {
+            let Some((pattern, version)) = keys::schema_parts(&kv.key, tenant) else {
+                continue;
+            };
+            let record = SchemaRecord {
+                pattern: pattern.to_owned(),
+                version,
+                record: kv.value,
+            };
+            match newest.last_mut() {
+                Some(last) if last.pattern == record.pattern => *last = record,
+                _ => newest.push(record),
+            }
+        }
+        Ok(newest)
     }
 
     async fn scan_schemas(
