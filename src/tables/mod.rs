@@ -135,7 +135,7 @@ pub fn columns(pattern: &Pattern, names: &[String], schema: Option<&Value>) -> V
     all
 }
 
-/// The columns of a table as it was made (`schema`, in its order): the fixed ones by
+/// The columns of a table as its schema has them (`schema`, in its order): the fixed ones by
 /// name, the wildcards by `names` (or their default names), the rest fields of the
 /// payload by their type.
 pub fn columns_of_table(pattern: &Pattern, names: &[String], schema: &Schema) -> Vec<Column> {
@@ -162,6 +162,16 @@ pub fn columns_of_table(pattern: &Pattern, names: &[String], schema: &Schema) ->
         .collect()
 }
 
+/// The Iceberg type of a payload field's column.
+pub fn field_type(kind: FieldKind) -> PrimitiveType {
+    match kind {
+        FieldKind::Long => PrimitiveType::Long,
+        FieldKind::Double => PrimitiveType::Double,
+        FieldKind::Boolean => PrimitiveType::Boolean,
+        FieldKind::Text => PrimitiveType::String,
+    }
+}
+
 /// The Iceberg schema of `columns` (field ids from 1, in order).
 pub fn iceberg_schema(columns: &[Column]) -> iceberg::Result<Schema> {
     let fields = columns.iter().zip(1..).map(|(column, id)| {
@@ -170,15 +180,7 @@ pub fn iceberg_schema(columns: &[Column]) -> iceberg::Result<Schema> {
             Column::Version | Column::Offset => (PrimitiveType::Long, true),
             Column::Time => (PrimitiveType::Timestamptz, true),
             Column::SchemaVersion => (PrimitiveType::Int, false),
-            Column::Field { kind, .. } => (
-                match kind {
-                    FieldKind::Long => PrimitiveType::Long,
-                    FieldKind::Double => PrimitiveType::Double,
-                    FieldKind::Boolean => PrimitiveType::Boolean,
-                    FieldKind::Text => PrimitiveType::String,
-                },
-                false,
-            ),
+            Column::Field { kind, .. } => (field_type(*kind), false),
             Column::Payload => (PrimitiveType::String, false),
         };
         let field = if required {

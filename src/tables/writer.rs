@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use canopy_subjects::Pattern;
 use iceberg::spec::{DataFileFormat, Literal, PartitionKey, Struct};
-use iceberg::transaction::{ApplyTransactionAction, Transaction};
+use iceberg::transaction::{AddColumn, ApplyTransactionAction, Transaction};
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
 use iceberg::writer::file_writer::ParquetWriterBuilder;
 use iceberg::writer::file_writer::location_generator::{
@@ -337,7 +337,7 @@ impl Writer {
         Ok(writer)
     }
 
-    /// The columns of the table as made.
+    /// The columns of the table as its current schema has them.
     fn columns_of(&self, table: &iceberg::table::Table) -> Vec<Column> {
         columns_of_table(
             &self.pattern,
@@ -370,6 +370,55 @@ impl Writer {
             .catalog
             .create_table(self.ident.namespace(), creation)
             .await?;
+        self.columns = self.columns_of(&table);
+        self.table = Some(table.clone());
+        Ok(table)
+    }
+
+    /// Adds a column for each top-level field of the pattern's current schema that
+    /// the table lacks, as an optional column (its older rows hold none). Columns are
+    /// never dropped or retyped: a field the schema lost stays, empty from then on,
+    /// and a field whose type changed keeps its column's (values that do not fit it
+    /// are left empty).
+    async fn add_new_fields(
+        &mut self,
+        table: iceberg::table::Table,
+    ) -> Result<iceberg::table::Table, TableError> {
+        let schema = self
+            .schemas
+            .current()
+            .get(&self.config.pattern)
+            .and_then(|b| b.stored.schema.clone());
+        let Some(schema) = schema else {
+            return Ok(table);
+        };
+        let wanted = columns(&self.pattern, &self.config.columns, Some(&schema));
+        let added: Vec<(String, super::FieldKind)> = wanted
+            .into_iter()
+            .filter_map(|column| match column {
+                Column::Field { name, kind }
+                    if !self.columns.iter().any(|have| have.name() == name) =>
+                {
+                    Some((name, kind))
+                }
+                _ => None,
+            })
+            .collect();
+        if added.is_empty() {
+            return Ok(table);
+        }
+        let tx = Transaction::new(&table);
+        let action = added
+            .iter()
+            .fold(tx.update_schema(), |action, (name, kind)| {
+                action.add_column(AddColumn::optional(
+                    name,
+                    iceberg::spec::Type::Primitive(super::field_type(*kind)),
+                ))
+            });
+        let table = action.apply(tx)?.commit(&*self.catalog).await?;
+        let added: Vec<&str> = added.iter().map(|(name, _)| name.as_str()).collect();
+        tracing::info!(table = %self.config.table, columns = ?added, "table columns added from the schema");
         self.columns = self.columns_of(&table);
         self.table = Some(table.clone());
         Ok(table)
@@ -575,10 +624,13 @@ impl Writer {
         Ok(Some(messages))
     }
 
-    /// What a commit needs of the writer (making the table at the first).
+    /// What a commit needs of the writer (making the table at the first, and adding
+    /// the columns of fields the binding gained since).
     async fn job(&mut self) -> Result<CommitJob, TableError> {
+        let table = self.table().await?;
+        let table = self.add_new_fields(table).await?;
         Ok(CommitJob {
-            table: self.table().await?,
+            table,
             catalog: Arc::clone(&self.catalog),
             columns: self.columns.clone(),
             file_prefix: self.file_prefix.clone(),

@@ -82,10 +82,18 @@ async fn a_failing_store_delays_acks_but_loses_nothing_and_live_traffic_flows() 
             .await
             .is_err()
         {
-            let finished: Vec<_> = pending.iter().map(|p| p.is_finished()).collect();
+            // What the acks that ended said, to tell a stuck sequencer from a refusal.
+            let mut outcomes = Vec::new();
+            for task in pending {
+                if task.is_finished() {
+                    outcomes.push(format!("{:?}", task.await));
+                } else {
+                    outcomes.push("waiting".to_owned());
+                }
+            }
             panic!(
                 "stored subjects are delivered live while the store fails: {n} of 30 came \
-                 (acks finished: {finished:?})"
+                 (acks: {outcomes:?})"
             );
         }
     }

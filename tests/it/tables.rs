@@ -57,6 +57,12 @@ async fn read_rows(folder: &Path, rows: usize, day: Option<&str>) -> Value {
     panic!("the table never held {rows} rows; last read: {last:?}");
 }
 
+/// Puts a schema binding, and panics unless it was taken.
+async fn bind_schema(client: &async_nats::Client, put: Value) {
+    let (status, body) = api(client, "schema.put", put).await;
+    assert_eq!(status, 200, "{body}");
+}
+
 /// The offsets of the rows the reader found, each once.
 fn distinct_offsets(found: &Value) -> Vec<u64> {
     let mut offsets: Vec<u64> = found["rows"]
@@ -157,13 +163,11 @@ async fn rows_exactly_once_across_a_restart(
     let schema = json!({"type": "object", "properties": {
         "temp": {"type": "number"}, "unit": {"enum": ["C", "F"]}, "where": {"type": "object"}
     }, "required": ["temp"]});
-    let (status, body) = api(
+    bind_schema(
         &client,
-        "schema.put",
         json!({"pattern": "devices.*.temp", "schema": schema}),
     )
     .await;
-    assert_eq!(status, 200, "{body}");
     publish(&client, 0, 40).await;
     let found = read_rows(tables, 40, None).await;
     assert_eq!(
@@ -336,5 +340,65 @@ async fn while_the_store_cannot_write_the_table_gains_no_row() {
     let found = read_rows(&tables, 30, None).await;
     let offsets = distinct_offsets(&found);
     assert_eq!(offsets.len(), 30, "each message once: {offsets:?}");
+    server.stop().await;
+}
+
+/// A field the binding gains in a later schema version becomes a column of the table
+/// at the next commit: older rows hold none, newer rows their value, and no row is
+/// repeated or lost by the change.
+#[tokio::test]
+async fn a_field_the_schema_gains_becomes_a_column() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tables = dir.path().join("tables");
+    let server = start(config(dir.path())).await;
+    let client = async_nats::connect(server.native_addr.to_string())
+        .await
+        .expect("connect");
+    let mut schema = json!({"type": "object", "properties": {"temp": {"type": "number"}},
+                            "required": ["temp"]});
+    bind_schema(
+        &client,
+        json!({"pattern": "devices.*.temp", "schema": schema}),
+    )
+    .await;
+    publish(&client, 0, 8).await;
+    let found = read_rows(&tables, 8, None).await;
+    assert!(
+        !found["columns"]
+            .as_array()
+            .expect("columns")
+            .contains(&json!("battery")),
+        "{found}"
+    );
+
+    schema["properties"]["battery"] = json!({"type": "integer"});
+    bind_schema(
+        &client,
+        json!({"pattern": "devices.*.temp", "schema": schema, "mode": "none"}),
+    )
+    .await;
+    let js = async_nats::jetstream::new(client.clone());
+    for i in 0..4 {
+        let payload = json!({"temp": 30.5, "battery": 90 + i});
+        js.publish(format!("devices.d{i}.temp"), payload.to_string().into())
+            .await
+            .expect("sent")
+            .await
+            .expect("stored");
+    }
+    let found = read_rows(&tables, 12, None).await;
+    let columns = found["columns"].as_array().expect("columns");
+    assert_eq!(columns.last(), Some(&json!("battery")), "{found}");
+    assert_eq!(distinct_offsets(&found).len(), 12, "each message once");
+    let mut batteries: Vec<Value> = found["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| r["battery"].clone())
+        .collect();
+    batteries.sort_by_key(|b| b.as_i64().unwrap_or(-1));
+    let mut expected = vec![Value::Null; 8];
+    expected.extend((90..94).map(|b| json!(b)));
+    assert_eq!(batteries, expected, "{found}");
     server.stop().await;
 }
