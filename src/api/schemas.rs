@@ -23,8 +23,8 @@ use super::{Answer, ApiCall, ApiError, PREFIX, authorize, check_dead_letter, par
 use crate::broker::Broker;
 use crate::schemas::registry::RecentError;
 use crate::schemas::{
-    Binding, DEFAULT_DEAD_LETTER, MAX_BINDINGS, MAX_SCHEMA_BYTES, MAX_VERSIONS, Mode, OnInvalid,
-    StoredVersion, compat,
+    Binding, DEFAULT_DEAD_LETTER, MAX_BINDINGS, MAX_SCHEMA_BYTES, MAX_TENANT_SCHEMA_BYTES,
+    MAX_VERSIONS, Mode, OnInvalid, StoredVersion, compat,
 };
 use crate::store::{SchemaRecord, Store, now_ms};
 use crate::tenancy::{Action, Principal};
@@ -318,6 +318,22 @@ pub async fn put(
         return Err(ApiError::new(
             429,
             format!("the tenant has {MAX_BINDINGS} schema bindings, the most it may have"),
+        ));
+    }
+    let others: usize = bindings
+        .all()
+        .iter()
+        .filter(|b| b.pattern != request.pattern)
+        .map(|b| b.schema_bytes)
+        .sum();
+    if others + binding.schema_bytes > MAX_TENANT_SCHEMA_BYTES {
+        return Err(ApiError::new(
+            429,
+            format!(
+                "the tenant's bound schemas would hold {} bytes of JSON; together they may \
+                 hold {MAX_TENANT_SCHEMA_BYTES}",
+                others + binding.schema_bytes
+            ),
         ));
     }
     let record =

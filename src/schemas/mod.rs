@@ -39,6 +39,9 @@ pub const MAX_BINDINGS: usize = 10_000;
 pub const MAX_VERSIONS: u32 = 1_000;
 /// The largest schema accepted, in bytes of JSON.
 pub const MAX_SCHEMA_BYTES: usize = 256 * 1024;
+/// The bytes of JSON all of one tenant's bound schemas may hold together: what the
+/// registry, a start and an AsyncAPI document hold of a tenant at most.
+pub const MAX_TENANT_SCHEMA_BYTES: usize = 16 << 20;
 
 /// What happens to a message its schema refuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -123,6 +126,8 @@ pub struct Binding {
     header_line: Bytes,
     /// A whole header block holding only that header, for messages that had none.
     header_block: Bytes,
+    /// The schema's size in bytes of JSON.
+    pub schema_bytes: usize,
 }
 
 impl std::fmt::Debug for Binding {
@@ -183,6 +188,7 @@ impl Binding {
             .as_ref()
             .ok_or_else(|| SchemaError::Invalid("a deleted binding has no schema".into()))?;
         let validator = compile(schema)?;
+        let schema_bytes = serde_json::to_vec(schema).map_or(0, |v| v.len());
         let line = format!("{SCHEMA_HEADER}: {pattern}@{version}\r\n");
         let header_block = Bytes::from(format!("NATS/1.0\r\n{line}\r\n"));
         Ok(Self {
@@ -193,6 +199,7 @@ impl Binding {
             validator,
             header_line: Bytes::from(line),
             header_block,
+            schema_bytes,
         })
     }
 

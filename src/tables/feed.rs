@@ -74,6 +74,11 @@ impl Feed {
     }
 
     fn offer(&self, message: &Sequenced<'_>) {
+        // A writer that stopped takes nothing: no copy, and it reads the store anyway.
+        if self.tx.is_closed() {
+            self.missed(message.offset);
+            return;
+        }
         let bytes = message.payload.len() + message.headers.len();
         if self.queued_bytes.load(Ordering::Acquire) + bytes > QUEUE_BYTES {
             self.missed(message.offset);

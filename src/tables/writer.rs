@@ -8,8 +8,9 @@
 //! reads the committed offset from the table and goes on after it; data files a
 //! crash left unreferenced are never read. A commit of messages from the feed first
 //! passes a durability barrier and then takes the feed's gap, so it holds only
-//! stored messages, with none missing. Memory is bounded by `commit_mib` plus one
-//! replay page and the feed's queue. Must never write to the store.
+//! stored messages, with none missing. Memory is bounded by about four times
+//! `commit_mib` (twice waiting, and the running commit's messages and their rows)
+//! plus one replay page and the feed's queue. Must never write to the store.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -175,6 +176,9 @@ impl Held {
     }
 
     fn push(&mut self, message: StoredMessage) {
+        if self.waiting.is_empty() {
+            self.since = Instant::now();
+        }
         self.bytes += size(&message);
         self.waiting.push(message);
     }
@@ -183,6 +187,11 @@ impl Held {
     /// read the store (`epoch`) or is one the writer holds already.
     fn take(&mut self, feed: &Feed, fed: Fed, epoch: u64) {
         feed.taken(&fed);
+        self.take_counted(fed, epoch);
+    }
+
+    /// [`Held::take`] of a message already counted off the queue.
+    fn take_counted(&mut self, fed: Fed, epoch: u64) {
         if fed.epoch != epoch || fed.message.offset < self.next {
             return;
         }
@@ -238,6 +247,13 @@ pub fn start(
         let shutdown = shutdown.clone();
         // Registered now, before the writer's first read of the store, so nothing
         // routed from then on is missed.
+        let place = match place {
+            Ok(place) => place,
+            Err(error) => {
+                tracing::error!(table = %config.table, %error, "table not written");
+                continue;
+            }
+        };
         let feed = match Pattern::parse_native(&config.pattern) {
             Ok(pattern) => feeds.register(&config.tenant, &pattern),
             Err(error) => {
@@ -247,13 +263,6 @@ pub fn start(
         };
         // Tracked with the connections, so the store closes after the last commit.
         tracker.spawn(async move {
-            let place = match place {
-                Ok(place) => place,
-                Err(error) => {
-                    tracing::error!(table = %config.table, %error, "table not written");
-                    return;
-                }
-            };
             run(store, config, place, schemas, feed, shutdown).await;
         });
     }
@@ -289,8 +298,14 @@ async fn run(
                     () = shutdown.cancelled() => return,
                     () = tokio::time::sleep(RETRY) => {}
                 }
-                if let Err(error) = writer.reload().await {
-                    tracing::warn!(table = %config.table, %error, "cannot reload the table");
+                // Only from what the table holds: a commit that landed though it
+                // seemed to fail must not be repeated.
+                while let Err(error) = writer.reload().await {
+                    tracing::warn!(table = %config.table, %error, "cannot reload the table; retrying");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(RETRY) => {}
+                    }
                 }
             }
         }
@@ -438,12 +453,7 @@ impl Writer {
 
     /// The last offset the table holds (0: none).
     fn committed(&self) -> u64 {
-        self.table
-            .as_ref()
-            .and_then(|t| t.metadata().current_snapshot())
-            .and_then(|s| s.summary().additional_properties.get(COMMITTED_OFFSET))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        self.table.as_ref().map_or(0, committed_of)
     }
 
     /// Follows the pattern's messages after the committed offset and commits them,
@@ -486,6 +496,8 @@ impl Writer {
         let mut held = Held::after(self.committed());
         let mut mode = Mode::Start;
         let mut epoch = 0;
+        // The first message of the current epoch, taken while dropping stale ones.
+        let mut first: Option<Fed> = None;
         loop {
             if running.as_ref().is_some_and(|r| r.is_finished())
                 && let Some(commit) = running.take()
@@ -510,6 +522,15 @@ impl Writer {
                         held.forget_from(gap);
                     }
                     epoch = feed.next_epoch();
+                    // Stale items come first (the queue is in order): free their room
+                    // now, so the queue can hold what comes while the store is read.
+                    while let Ok(next) = fed.try_recv() {
+                        feed.taken(&next);
+                        if next.epoch == epoch {
+                            first = Some(next);
+                            break;
+                        }
+                    }
                     store.durable_barrier().await?;
                     mode = Mode::Reading;
                 }
@@ -532,6 +553,9 @@ impl Writer {
                     }
                 }
                 Mode::Live => {
+                    if let Some(kept) = first.take() {
+                        held.take_counted(kept, epoch);
+                    }
                     let due = held.since + every;
                     tokio::select! {
                         first = fed.recv() => {
@@ -630,6 +654,7 @@ impl Writer {
         let table = self.table().await?;
         let table = self.add_new_fields(table).await?;
         Ok(CommitJob {
+            base: committed_of(&table),
             table,
             catalog: Arc::clone(&self.catalog),
             columns: self.columns.clone(),
@@ -639,11 +664,23 @@ impl Writer {
     }
 }
 
+/// The last offset `table` holds (0: none).
+fn committed_of(table: &iceberg::table::Table) -> u64 {
+    table
+        .metadata()
+        .current_snapshot()
+        .and_then(|s| s.summary().additional_properties.get(COMMITTED_OFFSET))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A commit running beside the writer, with the table it made.
 type Running = tokio::task::JoinHandle<Result<iceberg::table::Table, TableError>>;
 
 /// One commit: what it needs to write its files and swap the table's metadata.
 struct CommitJob {
+    /// The offset the table must still hold as its last when the commit lands.
+    base: u64,
     table: iceberg::table::Table,
     catalog: Arc<dyn Catalog>,
     columns: Vec<Column>,
@@ -699,7 +736,19 @@ impl CommitJob {
             writer.write(rows).await?;
             files.extend(writer.close().await?);
         }
-        let tx = Transaction::new(table);
+        // The crate's transaction appends to whatever the catalog holds now, so a
+        // writer that missed a commit of its own (which seemed to fail) would repeat
+        // its rows: the table must still end where this commit begins.
+        let current = self.catalog.load_table(table.identifier()).await?;
+        if committed_of(&current) != self.base {
+            return Err(TableError::Setup(format!(
+                "table {} holds up to offset {}, not {}: reading it again",
+                self.name,
+                committed_of(&current),
+                self.base
+            )));
+        }
+        let tx = Transaction::new(&current);
         let tx = tx
             .fast_append()
             .add_data_files(files)

@@ -1927,3 +1927,41 @@ async fn a_dead_letter_subject_too_long_is_refused_instead() {
     assert_eq!(seen["errors"][0]["dead_lettered"], false, "{seen}");
     server.stop().await;
 }
+
+/// All of a tenant's bound schemas together are bounded (what the registry, a start
+/// and an AsyncAPI document hold): past it a new binding is refused with 429, while
+/// a binding may still be replaced by a smaller version.
+#[tokio::test]
+async fn a_tenants_schemas_together_are_bounded() {
+    let server = start_default().await;
+    let client = connect(&server).await;
+    let big = |n: usize| json!({"description": "x".repeat(250_000), "title": format!("s{n}")});
+    let size = serde_json::to_vec(&big(10)).expect("json").len();
+    let fit = canopy::schemas::MAX_TENANT_SCHEMA_BYTES / size;
+    for n in 10..10 + fit {
+        put(
+            &client,
+            json!({"pattern": format!("big.{n}"), "schema": big(n)}),
+        )
+        .await;
+    }
+    let (status, answer) = schema(
+        &client,
+        "put",
+        json!({"pattern": "big.over", "schema": big(99)}),
+    )
+    .await;
+    assert_eq!(status, 429, "{answer}");
+    let (status, answer) = schema(
+        &client,
+        "put",
+        json!({"pattern": "big.10", "schema": {"type": "object"}, "mode": "none"}),
+    )
+    .await;
+    assert_eq!(
+        status, 200,
+        "a smaller version of a bound pattern: {answer}"
+    );
+    put(&client, json!({"pattern": "big.over", "schema": big(99)})).await;
+    server.stop().await;
+}

@@ -208,6 +208,8 @@ impl Sequencer {
                 let _ = passed.send(());
             }
             if write_tx.send(write).await.is_err() {
+                // The writer is gone: this round's messages were routed, never stored.
+                self.events.lost();
                 break;
             }
         }

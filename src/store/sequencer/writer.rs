@@ -157,6 +157,8 @@ pub(super) async fn write_rounds(
                     barriers: round.durable_barriers,
                 };
                 if durable.send(pending).await.is_err() {
+                    // The acker is gone: nothing written from here is vouched for.
+                    events.lost();
                     return;
                 }
             }
