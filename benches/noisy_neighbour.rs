@@ -13,46 +13,19 @@
 //! while the noisy tenant floods with no limit. Load and server share the machine's
 //! two cores. Prints one line per round and the medians.
 
+mod support;
+
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::json;
+use support::{api, env_u64, free_port};
 
 const NOISY_RATE: u64 = 1_000;
 const PAYLOAD: usize = 128;
 /// Quiet messages published and not yet received, at most.
 const MAX_IN_FLIGHT: u64 = 20_000;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-async fn api(client: &async_nats::Client, name: &str, body: serde_json::Value) {
-    let answer = client
-        .request(format!("$CANOPY.{name}"), body.to_string().into())
-        .await
-        .expect("answered");
-    let failed = answer
-        .headers
-        .as_ref()
-        .is_some_and(|h| h.get("Canopy-Status").is_some());
-    assert!(
-        !failed,
-        "{name}: {}",
-        String::from_utf8_lossy(&answer.payload)
-    );
-}
 
 async fn log_in(url: &str, user: &str) -> async_nats::Client {
     async_nats::ConnectOptions::with_user_and_password(user.into(), "pw".into())

@@ -17,6 +17,8 @@
 //! `TABLE_ONLY=1` skips the run without the table; `KEEP=1` keeps the table's folder
 //! (its path is printed) for `benches/table_query.py` to query.
 
+mod support;
+
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,32 +29,10 @@ use futures::stream::FuturesUnordered;
 use iceberg::{Catalog, TableIdent};
 use parking_lot::Mutex;
 use serde_json::json;
+use support::{cpu_secs, env_u64, free_port};
 
 const SUBJECTS: u64 = 1_000;
 const PUBLISHERS: u64 = 4;
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn cpu_time(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc stat");
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 =
-        fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
-    ticks as f64 / 100.0
-}
 
 fn payload(seq: u64) -> bytes::Bytes {
     json!({
@@ -134,7 +114,7 @@ struct Outcome {
 async fn run(with_table: bool, rate: u64, secs: u64, commit_secs: u64) -> Outcome {
     let dir = tempfile::tempdir().expect("tempdir");
     let tables = dir.path().join("tables");
-    let dir = if with_table && env("KEEP", 0) == 1 {
+    let dir = if with_table && env_u64("KEEP", 0) == 1 {
         let kept = dir.keep();
         println!(
             "the table's folder is kept: {}",
@@ -199,7 +179,7 @@ async fn run(with_table: bool, rate: u64, secs: u64, commit_secs: u64) -> Outcom
         .await
         .expect("schema bound");
     let acked: Acked = Arc::default();
-    let cpu = cpu_time(pid);
+    let cpu = cpu_secs(pid);
     let publishers: Vec<_> = (0..PUBLISHERS)
         .map(|i| tokio::spawn(publisher(url.clone(), i, rate, secs, Arc::clone(&acked))))
         .collect();
@@ -250,7 +230,7 @@ async fn run(with_table: bool, rate: u64, secs: u64, commit_secs: u64) -> Outcom
         p.await.expect("publisher");
     }
     let msgs = acked.lock().len();
-    let cpu = cpu_time(pid) - cpu;
+    let cpu = cpu_secs(pid) - cpu;
     drop(server);
     Outcome {
         cpu_per_msg_us: cpu * 1e6 / msgs as f64,
@@ -286,10 +266,10 @@ fn quantile(values: &[f64], q: f64) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let rate = env("RATE", 50_000);
-    let secs = env("SECS", 30);
-    let commit_secs = env("COMMIT_SECS", 10);
-    let without = if env("TABLE_ONLY", 0) == 1 {
+    let rate = env_u64("RATE", 50_000);
+    let secs = env_u64("SECS", 30);
+    let commit_secs = env_u64("COMMIT_SECS", 10);
+    let without = if env_u64("TABLE_ONLY", 0) == 1 {
         Outcome {
             cpu_per_msg_us: f64::NAN,
             lags: Vec::new(),

@@ -39,14 +39,14 @@ fi
   exit 1
 }
 
-# Node, MQTT.js, playwright-core and the AsyncAPI specs (tests/js, pinned by its
+# Node, MQTT.js, nats.js, playwright-core and the AsyncAPI specs (tests/js, pinned by its
 # package-lock.json), for the browser-side tests and the AsyncAPI document's check.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   echo "test-all: installing nodejs and npm" >&2
   apt_install nodejs npm
 fi
 if [ ! -d tests/js/node_modules/mqtt ] || [ ! -d tests/js/node_modules/playwright-core ] ||
-  [ ! -d tests/js/node_modules/@asyncapi/specs ] ||
+  [ ! -d tests/js/node_modules/@asyncapi/specs ] || [ ! -d tests/js/node_modules/nats ] ||
   [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
   echo "test-all: installing the JavaScript test clients (npm ci in tests/js)" >&2
   npm ci --prefix tests/js --no-audit --no-fund >&2

@@ -1,12 +1,17 @@
 //! `$CANOPY.group.*`: create, list, show and delete the caller's tenant's consumer
-//! groups.
+//! groups, pull from them, ack their deliveries and wait for them.
 //!
-//! A call is authorised as a publish to its own `$CANOPY.group.<op>` subject, and
-//! creating a group also as a subscription to its pattern, since the group reads
-//! every subject it matches. Changes are serialised so two creates of one name cannot
-//! both succeed. This module must never decide deliveries: that is `crate::groups`'.
+//! A call is authorised as a publish to its own `$CANOPY.group.<op>` subject. Every
+//! call about a group also needs the right to read it, a subscription to its pattern,
+//! since the group reads every subject it matches: creating it, pulling, acking,
+//! showing, deleting and waiting; a list shows only the groups the caller may read,
+//! and a wait answers for any other as for a group that does not exist. Creates and
+//! deletes are serialised per tenant, so two creates of one name cannot both succeed
+//! and a tenant's count of groups holds. This module must never decide deliveries:
+//! that is `crate::groups`'.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -14,15 +19,98 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use super::{Answer, ApiCall, ApiError, PREFIX, authorize, parse};
-use crate::broker::Broker;
 use crate::broker::groups::{ACK_PREFIX, Handed, Pull, PullStyle, Reply, ReplyKind};
-use crate::groups::awaiting::{Await, DEFAULT_AWAIT, MAX_AWAIT, Missed};
-use crate::groups::{GroupSpec, StoredGroup as Stored};
+use crate::broker::{Broker, TenantRoutes};
+use crate::groups::awaiting::{Await, Caller, DEFAULT_AWAIT, MAX_AWAIT, Missed};
+use crate::groups::{GroupSpec, StoredGroup as Stored, check_member};
 use crate::store::{Store, now_ms};
-use crate::tenancy::Action;
+use crate::tenancy::{Action, Principal};
 
-/// Serialises creates and deletes of groups.
-pub(crate) static CHANGES: Mutex<()> = Mutex::const_new(());
+/// Each tenant's lock over its group creates and deletes, held here only while some
+/// call holds it (an entry whose lock nobody holds is dropped on the next lookup), so
+/// the map never grows past the tenants changing groups at once.
+static CHANGES: LazyLock<parking_lot::Mutex<ChangeLocks>> = LazyLock::new(Default::default);
+
+/// Tenants' locks over their group changes, while held (see [`changes_of`]).
+type ChangeLocks = HashMap<Arc<str>, Weak<Mutex<()>>>;
+
+/// The lock that serialises `tenant`'s group creates and deletes (JetStream's too).
+pub(crate) fn changes_of(tenant: &str) -> Arc<Mutex<()>> {
+    let mut changes = CHANGES.lock();
+    if let Some(lock) = changes.get(tenant).and_then(Weak::upgrade) {
+        return lock;
+    }
+    changes.retain(|_, lock| lock.strong_count() > 0);
+    let lock = Arc::new(Mutex::new(()));
+    changes.insert(Arc::from(tenant), Arc::downgrade(&lock));
+    lock
+}
+
+/// The tenant's limit on groups when `routes`' tenant keeps as many as it may (read
+/// under its [`changes_of`] lock, so two creates cannot both take the last place).
+pub(crate) async fn groups_full(
+    store: &Store,
+    routes: &TenantRoutes,
+) -> Result<Option<u64>, crate::store::StoreError> {
+    let limit = routes.quota.max_groups();
+    let kept = store.groups(&routes.name).await?.len();
+    Ok((u64::try_from(kept).unwrap_or(u64::MAX) >= limit).then_some(limit))
+}
+
+/// Whether `principal` may read a group over `pattern`: subscribe to it.
+pub(crate) fn may_read(broker: &Broker, principal: &Principal, pattern: &str) -> bool {
+    broker
+        .authorizer()
+        .authorize(principal, Action::Subscribe, pattern)
+        .is_ok()
+}
+
+/// The refusal of a call about a group the caller may not read. It names the group,
+/// not its pattern, which is part of what the caller may not read.
+pub(crate) fn unreadable(name: &str) -> String {
+    format!(
+        "Permissions Violation for Subscription to group {name}: it reads subjects you may \
+         not subscribe to"
+    )
+}
+
+/// Most groups one `group.list` answer holds (and JetStream's `CONSUMER.LIST`, as
+/// nats-server pages it); fewer when they would not fit the largest answer.
+pub const LIST_PAGE: usize = 256;
+/// Bytes kept free in an answer for what surrounds a page's entries.
+const PAGE_ENVELOPE: usize = 512;
+
+/// The entries of a page from `offset`: at most `limit`, and no more than fit an
+/// answer of `max_answer` bytes (at least one, so a client paging by what it got
+/// always moves on).
+pub(crate) fn page(
+    entries: impl Iterator<Item = Value>,
+    offset: usize,
+    limit: usize,
+    max_answer: usize,
+) -> Vec<Value> {
+    let budget = max_answer.saturating_sub(PAGE_ENVELOPE);
+    let mut used = 0;
+    let mut page = Vec::new();
+    for entry in entries.skip(offset).take(limit) {
+        // Serialised once more when answered; the length is the cost of a bound.
+        let size = entry.to_string().len() + 1;
+        if !page.is_empty() && used + size > budget {
+            break;
+        }
+        used += size;
+        page.push(entry);
+    }
+    page
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ListRequest {
+    /// Where the page starts, in the list of groups the caller may read.
+    #[serde(default)]
+    offset: usize,
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,11 +171,21 @@ pub(super) async fn dispatch(
             if let Some(prefix) = &spec.dead_letter {
                 super::check_dead_letter(broker, &call.principal, prefix)?;
             }
-            let _change = CHANGES.lock().await;
+            let lock = changes_of(tenant);
+            let _change = lock.lock().await;
             if store.group(tenant, &spec.name).await?.is_some() {
                 return Err(ApiError::new(
                     409,
                     format!("a group {} exists already", spec.name),
+                ));
+            }
+            if let Some(limit) = groups_full(store, &call.routes).await? {
+                return Err(ApiError::new(
+                    429,
+                    format!(
+                        "tenant {tenant} keeps at most {limit} groups (JetStream consumers \
+                         included): delete one first"
+                    ),
                 ));
             }
             let stored = Stored {
@@ -106,18 +204,32 @@ pub(super) async fn dispatch(
             body
         }
         "group.list" => {
-            let groups: Vec<Value> = store
+            let request: ListRequest = if call.body.iter().all(u8::is_ascii_whitespace) {
+                ListRequest::default()
+            } else {
+                parse(&call.body)?
+            };
+            let readable: Vec<Stored> = store
                 .groups(tenant)
                 .await?
                 .iter()
                 .filter_map(|record| serde_json::from_slice::<Stored>(record).ok())
-                .map(|stored| group_json(&stored))
+                .filter(|stored| may_read(broker, &call.principal, &stored.spec.pattern))
                 .collect();
-            json!({ "groups": groups })
+            let groups = page(
+                readable.iter().map(group_json),
+                request.offset,
+                LIST_PAGE,
+                broker.max_answer(),
+            );
+            json!({
+                "groups": groups, "total": readable.len(), "offset": request.offset,
+                "limit": LIST_PAGE,
+            })
         }
         "group.info" => {
             let GroupRef { name } = parse(&call.body)?;
-            let stored = found(store, tenant, &name).await?;
+            let stored = readable(broker, store, call, &name).await?;
             let cursors = store.cursors(tenant, &name).await?;
             let mut info = group_json(&stored);
             info["subjects"] = json!(cursors.len());
@@ -130,8 +242,9 @@ pub(super) async fn dispatch(
         }
         "group.delete" => {
             let GroupRef { name } = parse(&call.body)?;
-            let _change = CHANGES.lock().await;
-            found(store, tenant, &name).await?;
+            let lock = changes_of(tenant);
+            let _change = lock.lock().await;
+            readable(broker, store, call, &name).await?;
             broker.groups().stop(tenant, &name);
             store.delete_group(tenant, &name).await?;
             json!({"name": name, "deleted": true})
@@ -141,13 +254,7 @@ pub(super) async fn dispatch(
             if !(1..=MAX_NEXT).contains(&next.max) {
                 return Err(ApiError::new(400, format!("max is 1 to {MAX_NEXT}")));
             }
-            let stored = found(store, tenant, &next.group).await?;
-            authorize(
-                broker,
-                &call.principal,
-                Action::Subscribe,
-                &stored.spec.pattern,
-            )?;
+            readable(broker, store, call, &next.group).await?;
             let reply = call.reply.clone().unwrap_or_default();
             // A client's inbox prefix (`_INBOX.<id>` of `_INBOX.<id>.<n>`) is one
             // member; a reply subject of two tokens is its own.
@@ -155,13 +262,31 @@ pub(super) async fn dispatch(
                 Some((inbox, _)) if inbox.contains('.') => inbox.to_owned(),
                 _ => reply.clone(),
             });
+            check_member(&member).map_err(|why| ApiError::new(400, why))?;
+            let wait = Duration::from_millis(next.wait_ms).min(super::MAX_WAIT);
+            // A pull that may wait holds a place among its connection's.
+            let place = if wait.is_zero() {
+                None
+            } else {
+                Some(broker.groups().pull_place(call.origin).ok_or_else(|| {
+                    ApiError::new(
+                        429,
+                        format!(
+                            "this connection has {} pulls waiting already; wait for their \
+                             answers, or pull without waiting",
+                            crate::broker::groups::CONNECTION_PULLS
+                        ),
+                    )
+                })?)
+            };
             let pull = Pull {
                 member,
                 max: next.max,
-                wait: Duration::from_millis(next.wait_ms).min(super::MAX_WAIT),
+                wait,
                 reply,
                 routes: Arc::clone(&call.routes),
                 style: PullStyle::Canopy,
+                place,
             };
             if !broker.groups().pull(tenant, &next.group, pull).await {
                 return Err(ApiError::new(
@@ -185,6 +310,13 @@ pub(super) async fn dispatch(
             let awaiting = Await {
                 groups: vec![wait.group.as_str().into()],
                 timeout,
+                // A group the caller may not read is answered as one that does not
+                // exist.
+                caller: Some(Caller::new(
+                    call.principal.clone(),
+                    Arc::clone(broker.authorizer()),
+                    call.origin,
+                )),
             };
             // Answered from the wait's end, so a long wait holds no API slot.
             let Some(reply) = call.reply.clone() else {
@@ -205,6 +337,7 @@ pub(super) async fn dispatch(
                         let code = match why {
                             Missed::TimedOut => 408,
                             Missed::NoSuchGroup => 404,
+                            Missed::TooManyWaiting => 429,
                             _ => 409,
                         };
                         let description = format!(
@@ -250,10 +383,26 @@ async fn found(store: &Store, tenant: &str, name: &str) -> Result<Stored, ApiErr
         .map_err(|e| ApiError::new(500, format!("the stored group {name} is unreadable: {e}")))
 }
 
+/// The group `name`, when the caller may read it (403 otherwise).
+async fn readable(
+    broker: &Broker,
+    store: &Store,
+    call: &ApiCall,
+    name: &str,
+) -> Result<Stored, ApiError> {
+    let stored = found(store, &call.routes.name, name).await?;
+    if !may_read(broker, &call.principal, &stored.spec.pattern) {
+        return Err(ApiError::new(403, unreadable(name)));
+    }
+    Ok(stored)
+}
+
 /// An ack, nack, in-progress or term published to a delivery's reply subject
 /// (`$CANOPY.group.ack.<group>.<version>.<attempt>.<subject>`), handed to its group.
 /// With a reply subject it is confirmed once the group has taken it, and refused
-/// with a status when it is not a delivery's ack, or its group is not running.
+/// with a status when it is not a delivery's ack, its group is not running, or the
+/// caller may not read the group (without one, a refused ack is dropped). The right
+/// is checked against the running group, so an ack costs no store read.
 pub(super) fn reply(broker: &Arc<Broker>, call: &ApiCall) {
     // Told only to a member that asked for a confirmation: a plain ack has no answer.
     let refuse = |code: u16, description: &str| {
@@ -292,9 +441,50 @@ pub(super) fn reply(broker: &Arc<Broker>, call: &ApiCall) {
         kind,
         confirm: call.reply.clone().map(|to| (to, Arc::clone(&call.routes))),
     };
-    match broker.groups().reply(&call.routes.name, group, reply) {
+    let may = |pattern: &str| may_read(broker, &call.principal, pattern);
+    match broker.groups().reply(&call.routes.name, group, may, reply) {
         Handed::Queued => {}
         Handed::NotRunning => refuse(404, &format!("group {group} is not running")),
         Handed::Busy => refuse(503, &format!("group {group} is too far behind; ack again")),
+        Handed::Denied => refuse(403, &unreadable(group)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_changes_wait_only_for_their_own_tenants_and_unused_locks_go() {
+        let a = changes_of("t-a");
+        let held = a.try_lock().expect("free");
+        assert!(
+            changes_of("t-a").try_lock().is_err(),
+            "one tenant's changes are serialised"
+        );
+        assert!(
+            changes_of("t-b").try_lock().is_ok(),
+            "another tenant's do not wait for them"
+        );
+        drop(held);
+        drop(a);
+        // A lookup drops the locks nobody holds: the map does not grow with tenants.
+        let _c = changes_of("t-c");
+        assert!(!CHANGES.lock().contains_key("t-a"));
+    }
+
+    #[test]
+    fn a_page_stops_at_its_limit_or_its_bytes_and_always_moves_on() {
+        let entries = || (0..10).map(|n| json!({"name": format!("g{n}")}));
+        let names = |page: Vec<Value>| -> Vec<String> {
+            page.iter()
+                .map(|v| v["name"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        };
+        assert_eq!(names(page(entries(), 8, 5, 1 << 20)), ["g8", "g9"]);
+        assert_eq!(page(entries(), 0, 4, 1 << 20).len(), 4);
+        // Each entry is 15 bytes as JSON; 40 bytes past the envelope hold two.
+        assert_eq!(page(entries(), 0, 10, PAGE_ENVELOPE + 40).len(), 2);
+        assert_eq!(page(entries(), 3, 10, 0).len(), 1, "one, however small");
     }
 }

@@ -5,9 +5,18 @@
 //! the broker like any other, so they obey the same bounded outboxes. Replay is
 //! pulled a page at a time (at most [`MAX_PAGE`] messages and [`MAX_PAGE_BYTES`]
 //! bytes), so a client's buffers never overflow. Every call is authorised like the
-//! publish or subscribe it stands for. This module must never hold more than one
-//! page in memory per request, and never block a connection task: each request runs
-//! in its own task, and at most [`MAX_CONCURRENT`] run at once.
+//! publish or subscribe it stands for, and answered only where the caller may publish
+//! (checked by the client core before the call is made). This module must never hold
+//! more than one page in memory per request, never send an answer larger than the
+//! server's `max_payload`, and never block a connection task: each request runs in its
+//! own task.
+//!
+//! Two bounds keep tenants apart. A tenant has at most its `max_api_calls` calls
+//! running (parked follows included; past it, 429 to that tenant only). Server-wide, at
+//! most [`MAX_WORKING`] calls work at once (reading the store, building an answer),
+//! taken in arrival order; a call waiting for news gives its place back while it
+//! waits. So a tenant that parks every call it may hold costs the others nothing, and
+//! one that floods the server with work waits in line with them, never ahead.
 
 pub(crate) mod groups;
 pub mod jetstream;
@@ -26,10 +35,11 @@ use canopy_protocols::native::HeaderMap;
 use canopy_subjects::validate_native_subject;
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::broker::{Broker, Message, RouteScratch, TenantRoutes, Wakes};
 use crate::store::{Snapshot, Store, StoreError, StoredMessage};
+use crate::tenancy::quota::ApiCallSlot;
 use crate::tenancy::{Action, Principal};
 
 use read::{get, replay, subjects};
@@ -42,13 +52,28 @@ pub const PREFIX: &str = "$CANOPY.";
 pub const MAX_PAGE: usize = crate::session::PAGE_MESSAGES;
 /// About the most payload bytes one replay page returns.
 pub const MAX_PAGE_BYTES: usize = crate::session::PAGE_BYTES;
-/// API requests running at once; more are answered 503.
-pub const MAX_CONCURRENT: usize = 256;
+/// API calls working at once, server-wide; more wait their turn.
+pub const MAX_WORKING: usize = 256;
 /// The longest a follow request may wait for new messages.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
 
-static RUNNING: LazyLock<Arc<Semaphore>> =
-    LazyLock::new(|| Arc::new(Semaphore::new(MAX_CONCURRENT)));
+static WORKING: LazyLock<Arc<Semaphore>> = LazyLock::new(|| Arc::new(Semaphore::new(MAX_WORKING)));
+
+/// A running call's places: its tenant's, for as long as it runs, and the server's
+/// working place, except while it waits for news.
+struct Work {
+    _slot: ApiCallSlot,
+    working: Option<OwnedSemaphorePermit>,
+}
+
+impl Work {
+    async fn begin(slot: ApiCallSlot) -> Self {
+        Self {
+            _slot: slot,
+            working: Arc::clone(&WORKING).acquire_owned().await.ok(),
+        }
+    }
+}
 
 /// One API call as a front end received it.
 pub struct ApiCall {
@@ -81,19 +106,22 @@ pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
         return;
     };
     let mut answer = Answer::new(Arc::clone(&broker), Arc::clone(&call.routes), reply);
-    let Ok(permit) = Arc::clone(&RUNNING).try_acquire_owned() else {
-        answer.error(503, "the server is busy with other API requests; retry");
-        return;
+    let slot = match call.routes.quota.api_call() {
+        Ok(slot) => slot,
+        Err(exceeded) => {
+            answer.error(429, &exceeded.to_string());
+            return;
+        }
     };
     if call.operation.starts_with(jetstream::API_PREFIX) {
         tokio::spawn(async move {
-            let _permit = permit;
+            answer.work = Some(Work::begin(slot).await);
             jetstream::dispatch(&broker, &call, &mut answer).await;
         });
         return;
     }
     tokio::spawn(async move {
-        let _permit = permit;
+        answer.work = Some(Work::begin(slot).await);
         let result = match broker.store() {
             Some(store) => dispatch(&broker, store, &call, &mut answer).await,
             None => Err(ApiError::new(503, "no store is configured")),
@@ -103,6 +131,9 @@ pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
         }
     });
 }
+
+/// The header block of a 413 answer.
+const STATUS_413: &[u8] = b"NATS/1.0\r\nCanopy-Status: 413\r\n\r\n";
 
 /// A refused call: an HTTP-style status and a sentence.
 #[derive(Debug)]
@@ -136,6 +167,8 @@ pub(crate) struct Answer {
     reply: String,
     scratch: RouteScratch,
     wakes: Wakes,
+    /// The call's places, when it runs as an API call.
+    work: Option<Work>,
 }
 
 impl Answer {
@@ -146,7 +179,20 @@ impl Answer {
             reply,
             scratch: RouteScratch::default(),
             wakes: Wakes::default(),
+            work: None,
         }
+    }
+
+    /// Waits for `news` without holding a server-wide working place, and takes one
+    /// again (in line behind whoever came meanwhile) before going on.
+    pub(crate) async fn park<F: Future>(&mut self, news: F) -> F::Output {
+        let Some(work) = &mut self.work else {
+            return news.await;
+        };
+        work.working = None;
+        let out = news.await;
+        work.working = Arc::clone(&WORKING).acquire_owned().await.ok();
+        out
     }
 
     fn send(&mut self, headers: Option<&[u8]>, payload: &[u8]) {
@@ -166,9 +212,32 @@ impl Answer {
         );
     }
 
+    /// The API's own answer, never larger than `max_payload`: lists page to fit
+    /// ([`Answer::budget`]), and one that still would not is refused with 413
+    /// rather than sent, since clients were told no message is larger. (Stored
+    /// messages relayed by get and replay fitted when published; their few
+    /// `Canopy-*` headers may take them past it, as JetStream's own headers do.)
     pub(crate) fn json(&mut self, value: &serde_json::Value) {
-        self.send(None, value.to_string().as_bytes());
+        let body = value.to_string();
+        let limit = self.broker.max_answer();
+        if body.len() > limit {
+            tracing::warn!(size = body.len(), limit, reply = %self.reply, "an API answer was larger than max_payload");
+            let refusal = json!({"error": {"code": 413, "description": format!(
+                "the answer would be {} bytes, more than max_payload ({limit}): ask for \
+                 a smaller page",
+                body.len()
+            )}});
+            self.send(Some(STATUS_413), refusal.to_string().as_bytes());
+        } else {
+            self.send(None, body.as_bytes());
+        }
         self.wakes.wake_all();
+    }
+
+    /// The bytes a list's items may take in one JSON answer: `max_payload` less room
+    /// for the answer's other fields.
+    pub(crate) fn budget(&self) -> usize {
+        self.broker.max_answer().saturating_sub(1024)
     }
 
     pub(crate) fn error(&mut self, code: u16, description: &str) {

@@ -153,7 +153,10 @@ pub(super) async fn replay(
             break page;
         }
         // Caught up and following: wait for the next durable write, then look again.
-        match tokio::time::timeout_at(deadline, durable.changed()).await {
+        match answer
+            .park(tokio::time::timeout_at(deadline, durable.changed()))
+            .await
+        {
             Ok(Ok(())) => continue,
             _ => break page,
         }
@@ -216,12 +219,24 @@ pub(super) async fn subjects(
         .subjects(tenant, &pattern, request.after.as_deref(), max)
         .await?;
     let authz = broker.authorizer();
-    let subjects: Vec<_> = page
-        .subjects
-        .iter()
-        .filter(|s| authz.may_deliver(&s.subject))
-        .map(|s| json!({"subject": s.subject, "version": s.version, "offset": s.offset, "time_ms": s.time_ms}))
-        .collect();
-    answer.json(&json!({"subjects": subjects, "next": page.next}));
+    // A page ends early where its answer would pass max_payload; `next` then
+    // continues after the last subject it holds.
+    let budget = answer.budget();
+    let mut used = 0;
+    let mut next = page.next;
+    let mut subjects = Vec::new();
+    for (i, s) in page.subjects.iter().enumerate() {
+        if !authz.may_deliver(&s.subject) {
+            continue;
+        }
+        let item = json!({"subject": s.subject, "version": s.version, "offset": s.offset, "time_ms": s.time_ms});
+        used += item.to_string().len() + 1;
+        if used > budget && i > 0 {
+            next = Some(page.subjects[i - 1].subject.clone());
+            break;
+        }
+        subjects.push(item);
+    }
+    answer.json(&json!({"subjects": subjects, "next": next}));
     Ok(())
 }

@@ -7,10 +7,13 @@
 //! subscribe to the whole pattern (a binding decides what its subjects' publishers
 //! may send and where refused messages go), a custom dead-letter prefix the right to
 //! publish under it, and reads show only the bindings and refused messages of
-//! subjects the caller may subscribe to. Guests never change bindings. Changes
-//! are serialised, written to the store first and made current in the registry after,
-//! so a publish never meets a binding a restart would not find. This module must
-//! never check a payload itself: that is the client core's, at publish time.
+//! subjects the caller may subscribe to (the AsyncAPI document too). Guests never
+//! change bindings. Changes are serialised per tenant, written to the store first and
+//! made current in the registry after, so a publish never meets a binding a restart
+//! would not find. A put's CPU-bound work (reading earlier versions, compiling, the
+//! compatibility check) runs on a blocking thread, a few server-wide at once. This
+//! module must never check a payload itself (that is the client core's, at publish
+//! time), nor compile or compare schemas on a runtime worker.
 
 use std::sync::Arc;
 
@@ -21,6 +24,7 @@ use tokio::sync::Mutex;
 
 use super::{Answer, ApiCall, ApiError, PREFIX, authorize, check_dead_letter, parse};
 use crate::broker::Broker;
+use crate::schemas::patterns::MAX_TENANT_REGEX_BYTES;
 use crate::schemas::registry::RecentError;
 use crate::schemas::{
     Binding, DEFAULT_DEAD_LETTER, MAX_BINDINGS, MAX_SCHEMA_BYTES, MAX_TENANT_SCHEMA_BYTES,
@@ -133,6 +137,8 @@ pub struct AsyncApiOf {
 
 /// The AsyncAPI 3.0 document of a tenant's bindings, with the operations the caller's
 /// rules allow (every operation, for an administrator reading another tenant's).
+/// A caller reading its own tenant's sees the bindings [`list`] shows it, no more:
+/// a channel quotes its schema, regular expressions and dead-letter subject included.
 pub fn asyncapi(
     broker: &Broker,
     principal: &crate::tenancy::Principal,
@@ -153,10 +159,16 @@ pub fn asyncapi(
         }
     }
     let bindings = broker.schemas().tenant(tenant).current();
+    let shown: Vec<Arc<Binding>> = bindings
+        .all()
+        .iter()
+        .filter(|binding| tenant != own || may_read(broker, principal, binding))
+        .cloned()
+        .collect();
     let authz = broker.authorizer();
     Ok(document(
         tenant,
-        bindings.all(),
+        &shown,
         broker.listeners(),
         |operation, pattern| {
             if tenant != own {
@@ -210,6 +222,11 @@ fn binding_json(binding: &Binding) -> Value {
 
 /// Puts a new version of a binding, held to its compatibility mode; an unchanged
 /// schema with unchanged options answers the current version.
+///
+/// Reading the earlier versions, compiling the schema and the compatibility check
+/// run on a blocking thread ([`off_the_runtime`]), within the bounds of
+/// [`compat`]: past them the put is refused with 422, as too costly to check (409
+/// stays for a version that breaks its mode).
 pub async fn put(
     broker: &Broker,
     store: &Store,
@@ -246,44 +263,138 @@ pub async fn put(
     {
         check_dead_letter(broker, principal, prefix)?;
     }
+    let pattern = request.pattern.clone();
+    // Held through the check, so a tenant has at most one put waiting for or holding
+    // a checker: its puts queue behind each other, and another tenant's wait for
+    // at most one of its checks.
     let changes = changes_of(tenant);
     let _change = changes.lock().await;
-    let versions = store.schema_versions(tenant, &request.pattern).await?;
-    let mut lineage = Vec::new();
-    for record in &versions {
-        let stored = stored_of(record)?;
-        if stored.schema.is_none() {
-            lineage.clear();
-        } else {
-            lineage.push((record.version, stored));
-        }
+    let versions = store.schema_versions(tenant, &pattern).await?;
+    let (binding, record) =
+        match off_the_runtime(move || prepare(request, mode, size, versions)).await? {
+            Prepared::Unchanged(value) => return Ok(value),
+            Prepared::New { binding, record } => (binding, record),
+        };
+    let schemas = broker.schemas().tenant(tenant);
+    let bindings = schemas.current();
+    if bindings.get(&pattern).is_none() && bindings.len() >= MAX_BINDINGS {
+        return Err(ApiError::new(
+            429,
+            format!("the tenant has {MAX_BINDINGS} schema bindings, the most it may have"),
+        ));
     }
-    let current = lineage.last().map(|(_, stored)| stored);
+    let others = bindings.all().iter().filter(|b| b.pattern != pattern);
+    let (bytes, regex) = others.fold((0, 0), |(bytes, regex), b| {
+        (bytes + b.schema_bytes, regex + b.regex.bytes)
+    });
+    if bytes + binding.schema_bytes > MAX_TENANT_SCHEMA_BYTES {
+        return Err(ApiError::new(
+            429,
+            format!(
+                "the tenant's bound schemas would hold {} bytes of JSON; together they may \
+                 hold {MAX_TENANT_SCHEMA_BYTES}",
+                bytes + binding.schema_bytes
+            ),
+        ));
+    }
+    if regex + binding.regex.bytes > MAX_TENANT_REGEX_BYTES {
+        return Err(ApiError::new(
+            429,
+            format!(
+                "the regular expressions of the tenant's bound schemas would compile to {} \
+                 bytes; together they may hold {MAX_TENANT_REGEX_BYTES}",
+                regex + binding.regex.bytes
+            ),
+        ));
+    }
+    store
+        .put_schema_version(tenant, &pattern, binding.version.into(), &record)
+        .await?;
+    let value = binding_json(&binding);
+    schemas.set(bindings.with(Arc::from(binding)));
+    Ok(value)
+}
+
+/// Schema checks running at once, server-wide: half the cores (one to four), so
+/// the runtime's own threads always have cores left for the traffic.
+static CHECKERS: std::sync::LazyLock<Arc<tokio::sync::Semaphore>> =
+    std::sync::LazyLock::new(|| {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        Arc::new(tokio::sync::Semaphore::new((cores / 2).clamp(1, 4)))
+    });
+
+/// Runs `work` (CPU-bound: parsing, compiling, comparing schemas) on a blocking
+/// thread once one of the [`CHECKERS`] is free (waiting in turn, as the semaphore
+/// is fair), so a runtime worker never does it. The permit goes with the work, so
+/// a caller that gives up does not free a checker still busy.
+async fn off_the_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let permit = Arc::clone(&CHECKERS)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::new(503, "the schema checkers are closed"))?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work()
+    })
+    .await
+    .map_err(|e| ApiError::new(500, format!("the schema check failed: {e}")))?
+}
+
+/// What a put comes to once checked.
+enum Prepared {
+    /// The current version already is this one: answered as it is.
+    Unchanged(Value),
+    /// A new version, compiled (boxed: a validator is large), and its store record.
+    New {
+        binding: Box<Binding>,
+        record: Vec<u8>,
+    },
+}
+
+/// The CPU-bound part of a put (a blocking thread's): reads the stored `versions`
+/// (oldest first) as far back as the mode compares, compiles the new schema and
+/// checks it against them, within the bounds of [`compat`].
+fn prepare(
+    request: Put,
+    mode: Option<Mode>,
+    size: usize,
+    versions: Vec<SchemaRecord>,
+) -> Result<Prepared, ApiError> {
+    let mut budget = compat::Budget::standard();
+    let mut older = versions.iter().rev();
+    let current = match older.next() {
+        Some(record) => Some((record, stored_of(record)?)).filter(|(_, s)| s.schema.is_some()),
+        None => None,
+    };
     let new = StoredVersion {
         schema: Some(request.schema),
-        mode: mode.or(current.map(|c| c.mode)).unwrap_or_default(),
+        mode: mode
+            .or(current.as_ref().map(|(_, c)| c.mode))
+            .unwrap_or_default(),
         on_invalid: request
             .on_invalid
-            .or(current.map(|c| c.on_invalid))
+            .or(current.as_ref().map(|(_, c)| c.on_invalid))
             .unwrap_or_default(),
         dead_letter: request
             .dead_letter
-            .or_else(|| current.and_then(|c| c.dead_letter.clone()))
+            .or_else(|| current.as_ref().and_then(|(_, c)| c.dead_letter.clone()))
             .filter(|prefix| prefix != DEFAULT_DEAD_LETTER),
         time_ms: now_ms(),
     };
-    if let Some((version, current)) = lineage.last()
+    if let Some((record, current)) = &current
         && current.schema == new.schema
         && current.mode == new.mode
         && current.on_invalid == new.on_invalid
         && current.dead_letter == new.dead_letter
     {
-        let mut value = version_json(&request.pattern, *version, current);
+        let mut value = version_json(&request.pattern, record.version, current);
         value["unchanged"] = json!(true);
-        return Ok(value);
+        return Ok(Prepared::Unchanged(value));
     }
     let version = versions.last().map_or(1, |r| r.version + 1);
-    if version > u64::from(MAX_VERSIONS) {
+    let Some(version) = u32::try_from(version).ok().filter(|v| *v <= MAX_VERSIONS) else {
         return Err(ApiError::new(
             409,
             format!(
@@ -292,58 +403,78 @@ pub async fn put(
                 request.pattern
             ),
         ));
-    }
+    };
     // Compiled first, so a schema that is not one is refused as such, not as a break.
-    let binding = Binding::new(&request.pattern, version as u32, new.clone())
+    let binding = Binding::new(&request.pattern, version, new.clone())
         .map_err(|e| ApiError::new(400, e.to_string()))?;
-    let earlier: Vec<(u64, &Value)> = lineage
-        .iter()
-        .filter_map(|(number, stored)| Some((*number, stored.schema.as_ref()?)))
-        .collect();
-    if let Some(schema) = &new.schema {
-        compat::check_numbered(new.mode, &earlier, version, schema).map_err(|breakage| {
-            ApiError::new(
-                409,
-                format!(
-                    "version {version} of {} breaks its {} compatibility: {breakage}",
-                    request.pattern,
-                    new.mode.as_str()
-                ),
-            )
-        })?;
-    }
-    let schemas = broker.schemas().tenant(tenant);
-    let bindings = schemas.current();
-    if bindings.get(&request.pattern).is_none() && bindings.len() >= MAX_BINDINGS {
-        return Err(ApiError::new(
-            429,
-            format!("the tenant has {MAX_BINDINGS} schema bindings, the most it may have"),
-        ));
-    }
-    let others: usize = bindings
-        .all()
-        .iter()
-        .filter(|b| b.pattern != request.pattern)
-        .map(|b| b.schema_bytes)
-        .sum();
-    if others + binding.schema_bytes > MAX_TENANT_SCHEMA_BYTES {
-        return Err(ApiError::new(
-            429,
+    let too_costly = |why: String| {
+        ApiError::new(
+            422,
             format!(
-                "the tenant's bound schemas would hold {} bytes of JSON; together they may \
-                 hold {MAX_TENANT_SCHEMA_BYTES}",
-                others + binding.schema_bytes
+                "version {version} of {} was not checked against its earlier versions under \
+                 its {} compatibility: {why}. Use a mode that compares fewer versions (one \
+                 that is not transitive), or delete the binding and bind it again to start \
+                 a new lineage",
+                request.pattern,
+                new.mode.as_str()
             ),
-        ));
+        )
+    };
+    // The earlier versions compared, newest first: the current one, and for a
+    // transitive mode each before it back to the last deletion, each read only
+    // while what is compared stays within the bound.
+    let directions = new.mode.directions();
+    let mut earlier: Vec<(u64, Value)> = Vec::new();
+    let mut compared = 0;
+    if let Some((record, current)) = current
+        && directions > 0
+    {
+        compared += (record.record.len() + size) * directions;
+        earlier.extend(current.schema.map(|schema| (record.version, schema)));
+        if new.mode.transitive() {
+            for record in older {
+                budget
+                    .check_time()
+                    .map_err(|over| too_costly(over.to_string()))?;
+                let Some(schema) = stored_of(record)?.schema else {
+                    break;
+                };
+                compared += (record.record.len() + size) * directions;
+                if compared > compat::MAX_COMPARED_BYTES {
+                    return Err(too_costly(format!(
+                        "comparing it with the versions back to {} would compare more than \
+                         {} bytes of schemas, the most one put may",
+                        record.version,
+                        compat::MAX_COMPARED_BYTES
+                    )));
+                }
+                earlier.push((record.version, schema));
+            }
+        }
+    }
+    earlier.reverse();
+    let earlier: Vec<(u64, &Value)> = earlier.iter().map(|(n, s)| (*n, s)).collect();
+    if let Some(schema) = &new.schema {
+        compat::check_numbered(new.mode, &earlier, version.into(), schema, &mut budget).map_err(
+            |error| match error {
+                compat::CompatError::Breaks(breakage) => ApiError::new(
+                    409,
+                    format!(
+                        "version {version} of {} breaks its {} compatibility: {breakage}",
+                        request.pattern,
+                        new.mode.as_str()
+                    ),
+                ),
+                compat::CompatError::OverBudget(over) => too_costly(over.to_string()),
+            },
+        )?;
     }
     let record =
         serde_json::to_vec(&new).map_err(|e| ApiError::new(500, format!("schema record: {e}")))?;
-    store
-        .put_schema_version(tenant, &request.pattern, version, &record)
-        .await?;
-    let value = binding_json(&binding);
-    schemas.set(bindings.with(Arc::new(binding)));
-    Ok(value)
+    Ok(Prepared::New {
+        binding: Box::new(binding),
+        record,
+    })
 }
 
 /// One binding's current version (by pattern or by a subject it covers), or a given
@@ -399,7 +530,7 @@ pub fn list(broker: &Broker, principal: &Principal, tenant: &str) -> Value {
     let all: Vec<Value> = bindings
         .all()
         .iter()
-        .filter(|binding| authorize(broker, principal, Action::Subscribe, &binding.pattern).is_ok())
+        .filter(|binding| may_read(broker, principal, binding))
         .map(|binding| {
             let mut value = binding_json(binding);
             if let Some(fields) = value.as_object_mut() {
@@ -409,6 +540,12 @@ pub fn list(broker: &Broker, principal: &Principal, tenant: &str) -> Value {
         })
         .collect();
     json!({ "schemas": all })
+}
+
+/// Whether `principal` may see `binding` in a list or a document: with the right to
+/// subscribe to its whole pattern. [`list`] and [`asyncapi`] both ask this.
+fn may_read(broker: &Broker, principal: &Principal, binding: &Binding) -> bool {
+    authorize(broker, principal, Action::Subscribe, &binding.pattern).is_ok()
 }
 
 /// Every version of a binding, deletions included, oldest first.

@@ -134,6 +134,7 @@ fn check_limits(limits: &TenantLimits) -> Result<(), ApiError> {
             limits.max_publish_bytes_per_sec,
         ),
         ("max_age_secs", limits.max_age_secs),
+        ("max_api_calls", limits.max_api_calls),
     ] {
         if value == Some(0) {
             return Err(ApiError::new(

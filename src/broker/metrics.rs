@@ -41,6 +41,7 @@ pub struct Metrics {
     /// Deliveries not sent: larger than the client's maximum packet size.
     dropped: AtomicU64,
     password_checks: AtomicU64,
+    group_catch_up_reads: AtomicU64,
 }
 
 /// One reading of every counter.
@@ -57,6 +58,9 @@ pub struct MetricsSnapshot {
     pub dropped: u64,
     /// Password hash verifications of logins (an unknown user costs one too).
     pub password_checks: u64,
+    /// Store reads consumer groups made to catch up: pages of their subjects walked,
+    /// and subjects read for where a group's start begins.
+    pub group_catch_up_reads: u64,
 }
 
 impl Metrics {
@@ -94,6 +98,10 @@ impl Metrics {
         self.password_checks.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub fn count_group_catch_up_read(&self) {
+        self.group_catch_up_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn count_dropped(&self, n: u64) {
         self.dropped.fetch_add(n, Ordering::Relaxed);
     }
@@ -115,6 +123,7 @@ impl Metrics {
             stale_connections: get(&self.stale_connections),
             dropped: get(&self.dropped),
             password_checks: get(&self.password_checks),
+            group_catch_up_reads: get(&self.group_catch_up_reads),
         }
     }
 }

@@ -121,6 +121,10 @@ pub struct Broker {
     table_feeds: Arc<crate::tables::feed::Feeds>,
     /// The listeners clients reach, as documents describing the server name them.
     listeners: OnceLock<Vec<crate::schemas::asyncapi::Listener>>,
+    /// A tenant's limits where its record names none.
+    tenant_defaults: crate::tenancy::quota::TenantDefaults,
+    /// The largest answer the server sends (`native.max_payload`).
+    max_answer: usize,
 }
 
 impl Broker {
@@ -139,7 +143,26 @@ impl Broker {
             schemas: crate::schemas::Registry::default(),
             table_feeds: Arc::default(),
             listeners: OnceLock::new(),
+            tenant_defaults: crate::tenancy::quota::TenantDefaults::default(),
+            max_answer: crate::config::NativeConfig::default().max_payload,
         }
+    }
+
+    /// Sets the largest answer the server sends (`native.max_payload`).
+    pub fn with_max_answer(mut self, bytes: usize) -> Self {
+        self.max_answer = bytes;
+        self
+    }
+
+    /// The largest answer the server sends: what clients were told they may get.
+    pub fn max_answer(&self) -> usize {
+        self.max_answer
+    }
+
+    /// Sets the limits a tenant has where its record names none (`[limits]`).
+    pub fn with_tenant_defaults(mut self, defaults: crate::tenancy::quota::TenantDefaults) -> Self {
+        self.tenant_defaults = defaults;
+        self
     }
 
     /// Records the listeners' addresses, once they are bound; later calls are ignored.

@@ -33,6 +33,7 @@ impl Broker {
                 quota: Arc::new(crate::tenancy::quota::Quota::new(
                     tenant,
                     record.as_deref().map(|r| &r.limits),
+                    self.tenant_defaults,
                 )),
                 deleted: tokio_util::sync::CancellationToken::new(),
                 inboxes: crate::session::InboxClaims::default(),

@@ -211,11 +211,22 @@ pub async fn run(command: GroupCommand) -> Result<()> {
         }
         GroupCommand::List { json, connect } => {
             let (mut client, timeout) = connect.connect("canopy group").await?;
-            let answer = call_json(&mut client, "$CANOPY.group.list", &json!({}), timeout).await?;
-            for group in answer["groups"].as_array().into_iter().flatten() {
-                print(group, json);
+            // The list comes a page at a time; an empty page ends it too.
+            let mut offset = 0;
+            loop {
+                let request = json!({ "offset": offset });
+                let answer =
+                    call_json(&mut client, "$CANOPY.group.list", &request, timeout).await?;
+                let page = answer["groups"].as_array().cloned().unwrap_or_default();
+                for group in &page {
+                    print(group, json);
+                }
+                offset += page.len();
+                let total = answer["total"].as_u64().unwrap_or(0);
+                if page.is_empty() || offset as u64 >= total {
+                    return Ok(());
+                }
             }
-            Ok(())
         }
         GroupCommand::Info {
             name,

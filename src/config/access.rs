@@ -11,6 +11,10 @@ use serde::{Deserialize, Serialize};
 pub struct LimitsConfig {
     pub max_subject_len: usize,
     pub max_subject_tokens: usize,
+    /// A tenant's API calls running at once, unless its record says otherwise.
+    pub tenant_api_calls: u64,
+    /// A tenant's consumer groups, unless its record says otherwise.
+    pub tenant_groups: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -31,6 +35,8 @@ impl Default for LimitsConfig {
         Self {
             max_subject_len: 1024,
             max_subject_tokens: 64,
+            tenant_api_calls: 64,
+            tenant_groups: 1000,
         }
     }
 }

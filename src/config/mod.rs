@@ -130,6 +130,11 @@ impl Config {
                 "tls.require_client_cert needs tls.client_ca_file".into(),
             ));
         }
+        if self.limits.tenant_api_calls == 0 {
+            return Err(ConfigError::Invalid(
+                "limits.tenant_api_calls must be at least 1".into(),
+            ));
+        }
         let n = &self.native;
         if n.max_payload == 0 {
             return Err(ConfigError::Invalid(

@@ -2,13 +2,16 @@
 //! `Canopy-Await-Timeout`), and what its ack reports: the groups that passed its
 //! version, and the ones that did not, with why.
 //!
-//! Pure: parsing and the answer's shape only. Must never: wait, or know how groups run.
+//! Pure: parsing, who waits, and the answer's shape only. Must never: wait, know how
+//! groups run, or tell a caller anything of a group it may not read.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::MAX_NAME;
+use crate::tenancy::{Action, Authorizer, Principal};
 
 /// How long a publish waits for its groups when its headers do not say.
 pub const DEFAULT_AWAIT: Duration = Duration::from_secs(5);
@@ -22,6 +25,69 @@ pub const MAX_AWAIT_GROUPS: usize = 16;
 pub struct Await {
     pub groups: Vec<Box<str>>,
     pub timeout: Duration,
+    /// Who waits. A group it may not read is answered as one that does not exist;
+    /// without a caller every group is.
+    pub caller: Option<Caller>,
+}
+
+/// Who waits for groups: the groups it may read, and the allowance its waits count
+/// against (its user's, or its connection's when it has no user).
+#[derive(Clone)]
+pub struct Caller {
+    principal: Principal,
+    authorizer: Arc<Authorizer>,
+    origin: u64,
+}
+
+/// Whose allowance a wait counts against: the tenant, and the user, or the
+/// connection of a caller without one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CallerKey {
+    tenant: Arc<str>,
+    user: Option<Arc<str>>,
+    connection: u64,
+}
+
+impl Caller {
+    /// `principal`, on the connection `origin`, decided by `authorizer`.
+    pub fn new(principal: Principal, authorizer: Arc<Authorizer>, origin: u64) -> Self {
+        Self {
+            principal,
+            authorizer,
+            origin,
+        }
+    }
+
+    /// Whether the caller may read a group over `pattern`: subscribe to it, the right
+    /// pulling from it needs.
+    pub fn may_read(&self, pattern: &str) -> bool {
+        self.authorizer
+            .authorize(&self.principal, Action::Subscribe, pattern)
+            .is_ok()
+    }
+
+    pub fn key(&self) -> CallerKey {
+        let user = self.principal.user.clone();
+        CallerKey {
+            tenant: Arc::clone(&self.principal.tenant),
+            connection: if user.is_some() { 0 } else { self.origin },
+            user,
+        }
+    }
+}
+
+impl PartialEq for Caller {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Caller {}
+
+impl std::fmt::Debug for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Caller").field(&self.key()).finish()
+    }
 }
 
 impl Await {
@@ -57,7 +123,13 @@ impl Await {
         Ok(Await {
             groups: names,
             timeout,
+            caller: None,
         })
+    }
+
+    /// Says who waits: what the client core knows once it has read the headers.
+    pub fn waited_by(awaiting: &mut Arc<Await>, caller: Caller) {
+        Arc::make_mut(awaiting).caller = Some(caller);
     }
 }
 
@@ -99,7 +171,7 @@ pub enum Missed {
     NoSuchGroup,
     /// The group's pattern does not take the publish's subject.
     NotMatching,
-    /// The tenant has as many publishes waiting as it may.
+    /// The caller, or its tenant, has as many publishes waiting as it may.
     TooManyWaiting,
     /// The group was deleted or replaced while the publish waited.
     Stopped,
@@ -112,7 +184,9 @@ impl Missed {
             Missed::NoMembers => "the group has no live members",
             Missed::NoSuchGroup => "no such group",
             Missed::NotMatching => "the group's pattern does not match the subject",
-            Missed::TooManyWaiting => "too many publishes are waiting for groups",
+            Missed::TooManyWaiting => {
+                "too many waits for groups: the caller's or the tenant's places are taken"
+            }
             Missed::Stopped => "the group stopped",
         }
     }

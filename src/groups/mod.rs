@@ -54,6 +54,19 @@ pub struct GroupSpec {
     pub dead_letter: Option<String>,
 }
 
+/// Checks a member's name as a pull gives it (or as it is made from the pull's reply
+/// inbox): 1 to [`MAX_MEMBER`] bytes without control characters.
+pub fn check_member(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_MEMBER || name.chars().any(char::is_control) {
+        return Err(format!(
+            "a member name is 1 to {MAX_MEMBER} bytes without control characters (got {} \
+             bytes); a pull without one is named by its reply inbox",
+            name.len()
+        ));
+    }
+    Ok(())
+}
+
 /// A definition as stored: the spec and when it was made (where `start: new` begins).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredGroup {
@@ -96,6 +109,12 @@ impl Default for Limits {
 
 /// Longest group name, in bytes.
 pub const MAX_NAME: usize = 64;
+/// Longest member name, in bytes. A group keeps each member's name while it is a
+/// member (at most 10,000 of them), so this bounds what members cost a group.
+pub const MAX_MEMBER: usize = 256;
+/// The shortest ack wait: below it a message that is not acked goes again many times
+/// a second, each time a store read and a delivery, for as long as a pull waits.
+pub const MIN_ACK_WAIT_MS: u64 = 100;
 /// Most messages outstanding per subject or per member a group may ask for.
 pub const MAX_IN_FLIGHT: u32 = 100_000;
 /// The longest ack wait: a day.
@@ -112,7 +131,7 @@ pub enum SpecError {
     Pattern(String),
     #[error("the dead-letter prefix is not a valid subject: {0}")]
     DeadLetter(String),
-    #[error("ack_wait_ms must be between 1 and {MAX_ACK_WAIT_MS} (a day)")]
+    #[error("ack_wait_ms must be between {MIN_ACK_WAIT_MS} and {MAX_ACK_WAIT_MS} (a day)")]
     AckWait,
     #[error("per_subject and per_member must be between 1 and {MAX_IN_FLIGHT}")]
     InFlight,
@@ -162,7 +181,7 @@ impl GroupSpec {
             canopy_subjects::validate_native_subject(prefix, &canopy_subjects::Limits::default())
                 .map_err(|e| SpecError::DeadLetter(e.to_string()))?;
         }
-        if !(1..=MAX_ACK_WAIT_MS).contains(&self.ack_wait_ms) {
+        if !(MIN_ACK_WAIT_MS..=MAX_ACK_WAIT_MS).contains(&self.ack_wait_ms) {
             return Err(SpecError::AckWait);
         }
         let in_range = |n: u32| (1..=MAX_IN_FLIGHT).contains(&n);

@@ -4,7 +4,9 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::dispatch::{AckError, DeadReason, Delivery, Dispatcher, MemberId};
-use super::{GroupSpec, Limits, MAX_IN_FLIGHT, SpecError, StartAt};
+use super::{
+    GroupSpec, Limits, MAX_IN_FLIGHT, MAX_MEMBER, MIN_ACK_WAIT_MS, SpecError, StartAt, check_member,
+};
 
 const WAIT: u64 = 1_000;
 
@@ -276,6 +278,20 @@ fn group_definitions_are_checked() {
         Err(SpecError::InFlight)
     );
     assert_eq!(bad(|s| s.ack_wait_ms = 0), Err(SpecError::AckWait));
+    assert_eq!(
+        bad(|s| s.ack_wait_ms = MIN_ACK_WAIT_MS - 1),
+        Err(SpecError::AckWait)
+    );
+    assert_eq!(bad(|s| s.ack_wait_ms = MIN_ACK_WAIT_MS), Ok(()));
+}
+
+#[test]
+fn member_names_are_bounded_and_printable() {
+    assert!(check_member("worker-1").is_ok());
+    assert!(check_member(&"m".repeat(MAX_MEMBER)).is_ok());
+    assert!(check_member(&"m".repeat(MAX_MEMBER + 1)).is_err());
+    assert!(check_member("").is_err());
+    assert!(check_member("a\nb").is_err());
 }
 
 #[test]

@@ -6,14 +6,16 @@
 //! kept here, so a publish pays a JSON parse and a walk of the compiled validator,
 //! never a compilation. When several bindings match a subject, the most specific wins
 //! ([`specificity`]). New versions are held to the binding's compatibility mode
-//! ([`compat`]). The registry ([`registry`]) holds each tenant's bindings; the store
-//! keeps their versions (`store/schemas.rs`).
+//! ([`compat`]). A schema's regular expressions run on a linear-time engine, checked
+//! and measured before it is compiled ([`patterns`]). The registry ([`registry`])
+//! holds each tenant's bindings; the store keeps their versions (`store/schemas.rs`).
 //!
-//! Must never parse a payload no binding covers, and never compile a schema on the
-//! publish path.
+//! Must never parse a payload no binding covers, never compile a schema on the
+//! publish path, and never compile a regex on a backtracking engine.
 
 pub mod asyncapi;
 pub mod compat;
+pub mod patterns;
 pub mod registry;
 
 use std::cmp::Ordering;
@@ -104,6 +106,14 @@ pub enum SchemaError {
     External(String),
     #[error("dead-letter prefix `{0}` is not a valid subject")]
     DeadLetter(String),
+    /// A regular expression the linear-time engine cannot run, or too large.
+    #[error("the regular expression `{pattern}` at {at} cannot be used: {why}")]
+    Regex {
+        /// A JSON Pointer into the schema.
+        at: String,
+        pattern: String,
+        why: String,
+    },
 }
 
 /// The first thing a payload got wrong: where (a JSON Pointer into the document, empty
@@ -128,6 +138,8 @@ pub struct Binding {
     header_block: Bytes,
     /// The schema's size in bytes of JSON.
     pub schema_bytes: usize,
+    /// What its regular expressions compile to.
+    pub regex: patterns::Cost,
 }
 
 impl std::fmt::Debug for Binding {
@@ -140,8 +152,9 @@ impl std::fmt::Debug for Binding {
 }
 
 /// Compiles `schema` as a JSON Schema (its `$schema` names the draft; 2020-12 when
-/// it names none). References must stay inside the document.
-pub fn compile(schema: &Value) -> Result<jsonschema::Validator, SchemaError> {
+/// it names none), its regular expressions on the linear-time engine. References
+/// must stay inside the document.
+pub fn compile(schema: &Value) -> Result<(jsonschema::Validator, patterns::Cost), SchemaError> {
     if !schema.is_object() && !schema.is_boolean() {
         return Err(SchemaError::Invalid(
             "a schema is a JSON object (or true or false)".into(),
@@ -150,10 +163,15 @@ pub fn compile(schema: &Value) -> Result<jsonschema::Validator, SchemaError> {
     if let Some(reference) = external_reference(schema) {
         return Err(SchemaError::External(reference));
     }
-    jsonschema::options()
+    // First, so a pattern the engine cannot run is refused with its place and why,
+    // rather than as the validator's bare "is not a regex".
+    let cost = patterns::measure(schema)?;
+    let validator = jsonschema::options()
         .should_validate_formats(true)
+        .with_pattern_options(patterns::options())
         .build(schema)
-        .map_err(|e| SchemaError::Invalid(e.to_string()))
+        .map_err(|e| SchemaError::Invalid(e.to_string()))?;
+    Ok((validator, cost))
 }
 
 /// The first `$ref` that leaves the document, if any.
@@ -187,7 +205,7 @@ impl Binding {
             .schema
             .as_ref()
             .ok_or_else(|| SchemaError::Invalid("a deleted binding has no schema".into()))?;
-        let validator = compile(schema)?;
+        let (validator, regex) = compile(schema)?;
         let schema_bytes = serde_json::to_vec(schema).map_or(0, |v| v.len());
         let line = format!("{SCHEMA_HEADER}: {pattern}@{version}\r\n");
         let header_block = Bytes::from(format!("NATS/1.0\r\n{line}\r\n"));
@@ -200,6 +218,7 @@ impl Binding {
             header_line: Bytes::from(line),
             header_block,
             schema_bytes,
+            regex,
         })
     }
 

@@ -175,7 +175,11 @@ impl Server {
             }
         }
         let policies = Policies::new(&config.store.policies)?;
-        let broker = Arc::new(Broker::new(authz, Arc::new(Metrics::default()), policies));
+        let broker = Arc::new(
+            Broker::new(authz, Arc::new(Metrics::default()), policies)
+                .with_tenant_defaults((&config.limits).into())
+                .with_max_answer(config.native.max_payload),
+        );
         let mut settings = store_settings(&config)?;
         settings.object_store = object_store;
         settings.clock = broker.clock().clone();

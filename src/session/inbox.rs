@@ -27,6 +27,15 @@ pub(super) fn pattern_owner(pattern: &Pattern) -> Option<String> {
     }
 }
 
+/// The owner token of an inbox subject `_INBOX.<owner>.…`.
+pub(super) fn inbox_owner(subject: &str) -> Option<&str> {
+    let mut tokens = subject.split('.');
+    (tokens.next() == Some(INBOX_TOKEN))
+        .then(|| tokens.next())
+        .flatten()
+        .filter(|owner| !owner.is_empty())
+}
+
 /// Which connection holds each owner token of one tenant.
 #[derive(Debug, Default)]
 pub struct InboxClaims {
@@ -44,6 +53,11 @@ impl InboxClaims {
                 true
             }
         }
+    }
+
+    /// Whether `conn` holds `token` now.
+    pub fn holds(&self, token: &str, conn: u64) -> bool {
+        self.owners.lock().get(token) == Some(&conn)
     }
 
     /// Gives `token` back, if `conn` holds it.

@@ -241,6 +241,24 @@ impl Publisher {
             .map_err(Refusal::Denied)
     }
 
+    /// Whether the server may answer this publisher on `reply` (an API answer, a
+    /// PubAck, an await's outcome): an answer is a publish by the caller, so it goes
+    /// only to the connection's own inbox or to a subject the caller may publish to.
+    /// Otherwise anyone could make the server publish, in their name, what a stored
+    /// message or an error says to a subject they may not publish to.
+    fn check_answer_to(&self, reply: &[u8]) -> Result<(), Refusal> {
+        let reply = std::str::from_utf8(reply)
+            .map_err(|_| Refusal::InvalidSubject("the reply subject is not UTF-8".into()))?;
+        let refused = match self.check_target(reply) {
+            Ok(()) => return Ok(()),
+            Err(refused) => refused,
+        };
+        // Checked second: the claims are the tenant's, behind a lock.
+        let own = super::inbox::inbox_owner(reply)
+            .is_some_and(|owner| self.routes.inboxes.holds(owner, self.origin));
+        if own { Ok(()) } else { Err(refused) }
+    }
+
     /// Decides `publish` without carrying it out.
     #[inline]
     pub fn decide(&self, publish: &Publish<'_>) -> Result<Decision<'_>, Refusal> {
@@ -259,6 +277,9 @@ impl Publisher {
             authz
                 .authorize(&self.principal, Action::Publish, subject)
                 .map_err(Refusal::Denied)?;
+            if let Some(reply) = &publish.reply {
+                self.check_answer_to(reply)?;
+            }
             return Ok(Decision {
                 route: Route::Call,
                 charged: false,
@@ -278,13 +299,28 @@ impl Publisher {
                 limit: self.limits.max_payload,
             });
         }
-        let checked = self.check_schema(publish)?;
         let policy = self.broker.store_policy(subject);
-        let request = match policy {
+        // The store may answer a publish to a stored subject on its reply subject (a
+        // PubAck, an error ack, an await's outcome, a refusal): that answer is the
+        // caller's to send, so it is checked before anything can be refused.
+        if policy.is_some()
+            && matches!(publish.ack, AskAck::Reply)
+            && let Some(reply) = &publish.reply
+        {
+            self.check_answer_to(reply)?;
+        }
+        let checked = self.check_schema(publish)?;
+        let mut request = match policy {
             Some(_) if !publish.headers.is_empty() => StoreRequest::from_headers(&publish.headers)
                 .map_err(|bad| Refusal::BadHeader(bad.0))?,
             _ => StoreRequest::default(),
         };
+        // `Canopy-Await` tells only of groups the publisher may read (issue 26).
+        if let Some(awaiting) = &mut request.awaiting {
+            use crate::groups::awaiting::{Await, Caller};
+            let caller = Caller::new(self.principal.clone(), Arc::clone(authz), self.origin);
+            Await::waited_by(awaiting, caller);
+        }
         let stored = policy.is_some() || matches!(checked, Checked::DeadLetter(..));
         if stored
             && self

@@ -32,6 +32,15 @@ pub struct TenantLimits {
     /// their subject's policy keeps (the shorter of the two wins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_age_secs: Option<u64>,
+    /// API calls (`$CANOPY.…`, `$JS.API.…`) of the tenant running at once, parked
+    /// follows included; past it a call is answered 429. Unset: the server's
+    /// `[limits] tenant_api_calls`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_api_calls: Option<u64>,
+    /// Consumer groups (JetStream consumers included) the tenant may keep. Unset: the
+    /// server's `[limits] tenant_groups`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_groups: Option<u64>,
 }
 
 /// A tenant as stored.

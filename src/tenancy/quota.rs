@@ -47,6 +47,34 @@ pub enum Exceeded {
     },
     #[error("stored bytes exceeded: tenant {tenant} is at its limit")]
     StoredBytes { tenant: Arc<str> },
+    #[error(
+        "too many API calls at once: tenant {tenant} allows {limit} (a follow or a wait \
+         counts until it ends); retry"
+    )]
+    ApiCalls { tenant: Arc<str>, limit: u64 },
+}
+
+/// The limits a tenant has when its record names none: the server's `[limits]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TenantDefaults {
+    pub api_calls: u64,
+    pub groups: u64,
+}
+
+impl Default for TenantDefaults {
+    fn default() -> Self {
+        let config = crate::config::LimitsConfig::default();
+        Self::from(&config)
+    }
+}
+
+impl From<&crate::config::LimitsConfig> for TenantDefaults {
+    fn from(config: &crate::config::LimitsConfig) -> Self {
+        Self {
+            api_calls: config.tenant_api_calls,
+            groups: config.tenant_groups,
+        }
+    }
 }
 
 impl Exceeded {
@@ -145,6 +173,11 @@ pub struct Quota {
     epoch: Instant,
     max_connections: AtomicU64,
     max_subscriptions: AtomicU64,
+    max_api_calls: AtomicU64,
+    max_groups: AtomicU64,
+    defaults: TenantDefaults,
+    /// API calls running now.
+    api_calls: AtomicU64,
     messages: Rate,
     bytes: Rate,
     connections: AtomicU64,
@@ -179,13 +212,17 @@ pub struct LiveUsage {
 }
 
 impl Quota {
-    pub fn new(tenant: &str, limits: Option<&TenantLimits>) -> Self {
+    pub fn new(tenant: &str, limits: Option<&TenantLimits>, defaults: TenantDefaults) -> Self {
         let now = Instant::now();
         let quota = Self {
             tenant: Arc::from(tenant),
             epoch: now,
             max_connections: AtomicU64::new(UNLIMITED),
             max_subscriptions: AtomicU64::new(UNLIMITED),
+            max_api_calls: AtomicU64::new(defaults.api_calls),
+            max_groups: AtomicU64::new(defaults.groups),
+            defaults,
+            api_calls: AtomicU64::new(0),
             messages: Rate::new(),
             bytes: Rate::new(),
             connections: AtomicU64::new(0),
@@ -214,6 +251,14 @@ impl Quota {
         };
         store(&self.max_connections, limits.max_connections);
         store(&self.max_subscriptions, limits.max_subscriptions);
+        store(
+            &self.max_api_calls,
+            Some(limits.max_api_calls.unwrap_or(self.defaults.api_calls)),
+        );
+        store(
+            &self.max_groups,
+            Some(limits.max_groups.unwrap_or(self.defaults.groups)),
+        );
         self.messages.set(limits.max_publish_msgs_per_sec);
         self.bytes.set(limits.max_publish_bytes_per_sec);
     }
@@ -318,6 +363,33 @@ impl Quota {
         })
     }
 
+    /// Takes a place among the tenant's API calls running at once, given back when
+    /// the place drops.
+    pub fn api_call(self: &Arc<Self>) -> Result<ApiCallSlot, Exceeded> {
+        let limit = self.max_api_calls.load(Ordering::Relaxed);
+        match self
+            .api_calls
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < limit).then_some(n + 1)
+            }) {
+            Ok(_) => Ok(ApiCallSlot {
+                quota: Arc::clone(self),
+            }),
+            Err(_) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                Err(Exceeded::ApiCalls {
+                    tenant: Arc::clone(&self.tenant),
+                    limit,
+                })
+            }
+        }
+    }
+
+    /// The consumer groups the tenant may keep.
+    pub fn max_groups(&self) -> u64 {
+        self.max_groups.load(Ordering::Relaxed)
+    }
+
     /// The refusal for a publish to a stored subject while the store is full.
     pub fn stored_bytes_exceeded(&self) -> Exceeded {
         self.refused.fetch_add(1, Ordering::Relaxed);
@@ -367,6 +439,18 @@ impl Quota {
             msgs_per_sec: last.msgs_per_sec,
             bytes_per_sec: last.bytes_per_sec,
         }
+    }
+}
+
+/// An API call's place among its tenant's calls running at once.
+#[derive(Debug)]
+pub struct ApiCallSlot {
+    quota: Arc<Quota>,
+}
+
+impl Drop for ApiCallSlot {
+    fn drop(&mut self) {
+        self.quota.api_calls.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -449,7 +533,11 @@ mod tests {
 
     #[test]
     fn throttling_admits_everything_and_makes_the_publisher_wait() {
-        let quota = Quota::new("t", Some(&limits(Some(10), None)));
+        let quota = Quota::new(
+            "t",
+            Some(&limits(Some(10), None)),
+            TenantDefaults::default(),
+        );
         let waits: Vec<_> = (0..12).map(|_| quota.throttle_publish(1)).collect();
         quota.count_admitted(12, 12);
         assert!(waits[..10].iter().all(Option::is_none));
@@ -470,7 +558,7 @@ mod tests {
 
     #[test]
     fn without_limits_everything_passes_and_is_counted() {
-        let quota = Arc::new(Quota::new("t", None));
+        let quota = Arc::new(Quota::new("t", None, TenantDefaults::default()));
         for _ in 0..10_000 {
             assert!(quota.admit_publish(100).is_ok());
         }
@@ -489,7 +577,11 @@ mod tests {
 
     #[test]
     fn connection_and_subscription_limits_hold_and_slots_come_back() {
-        let quota = Arc::new(Quota::new("t", Some(&limits(None, None))));
+        let quota = Arc::new(Quota::new(
+            "t",
+            Some(&limits(None, None)),
+            TenantDefaults::default(),
+        ));
         let first = quota.connect().expect("1 of 2");
         let _second = quota.connect().expect("2 of 2");
         let refused = quota.connect().expect_err("3 of 2");
@@ -508,7 +600,11 @@ mod tests {
 
     #[test]
     fn a_byte_rate_refuses_what_the_message_rate_allows() {
-        let quota = Quota::new("t", Some(&limits(Some(1_000_000), Some(1000))));
+        let quota = Quota::new(
+            "t",
+            Some(&limits(Some(1_000_000), Some(1000))),
+            TenantDefaults::default(),
+        );
         assert!(quota.admit_publish(600).is_ok());
         assert!(quota.admit_publish(300).is_ok());
         let refused = quota.admit_publish(300).expect_err("over 1000 bytes");
@@ -519,5 +615,34 @@ mod tests {
         // Raising the limit applies at once.
         quota.set_limits(&limits(None, None));
         assert!(quota.admit_publish(1_000_000).is_ok());
+    }
+
+    #[test]
+    fn api_calls_and_groups_follow_the_record_else_the_server_defaults() {
+        let defaults = TenantDefaults {
+            api_calls: 2,
+            groups: 7,
+        };
+        let quota = Arc::new(Quota::new("t", None, defaults));
+        assert_eq!(quota.max_groups(), 7);
+        let first = quota.api_call().expect("1 of 2");
+        let _second = quota.api_call().expect("2 of 2");
+        assert!(matches!(
+            quota.api_call(),
+            Err(Exceeded::ApiCalls { limit: 2, .. })
+        ));
+        drop(first);
+        let _third = quota.api_call().expect("a place came back");
+        quota.set_limits(&TenantLimits {
+            max_api_calls: Some(3),
+            max_groups: Some(1),
+            ..TenantLimits::default()
+        });
+        assert_eq!(quota.max_groups(), 1);
+        let _fourth = quota.api_call().expect("3 of 3");
+        assert!(quota.api_call().is_err());
+        // A record without them falls back to the server's.
+        quota.set_limits(&TenantLimits::default());
+        assert_eq!(quota.max_groups(), 7);
     }
 }

@@ -140,3 +140,86 @@ async fn a_document_without_bindings_is_valid_and_another_tenant_is_an_admins() 
     let (status, body) = http_request(http, "GET", "/api/asyncapi?tenant=nobody", &[], "").await;
     assert_eq!(status, 404, "{body}");
 }
+
+/// A user with narrow rules sees in the document exactly the bindings `schema list`
+/// shows it: its own team's, never another team's channels, schemas or regular
+/// expressions, whether read over `$CANOPY.asyncapi` or `GET /api/asyncapi`.
+#[tokio::test]
+async fn a_user_sees_only_the_channels_schema_list_shows_it() {
+    let team_a = json!({
+        "publish": {"allow": ["team-a.>", "$CANOPY.schema.>", "$CANOPY.asyncapi"]},
+        "subscribe": {"allow": ["team-a.>", "_INBOX.>"]}
+    });
+    let logins = crate::logins::Logins::start(
+        &["teams"],
+        &[("teams", "ops", None), ("teams", "ann", Some(team_a))],
+    )
+    .await;
+    let ops = logins.native("ops@teams").await;
+    let ann = logins.native("ann@teams").await;
+    for (pattern, schema) in [
+        (
+            "team-a.*",
+            json!({"type": "object", "properties": {"n": {"type": "integer"}}}),
+        ),
+        (
+            "team-b.*",
+            json!({"type": "object", "properties": {"key": {"pattern": "^secret-[0-9]+$"}}}),
+        ),
+        ("team-b-audit.>", json!({"type": "object"})),
+    ] {
+        let (status, answer) = api(
+            &ops,
+            "schema.put",
+            json!({"pattern": pattern, "schema": schema}),
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+    }
+
+    let (status, list) = api(&ann, "schema.list", json!({})).await;
+    assert_eq!(status, 200, "{list}");
+    let listed: Vec<&str> = list["schemas"]
+        .as_array()
+        .expect("schemas")
+        .iter()
+        .filter_map(|b| b["pattern"].as_str())
+        .collect();
+    assert_eq!(listed, ["team-a.*"], "{list}");
+
+    let (status, over_nats) = api(&ann, "asyncapi", json!({})).await;
+    assert_eq!(status, 200, "{over_nats}");
+    let bearer = format!("Bearer {}", logins.token("ann@teams"));
+    let (status, body) = http_request(
+        logins.http_addr(),
+        "GET",
+        "/api/asyncapi",
+        &[("Authorization", bearer.as_str())],
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let over_http: Value = serde_json::from_str(&body).expect("JSON");
+    for document in [&over_nats, &over_http] {
+        assert_valid_asyncapi(document);
+        let channels: Vec<&str> = document["channels"]
+            .as_object()
+            .expect("channels")
+            .values()
+            .filter_map(|c| c["x-canopy-pattern"].as_str())
+            .collect();
+        assert_eq!(channels, listed, "{document}");
+        let text = document.to_string();
+        for hidden in ["team-b", "secret-"] {
+            assert!(!text.contains(hidden), "`{hidden}` shown: {document}");
+        }
+    }
+    // The tenant's other users see every binding, as their list does.
+    let (_, all) = api(&ops, "asyncapi", json!({})).await;
+    assert_eq!(
+        all["channels"].as_object().map(|c| c.len()),
+        Some(3),
+        "{all}"
+    );
+    logins.server.stop().await;
+}

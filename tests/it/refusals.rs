@@ -231,7 +231,8 @@ fn rows() -> Vec<Row> {
                 true,
                 [
                     Want::err_prefix(
-                        "Invalid Message: the message does not match schema ok.typed.*@1 at /t: ",
+                        "Permissions Violation for Publish to \"ok.typed.x\": the message does \
+                         not match schema ok.typed.*@1 at /t: ",
                     ),
                     Want::PubAck {
                         code: 0x99,

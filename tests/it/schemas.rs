@@ -673,7 +673,8 @@ async fn the_most_specific_binding_decides() {
 // ---------------------------------------------------------------------------------
 // Refusals, front end by front end
 
-/// Native PUB: `-ERR 'Invalid Message: …'` and the connection goes on; a publish
+/// Native PUB: `-ERR 'Permissions Violation for Publish to "<subject>": …'` (the one
+/// `-ERR` NATS clients survive) and the connection goes on; a publish
 /// that waits for the store (JetStream, `Canopy-Ack`) gets an error ack instead.
 /// Nothing invalid is stored or delivered, and `schema.errors` has each.
 #[tokio::test]
@@ -693,7 +694,10 @@ async fn nats_publishes_are_refused_with_err_or_an_error_ack() {
         .send(&pub_frame("devices.d1.temp", None, None, HOT.as_bytes()))
         .await;
     match native.next().await {
-        Some(NativeEvent::Err(text)) => assert_eq!(text, format!("Invalid Message: {HOT_WHY}")),
+        Some(NativeEvent::Err(text)) => assert_eq!(
+            text,
+            format!("Permissions Violation for Publish to \"devices.d1.temp\": {HOT_WHY}")
+        ),
         other => panic!("expected -ERR for an invalid payload, got {other:?}"),
     }
     native
@@ -707,8 +711,8 @@ async fn nats_publishes_are_refused_with_err_or_an_error_ack() {
     match native.next().await {
         Some(NativeEvent::Err(text)) => assert!(
             text.starts_with(
-                "Invalid Message: the message does not match schema devices.*.temp@1 at /: \
-                 the payload is not JSON"
+                "Permissions Violation for Publish to \"devices.d1.temp\": the message does not \
+                 match schema devices.*.temp@1 at /: the payload is not JSON"
             ),
             "{text}"
         ),
@@ -1254,7 +1258,10 @@ async fn a_forged_schema_header_does_not_reach_live_subscribers() {
         .await;
     match native.next().await {
         Some(NativeEvent::Err(text)) => assert!(
-            text.starts_with("Invalid Message: the message does not match schema live.*@1"),
+            text.starts_with(
+                "Permissions Violation for Publish to \"live.a\": the message does not match \
+                 schema live.*@1"
+            ),
             "{text}"
         ),
         other => panic!("a live subject is checked too: expected -ERR, got {other:?}"),
@@ -1963,5 +1970,86 @@ async fn a_tenants_schemas_together_are_bounded() {
         "a smaller version of a bound pattern: {answer}"
     );
     put(&client, json!({"pattern": "big.over", "schema": big(99)})).await;
+    server.stop().await;
+}
+
+// ---------------------------------------------------------------------------------
+// NATS clients from other projects, refused by a schema
+
+/// A server with `temp_schema` bound to `devices.*.temp` (stored) and `live.*` (not
+/// stored, so a request there hears the refusal as `-ERR`, not as an error ack).
+async fn refusing_server() -> canopy::server::RunningServer {
+    let mut config = test_config();
+    config.store.policies.insert(
+        0,
+        canopy::config::StorePolicy {
+            pattern: "live.>".into(),
+            store: false,
+            ..canopy::config::StorePolicy::default()
+        },
+    );
+    let server = start(config).await;
+    let client = connect(&server).await;
+    bind(&client, "devices.*.temp", temp_schema()).await;
+    bind(&client, "live.*", temp_schema()).await;
+    server
+}
+
+/// Runs `command` (a client's script, given the server's address) to its end and
+/// asserts it printed "all checks passed".
+async fn run_client_script(name: &str, mut command: tokio::process::Command) {
+    let output = tokio::time::timeout(Duration::from_secs(120), command.output())
+        .await
+        .unwrap_or_else(|_| panic!("{name} finishes within two minutes"))
+        .unwrap_or_else(|e| panic!("{name} runs: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains("all checks passed"),
+        "{name} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+}
+
+/// nats-py closes its connection for good on any `-ERR` but a permissions violation
+/// (or a stale connection): a schema's refusal of a core publish is worded as one,
+/// so nats-py hears it through its error callback and goes on publishing,
+/// subscribing and requesting on the same connection.
+#[tokio::test]
+async fn nats_py_hears_a_schema_refusal_and_keeps_its_connection() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join("target/py-venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run ./scripts/test-all.sh, which creates it with nats-py",
+        python.display()
+    );
+    let server = refusing_server().await;
+    let mut command = tokio::process::Command::new(python);
+    command
+        .arg(root.join("tests/python/nats_py_schema_refusal.py"))
+        .arg(server.native_url())
+        .kill_on_drop(true);
+    run_client_script("nats_py_schema_refusal.py", command).await;
+    server.stop().await;
+}
+
+/// nats.js (npm `nats` 2.29) hears a schema's refusal as a permissions violation
+/// naming the subject (and rejects a pending request to it at once, where it
+/// would otherwise wait for its timeout), and keeps its connection.
+#[tokio::test]
+async fn nats_js_hears_a_schema_refusal_and_keeps_its_connection() {
+    let js = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/js");
+    assert!(
+        js.join("node_modules/nats").exists(),
+        "tests/js/node_modules/nats is missing: run ./scripts/test-all.sh, which installs it"
+    );
+    let server = refusing_server().await;
+    let mut command = tokio::process::Command::new("node");
+    command
+        .arg(js.join("nats_js_schema_refusal.mjs"))
+        .arg(server.native_addr.to_string())
+        .current_dir(&js)
+        .kill_on_drop(true);
+    run_client_script("nats_js_schema_refusal.mjs", command).await;
     server.stop().await;
 }

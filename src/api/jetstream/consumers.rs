@@ -8,8 +8,13 @@
 //! flight together up to `max_ack_pending`, as in JetStream, unless the config's
 //! metadata sets `canopy.per_subject` (`"1"`: strict order per subject). Push
 //! consumers, ephemeral ones, other delivery policies and acks other than explicit
-//! are refused with an error that says so. Must never: change a group a JetStream
-//! client did not ask to change (a create with another config is refused).
+//! are refused with an error that says so. A consumer needs the rights its group
+//! needs: subscribe on the filter to create, read or delete it, and publish under its
+//! dead-letter prefix, checked as `group.create` checks it. Pull terms that would make
+//! the group work for nothing are refused or raised as nats-server does, or below
+//! Canopy's floors (an idle heartbeat under [`MIN_HEARTBEAT`]). Must never: change a
+//! group a JetStream client did not ask to change (a create with another config is
+//! refused).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +24,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{JsError, authorize_reading, time};
+use crate::api::groups::{changes_of, groups_full, may_read, page};
 use crate::api::{Answer, ApiCall};
 use crate::broker::Broker;
 use crate::broker::groups::jetstream::{JetStreamPull, status_block};
@@ -32,6 +38,21 @@ pub const MAX_BATCH: usize = 100_000;
 pub const MAX_EXPIRES: Duration = Duration::from_secs(300);
 /// The waiting pulls a consumer keeps, as its info announces (`max_waiting`).
 const MAX_WAITING: u64 = 1_024;
+/// The shortest idle heartbeat a pull may ask for: below it a waiting pull is a stream
+/// of status messages (nats-server asks 100 ms of a push consumer's).
+pub const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
+/// The shortest wait a pull with `expires` gets (nats-server's floor for a consumer's
+/// `max_expires`); a shorter one is raised to it.
+pub const MIN_EXPIRES: Duration = Duration::from_millis(1);
+/// The longest description, in bytes, as nats-server bounds it (Canopy keeps none).
+pub const MAX_DESCRIPTION: usize = 4_096;
+/// The most bytes of metadata keys and values, as nats-server bounds them (Canopy
+/// keeps only its own keys).
+pub const MAX_METADATA: usize = 128 * 1_024;
+/// Most consumers one `CONSUMER.LIST` page holds, and names one `CONSUMER.NAMES`
+/// page holds (nats-server's pages); fewer when they would not fit an answer.
+const LIST_PAGE: usize = crate::api::groups::LIST_PAGE;
+const NAMES_PAGE: usize = 1_024;
 /// Metadata keys for what JetStream's config cannot say.
 const PER_SUBJECT_KEY: &str = "canopy.per_subject";
 const DEAD_LETTER_KEY: &str = "canopy.dead_letter";
@@ -63,6 +84,38 @@ pub(super) fn spec_of(name: &str, config: &Value) -> Result<GroupSpec, JsError> 
     if config.get("headers_only").and_then(Value::as_bool) == Some(true) {
         return Err(JsError::bad_request(
             "headers_only consumers are not offered",
+        ));
+    }
+    if text("description").len() > MAX_DESCRIPTION {
+        return Err(JsError::new(
+            400,
+            10107,
+            format!("consumer description is too long, maximum allowed is {MAX_DESCRIPTION}"),
+        ));
+    }
+    let metadata_bytes: usize = config
+        .get("metadata")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
+                .sum()
+        })
+        .unwrap_or(0);
+    if metadata_bytes > MAX_METADATA {
+        return Err(JsError::new(
+            400,
+            10135,
+            format!("consumer metadata exceeds maximum size of {MAX_METADATA} bytes"),
+        ));
+    }
+    if config
+        .get("backoff")
+        .and_then(Value::as_array)
+        .is_some_and(|b| !b.is_empty())
+    {
+        return Err(JsError::bad_request(
+            "backoff is not offered: a message goes again after ack_wait (or a nak's delay)",
         ));
     }
     let filters: Vec<&str> = match config.get("filter_subjects").and_then(Value::as_array) {
@@ -191,9 +244,14 @@ pub(super) async fn create(
     let config = request.get("config").cloned().unwrap_or_else(|| json!({}));
     let spec = spec_of(name, &config)?;
     authorize_reading(broker, call, &spec.pattern)?;
+    if let Some(prefix) = &spec.dead_letter {
+        crate::api::check_dead_letter(broker, &call.principal, prefix)
+            .map_err(|e| JsError::new(e.code, 10003, e.description))?;
+    }
     let action = request.get("action").and_then(Value::as_str).unwrap_or("");
     let tenant = &*call.routes.name;
-    let _change = crate::api::groups::CHANGES.lock().await;
+    let lock = changes_of(tenant);
+    let _change = lock.lock().await;
     match stored(store, tenant, name).await? {
         Some(existing) if existing.spec == spec => {}
         Some(_) if action == "create" => {
@@ -211,6 +269,16 @@ pub(super) async fn create(
             return Err(JsError::new(404, 10149, "consumer does not exist"));
         }
         None => {
+            if let Some(limit) = groups_full(store, &call.routes).await? {
+                return Err(JsError::new(
+                    400,
+                    10026,
+                    format!(
+                        "maximum consumers limit reached: tenant {tenant} keeps at most \
+                         {limit} consumers and groups"
+                    ),
+                ));
+            }
             let group = StoredGroup {
                 spec,
                 created_ms: now_ms(),
@@ -222,6 +290,37 @@ pub(super) async fn create(
         }
     }
     info(broker, store, stream, name).await
+}
+
+/// The consumer `name`, when the caller may read its group (403 otherwise).
+pub(super) async fn readable(
+    broker: &Broker,
+    store: &Store,
+    call: &ApiCall,
+    name: &str,
+) -> Result<StoredGroup, JsError> {
+    let group = stored(store, &call.routes.name, name)
+        .await?
+        .ok_or_else(JsError::consumer_not_found)?;
+    if !may_read(broker, &call.principal, &group.spec.pattern) {
+        return Err(JsError::unreadable(name));
+    }
+    Ok(group)
+}
+
+/// Every consumer of the tenant whose group the caller may read, in name order.
+pub(super) async fn readable_all(
+    broker: &Broker,
+    store: &Store,
+    call: &ApiCall,
+) -> Result<Vec<StoredGroup>, JsError> {
+    Ok(store
+        .groups(&call.routes.name)
+        .await?
+        .iter()
+        .filter_map(|record| serde_json::from_slice::<StoredGroup>(record).ok())
+        .filter(|group| may_read(broker, &call.principal, &group.spec.pattern))
+        .collect())
 }
 
 /// `CONSUMER.INFO`: the group as a JetStream consumer, with its live counts.
@@ -266,38 +365,57 @@ pub(super) async fn delete(
     name: &str,
 ) -> Result<Value, JsError> {
     let tenant = &*call.routes.name;
-    let _change = crate::api::groups::CHANGES.lock().await;
-    stored(store, tenant, name)
-        .await?
-        .ok_or_else(JsError::consumer_not_found)?;
+    let lock = changes_of(tenant);
+    let _change = lock.lock().await;
+    readable(broker, store, call, name).await?;
     broker.groups().stop(tenant, name);
     store.delete_group(tenant, name).await?;
     Ok(json!({"type": "io.nats.jetstream.api.v1.consumer_delete_response", "success": true}))
 }
 
-/// `CONSUMER.NAMES` (names) and `CONSUMER.LIST` (infos).
+/// A `CONSUMER.LIST` or `CONSUMER.NAMES` request: where the page starts.
+#[derive(Debug, Default, Deserialize)]
+struct ListRequest {
+    #[serde(default)]
+    offset: usize,
+}
+
+/// `CONSUMER.NAMES` (names) and `CONSUMER.LIST` (infos) of the consumers the caller
+/// may read, a page from the request's `offset`: at most 1,024 names or 256 infos,
+/// and no more than fit an answer.
 pub(super) async fn list(
     broker: &Broker,
     store: &Store,
-    tenant: &str,
+    call: &ApiCall,
     infos: bool,
 ) -> Result<Value, JsError> {
-    let groups: Vec<StoredGroup> = store
-        .groups(tenant)
-        .await?
-        .iter()
-        .filter_map(|record| serde_json::from_slice(record).ok())
-        .collect();
-    let mut consumers = Vec::with_capacity(groups.len());
-    for group in &groups {
-        consumers.push(if infos {
+    let request: ListRequest = if call.body.iter().all(u8::is_ascii_whitespace) {
+        ListRequest::default()
+    } else {
+        serde_json::from_slice(&call.body).map_err(|e| {
+            JsError::bad_request(format!("the request is not the JSON expected: {e}"))
+        })?
+    };
+    let tenant = &*call.routes.name;
+    let groups = readable_all(broker, store, call).await?;
+    let limit = if infos { LIST_PAGE } else { NAMES_PAGE };
+    let mut entries = Vec::new();
+    for group in groups.iter().skip(request.offset).take(limit) {
+        entries.push(if infos {
             info(broker, store, tenant, &group.spec.name).await?
         } else {
             json!(group.spec.name)
         });
     }
+    let consumers = page(entries.into_iter(), 0, limit, broker.max_answer());
+    let kind = if infos {
+        "io.nats.jetstream.api.v1.consumer_list_response"
+    } else {
+        "io.nats.jetstream.api.v1.consumer_names_response"
+    };
     Ok(json!({
-        "total": consumers.len(), "offset": 0, "limit": 1024, "consumers": consumers,
+        "type": kind, "total": groups.len(), "offset": request.offset, "limit": limit,
+        "consumers": consumers,
     }))
 }
 
@@ -362,15 +480,35 @@ pub(super) async fn next(
             return;
         }
     };
-    if let Err(denied) = authorize_reading(broker, call, &group.spec.pattern) {
-        answer.status(&status_block(409, &denied.description, None));
+    if !may_read(broker, &call.principal, &group.spec.pattern) {
+        answer.status(&status_block(
+            409,
+            &crate::api::groups::unreadable(name),
+            None,
+        ));
+        return;
+    }
+    if let Err(why) = check_heartbeat(&request) {
+        answer.status(&status_block(400, &why, None));
         return;
     }
     let no_wait = request.no_wait.unwrap_or(false);
     let wait = match request.expires {
-        Some(nanos) if nanos > 0 => Duration::from_nanos(nanos).min(MAX_EXPIRES),
+        Some(nanos) if nanos > 0 => Duration::from_nanos(nanos).clamp(MIN_EXPIRES, MAX_EXPIRES),
         _ if no_wait => Duration::ZERO,
         _ => MAX_EXPIRES,
+    };
+    // A pull that may wait holds a place among its connection's.
+    let place = if wait.is_zero() {
+        None
+    } else {
+        match broker.groups().pull_place(call.origin) {
+            Some(place) => Some(place),
+            None => {
+                answer.status(&status_block(409, "Exceeded MaxWaiting", None));
+                return;
+            }
+        }
     };
     let pull = Pull {
         // One connection is one member, however many inboxes its pulls use.
@@ -390,10 +528,30 @@ pub(super) async fn next(
                 max_bytes: request.max_bytes.unwrap_or(0),
             },
         },
+        place,
     };
     if !broker.groups().pull(stream, name, pull).await {
         answer.status(no_responders_block());
     }
+}
+
+/// nats-server's rule for a pull's idle heartbeat (at most half its `expires`, so a
+/// heartbeat without `expires` is refused too), and Canopy's floor, [`MIN_HEARTBEAT`].
+/// The answer is the status description nats-server would send.
+fn check_heartbeat(request: &NextRequest) -> Result<(), String> {
+    let Some(nanos) = request.idle_heartbeat.filter(|&n| n > 0) else {
+        return Ok(());
+    };
+    if nanos.saturating_mul(2) > request.expires.unwrap_or(0) {
+        return Err("Bad Request - heartbeat value too large".into());
+    }
+    if Duration::from_nanos(nanos) < MIN_HEARTBEAT {
+        return Err(format!(
+            "Bad Request - idle heartbeat needs to be at least {}ms",
+            MIN_HEARTBEAT.as_millis()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -467,6 +625,24 @@ mod tests {
                 error.description
             );
         }
+    }
+
+    #[test]
+    fn a_heartbeat_is_at_most_half_the_expiry_and_at_least_the_floor() {
+        let pull = |expires, idle_heartbeat| NextRequest {
+            expires,
+            idle_heartbeat,
+            ..NextRequest::default()
+        };
+        let second = 1_000_000_000;
+        assert!(check_heartbeat(&pull(Some(second), None)).is_ok());
+        assert!(check_heartbeat(&pull(Some(second), Some(0))).is_ok());
+        assert!(check_heartbeat(&pull(Some(second), Some(second / 2))).is_ok());
+        let too_large = check_heartbeat(&pull(Some(second), Some(second / 2 + 1)));
+        assert!(too_large.unwrap_err().contains("too large"));
+        assert!(check_heartbeat(&pull(None, Some(second))).is_err());
+        let small = check_heartbeat(&pull(Some(second), Some(1)));
+        assert!(small.unwrap_err().contains("100ms"));
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //! group answers itself, JetStream's way; `$JS.ACK.` subjects come back to the group by
 //! the consumer sequence they carry. Answers and errors are JetStream's JSON
 //! (`{"error": {"code", "err_code", "description"}}`), never Canopy's, since these
-//! clients parse them. This module must never decide deliveries (the groups do) or
-//! accept a push consumer it cannot serve.
+//! clients parse them. Every call about a consumer needs the right to read its group
+//! (a subscription to its filter), as `$CANOPY.group.*` does; lists and counts show
+//! only the consumers the caller may read, a page at a time. This module must never
+//! decide deliveries (the groups do) or accept a push consumer it cannot serve.
 
 mod consumers;
 pub(crate) mod time;
@@ -21,7 +23,7 @@ use serde_json::{Value, json};
 use super::{Answer, ApiCall};
 use crate::broker::Broker;
 use crate::broker::groups::jetstream::{JS_ACK_PREFIX, parse_ack};
-use crate::broker::groups::{JetStreamReply, ReplyKind};
+use crate::broker::groups::{Handed, JetStreamReply, ReplyKind};
 use crate::store::Store;
 use crate::tenancy::Action;
 
@@ -63,6 +65,11 @@ impl JsError {
         Self::new(404, 10014, "consumer not found")
     }
 
+    /// A consumer whose group the caller may not read.
+    fn unreadable(name: &str) -> Self {
+        Self::new(403, 10003, crate::api::groups::unreadable(name))
+    }
+
     fn to_json(&self) -> Value {
         json!({"error": {"code": self.code, "err_code": self.err_code, "description": self.description}})
     }
@@ -75,7 +82,8 @@ impl From<crate::store::StoreError> for JsError {
 }
 
 /// Hands a `$JS.ACK.` publish to its group; ignored when it names no delivery (as
-/// nats-server ignores acks it does not know).
+/// nats-server ignores acks it does not know). One from a caller who may not read the
+/// group is dropped, and answered 403 when it asked for a confirmation.
 pub(super) fn ack(broker: &Arc<Broker>, call: &ApiCall) {
     let Some(target) = parse_ack(&call.operation) else {
         return;
@@ -91,9 +99,16 @@ pub(super) fn ack(broker: &Arc<Broker>, call: &ApiCall) {
         kind,
         confirm: call.reply.clone().map(|to| (to, Arc::clone(&call.routes))),
     };
-    broker
+    let may = |pattern: &str| crate::api::groups::may_read(broker, &call.principal, pattern);
+    let handed = broker
         .groups()
-        .jetstream_reply(&call.routes.name, target.consumer, reply);
+        .jetstream_reply(&call.routes.name, target.consumer, may, reply);
+    if handed == Handed::Denied
+        && let Some(to) = call.reply.clone()
+    {
+        Answer::new(Arc::clone(broker), Arc::clone(&call.routes), to)
+            .error(403, &crate::api::groups::unreadable(target.consumer));
+    }
 }
 
 /// Answers one `$JS.API.` call.
@@ -124,7 +139,7 @@ async fn call_api(
     let operation = call.operation.strip_prefix(API_PREFIX).unwrap_or_default();
     let (verb, rest) = split_verb(operation);
     let body = match verb {
-        "INFO" => account_info(store, tenant).await?,
+        "INFO" => account_info(broker, store, call).await?,
         "STREAM.NAMES" => json!({
             "type": "io.nats.jetstream.api.v1.stream_names_response",
             "total": 1, "offset": 0, "limit": 1024, "streams": [tenant],
@@ -132,11 +147,11 @@ async fn call_api(
         "STREAM.LIST" => json!({
             "type": "io.nats.jetstream.api.v1.stream_list_response",
             "total": 1, "offset": 0, "limit": 256,
-            "streams": [stream_info(broker, store, tenant).await?],
+            "streams": [stream_info(broker, store, call).await?],
         }),
         "STREAM.INFO" => {
             stream_named(tenant, rest)?;
-            let mut info = stream_info(broker, store, tenant).await?;
+            let mut info = stream_info(broker, store, call).await?;
             info["type"] = json!("io.nats.jetstream.api.v1.stream_info_response");
             info
         }
@@ -157,6 +172,7 @@ async fn call_api(
         }
         "CONSUMER.INFO" => {
             let (stream, name) = consumer_target(tenant, rest, false)?;
+            consumers::readable(broker, store, call, name).await?;
             consumers::info(broker, store, stream, name).await?
         }
         "CONSUMER.DELETE" => {
@@ -165,7 +181,7 @@ async fn call_api(
         }
         "CONSUMER.NAMES" | "CONSUMER.LIST" => {
             stream_named(tenant, rest)?;
-            consumers::list(broker, store, tenant, verb == "CONSUMER.LIST").await?
+            consumers::list(broker, store, call, verb == "CONSUMER.LIST").await?
         }
         "CONSUMER.MSG.NEXT" => {
             let (stream, name) = consumer_target(tenant, rest, false)?;
@@ -245,9 +261,10 @@ fn consumer_target<'a>(
     Ok((stream, name))
 }
 
-async fn account_info(store: &Store, tenant: &str) -> Result<Value, JsError> {
+async fn account_info(broker: &Broker, store: &Store, call: &ApiCall) -> Result<Value, JsError> {
+    let tenant = &*call.routes.name;
     let usage = store.usage(tenant).await?;
-    let consumers = store.groups(tenant).await?.len();
+    let consumers = consumers::readable_all(broker, store, call).await?.len();
     Ok(json!({
         "type": "io.nats.jetstream.api.v1.account_info_response",
         "memory": 0,
@@ -255,7 +272,8 @@ async fn account_info(store: &Store, tenant: &str) -> Result<Value, JsError> {
         "streams": 1,
         "consumers": consumers,
         "limits": {
-            "max_memory": -1, "max_storage": -1, "max_streams": 1, "max_consumers": -1,
+            "max_memory": -1, "max_storage": -1, "max_streams": 1,
+            "max_consumers": call.routes.quota.max_groups(),
             "max_ack_pending": -1, "memory_max_stream_bytes": -1,
             "storage_max_stream_bytes": -1, "max_bytes_required": false,
         },
@@ -266,10 +284,11 @@ async fn account_info(store: &Store, tenant: &str) -> Result<Value, JsError> {
 /// The tenant as a stream. Canopy keeps no count of a tenant's messages, so
 /// `messages` and `last_seq` are the offsets handed out (purged and expired messages
 /// included).
-async fn stream_info(broker: &Broker, store: &Store, tenant: &str) -> Result<Value, JsError> {
+async fn stream_info(broker: &Broker, store: &Store, call: &ApiCall) -> Result<Value, JsError> {
+    let tenant = &*call.routes.name;
     let usage = store.usage(tenant).await?;
     let last_seq = store.next_offset(tenant).await?.saturating_sub(1);
-    let consumers = store.groups(tenant).await?.len();
+    let consumers = consumers::readable_all(broker, store, call).await?.len();
     let created = time::format(0);
     let now = time::format(broker.clock().now_ms());
     Ok(json!({
@@ -277,7 +296,7 @@ async fn stream_info(broker: &Broker, store: &Store, tenant: &str) -> Result<Val
             "name": tenant,
             "subjects": [">"],
             "retention": "limits",
-            "max_consumers": -1,
+            "max_consumers": call.routes.quota.max_groups(),
             "max_msgs": -1,
             "max_bytes": -1,
             "max_age": 0,

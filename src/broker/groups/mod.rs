@@ -5,6 +5,12 @@
 //! each delivery's reply subject, and writes the cursors that moved in batches of its
 //! own (every [`CURSOR_FLUSH`]).
 //!
+//! A group costs nothing while idle. At start it reads only its cursors; it walks the
+//! store's subjects its pattern matches (its catch-up) only once something asks for
+//! it (a pull, an info, a wait), and every catch-up step, server-wide, takes one of
+//! [`CATCH_UP`]'s few places in arrival order, so a restart with thousands of groups
+//! over a long history reads the store at a steady pace instead of all at once.
+//!
 //! Must never: block the sequencer (new messages are offered with `try_send`; a full
 //! queue marks the group lagging and it rescans its subjects from the store), or hold
 //! more than one group's state in one task.
@@ -25,7 +31,7 @@ pub mod jetstream;
 use self::jetstream::{JetStreamPull, Sequences};
 use super::{Broker, Message, RouteScratch, TenantRoutes, Wakes};
 use crate::api::Answer;
-use crate::groups::awaiting::{Await, AwaitOutcome, Missed};
+use crate::groups::awaiting::{Await, AwaitOutcome, CallerKey, Missed};
 use crate::groups::dispatch::{DeadLetter, Delivery, Dispatcher, MemberId};
 use crate::groups::{GroupSpec, StartAt, StoredGroup};
 use crate::store::{
@@ -37,7 +43,10 @@ pub const CURSOR_FLUSH: Duration = Duration::from_millis(100);
 /// Inputs queued for one group before new messages are dropped (and rescanned).
 const QUEUE: usize = 4_096;
 /// Pulls that may wait for messages at once, per group.
-const WAITING_PULLS: usize = 1_024;
+pub const WAITING_PULLS: usize = 1_024;
+/// Pulls one connection may have waiting at once, over every group: a connection
+/// cannot fill one group's waiting list alone, nor hold one in each of many groups.
+pub const CONNECTION_PULLS: usize = 512;
 /// Members a group holds at once; a pull from one more is refused until some leave.
 const MAX_MEMBERS: usize = 10_000;
 /// How long a member may go without pulling before it leaves the group (at least
@@ -45,6 +54,21 @@ const MAX_MEMBERS: usize = 10_000;
 const MEMBER_IDLE: Duration = Duration::from_secs(60);
 /// Subjects read per page when the group scans the store.
 const SCAN_PAGE: usize = 1_000;
+/// Catch-up steps (loading cursors, one page of a scan) running at once, server-wide:
+/// the store's reads for catching up are paced here, whatever the number of groups.
+static CATCH_UP: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// Where a group's walk over its subjects stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Scan {
+    /// Nothing asked for it yet (after a start, or a lag while nobody consumed).
+    Wanted,
+    /// Walking: the next page starts after this subject.
+    Walking(Option<String>),
+    /// Walked since the start, with no message missed since: a subject it does not
+    /// track has no version the group has not seen.
+    Done,
+}
 /// The prefix of every delivery's reply subject: `<prefix><group>.<version>.<attempt>.<subject>`.
 pub const ACK_PREFIX: &str = "$CANOPY.group.ack.";
 
@@ -56,6 +80,27 @@ pub struct Pull {
     pub reply: String,
     pub routes: Arc<TenantRoutes>,
     pub style: PullStyle,
+    /// The pull's place among its connection's waiting pulls, given back when the
+    /// pull ends (see [`Groups::pull_place`]).
+    pub place: Option<PullPlace>,
+}
+
+/// A pull's place among its connection's pulls ([`CONNECTION_PULLS`]).
+pub struct PullPlace {
+    counts: Arc<parking_lot::Mutex<HashMap<u64, usize>>>,
+    connection: u64,
+}
+
+impl Drop for PullPlace {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock();
+        if let Some(n) = counts.get_mut(&self.connection) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.connection);
+            }
+        }
+    }
 }
 
 /// How a pull is answered.
@@ -174,6 +219,9 @@ impl Waiter {
 
 /// Publishes waiting for groups, per tenant, at once.
 const MAX_WAITING: usize = 10_000;
+/// Of those, one user's (or one connection's, without a user): so one user cannot
+/// take every place of its tenant.
+pub const CALLER_WAITING: usize = 1_000;
 
 /// Subjects `info` lists as the laggiest, and dead letters as the last parked.
 const INFO_SUBJECTS: usize = 10;
@@ -181,6 +229,8 @@ const INFO_SUBJECTS: usize = 10;
 struct Handle {
     name: String,
     pattern: Pattern,
+    /// The pattern as given, for a caller's right to read the group.
+    text: Arc<str>,
     tx: mpsc::Sender<Input>,
     lagging: Arc<AtomicBool>,
     /// Set when the group is deleted or replaced: its task writes no more cursors,
@@ -194,11 +244,27 @@ struct Handle {
 #[derive(Default)]
 struct Overflow {
     queued: VecDeque<Input>,
+    /// The subjects and reply subjects those inputs carry, in bytes.
+    bytes: usize,
     draining: bool,
 }
 
 /// Acks one group holds beyond its queue at most; more are refused as busy.
 const OVERFLOW: usize = 65_536;
+/// And the bytes of their subjects at most (an ack names a subject of up to the
+/// subject limit, and a confirmation's reply subject).
+const OVERFLOW_BYTES: usize = 8 << 20;
+
+/// The bytes an input in the overflow holds beyond its fixed size.
+fn weight(input: &Input) -> usize {
+    let confirm =
+        |c: &Option<(String, Arc<TenantRoutes>)>| c.as_ref().map_or(0, |(to, _)| to.len());
+    match input {
+        Input::Reply(reply) => reply.subject.len() + confirm(&reply.confirm),
+        Input::JetStreamReply(reply) => confirm(&reply.confirm),
+        _ => 0,
+    }
+}
 
 /// How [`Groups::reply`] and [`Groups::jetstream_reply`] went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,6 +276,8 @@ pub enum Handed {
     /// The group is this far behind: the ack was dropped (the delivery goes again
     /// after its ack wait).
     Busy,
+    /// The caller may not read the group: the ack was dropped.
+    Denied,
 }
 
 impl Handle {
@@ -222,11 +290,12 @@ impl Handle {
                 Err(mpsc::error::TrySendError::Closed(_)) => return Handed::NotRunning,
                 Err(mpsc::error::TrySendError::Full(input)) => input,
             }
-        } else if overflow.queued.len() >= OVERFLOW {
+        } else if overflow.queued.len() >= OVERFLOW || overflow.bytes >= OVERFLOW_BYTES {
             return Handed::Busy;
         } else {
             input
         };
+        overflow.bytes += weight(&input);
         overflow.queued.push_back(input);
         if !std::mem::replace(&mut overflow.draining, true) {
             tokio::spawn(Arc::clone(self).drain());
@@ -242,12 +311,16 @@ impl Handle {
             let Ok(permit) = self.tx.reserve().await else {
                 let mut overflow = self.overflow.lock();
                 overflow.queued.clear();
+                overflow.bytes = 0;
                 overflow.draining = false;
                 return;
             };
             let mut overflow = self.overflow.lock();
             match overflow.queued.pop_front() {
-                Some(input) => permit.send(input),
+                Some(input) => {
+                    overflow.bytes = overflow.bytes.saturating_sub(weight(&input));
+                    permit.send(input);
+                }
                 None => {
                     overflow.draining = false;
                     return;
@@ -271,14 +344,32 @@ pub struct Groups {
     any: AtomicBool,
     /// Publishes waiting for groups, per tenant (bounded by [`MAX_WAITING`]).
     waiting: parking_lot::Mutex<HashMap<Arc<str>, Arc<AtomicUsize>>>,
+    /// The same, per caller (bounded by [`CALLER_WAITING`]); a caller without waits
+    /// has no entry.
+    callers: Arc<parking_lot::Mutex<HashMap<CallerKey, usize>>>,
+    /// Pulls handed to groups and not yet ended, per connection (bounded by
+    /// [`CONNECTION_PULLS`]); a connection without any has no entry.
+    pulls: Arc<parking_lot::Mutex<HashMap<u64, usize>>>,
 }
 
-/// Gives a waiting publish's place back when its wait ends.
-struct WaitingPlace(Arc<AtomicUsize>);
+/// Gives a waiting publish's places (its tenant's and its caller's) back when its
+/// wait ends.
+struct WaitingPlace {
+    tenant: Arc<AtomicUsize>,
+    callers: Arc<parking_lot::Mutex<HashMap<CallerKey, usize>>>,
+    caller: CallerKey,
+}
 
 impl Drop for WaitingPlace {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.tenant.fetch_sub(1, Ordering::AcqRel);
+        let mut callers = self.callers.lock();
+        if let Some(n) = callers.get_mut(&self.caller) {
+            *n -= 1;
+            if *n == 0 {
+                callers.remove(&self.caller);
+            }
+        }
     }
 }
 
@@ -324,6 +415,21 @@ impl Groups {
         self.send_to(tenant, group, Input::Pull(pull)).await
     }
 
+    /// A place for one more pull of `connection` that may wait, or `None` when it has
+    /// [`CONNECTION_PULLS`] already.
+    pub fn pull_place(&self, connection: u64) -> Option<PullPlace> {
+        let mut pulls = self.pulls.lock();
+        let n = pulls.entry(connection).or_default();
+        if *n >= CONNECTION_PULLS {
+            return None;
+        }
+        *n += 1;
+        Some(PullPlace {
+            counts: Arc::clone(&self.pulls),
+            connection,
+        })
+    }
+
     /// A running group's live counts: members, pending, in flight, redelivered, dead
     /// letters, the last dead letters and, with `laggiest`, the laggiest subjects.
     pub async fn info(
@@ -347,27 +453,51 @@ impl Groups {
     /// is room, so an ack costs no task; behind the group's overflow otherwise, which
     /// one task moves into the queue in order, so one connection's acks reach the
     /// group in the order it sent them.
-    fn hand(&self, tenant: &str, group: &str, input: Input) -> Handed {
+    /// Only when `may_read` allows the group's pattern: an ack needs the right a
+    /// pull needs, checked here, on the group it goes to, without reading the store.
+    fn hand(
+        &self,
+        tenant: &str,
+        group: &str,
+        may_read: impl FnOnce(&str) -> bool,
+        input: Input,
+    ) -> Handed {
         match self.handle(tenant, group) {
+            Some(handle) if !may_read(&handle.text) => Handed::Denied,
             Some(handle) => handle.offer(input),
             None => Handed::NotRunning,
         }
     }
 
-    /// Hands an ack (or nack, in-progress, term) to its group.
-    pub fn reply(&self, tenant: &str, group: &str, reply: Reply) -> Handed {
-        self.hand(tenant, group, Input::Reply(reply))
+    /// Hands an ack (or nack, in-progress, term) to its group, if `may_read` allows
+    /// the group's pattern.
+    pub fn reply(
+        &self,
+        tenant: &str,
+        group: &str,
+        may_read: impl FnOnce(&str) -> bool,
+        reply: Reply,
+    ) -> Handed {
+        self.hand(tenant, group, may_read, Input::Reply(reply))
     }
 
-    /// Hands a JetStream ack to its group.
-    pub fn jetstream_reply(&self, tenant: &str, group: &str, reply: JetStreamReply) -> Handed {
-        self.hand(tenant, group, Input::JetStreamReply(reply))
+    /// Hands a JetStream ack to its group, if `may_read` allows the group's pattern.
+    pub fn jetstream_reply(
+        &self,
+        tenant: &str,
+        group: &str,
+        may_read: impl FnOnce(&str) -> bool,
+        reply: JetStreamReply,
+    ) -> Handed {
+        self.hand(tenant, group, may_read, Input::JetStreamReply(reply))
     }
 
     /// Calls `answer` once every group in `awaiting` has passed `version` of `subject`
     /// (acked or ended it), or at once for a group that cannot (unknown, not matching
     /// the subject, without live members), or when the wait runs out: with the groups
-    /// that passed and those that did not. Never waits itself.
+    /// that passed and those that did not. Never waits itself. A group the wait's
+    /// caller may not read is answered as unknown, whatever it is; a wait counts
+    /// against its tenant's places and its caller's.
     pub fn await_passing(
         &self,
         tenant: &str,
@@ -379,8 +509,12 @@ impl Groups {
         let parsed = canopy_subjects::Subject::parse_native(&subject).ok();
         let mut slots: Vec<Slot> = Vec::new();
         let mut targets = Vec::new();
+        let caller = awaiting.caller.as_ref();
         for name in &awaiting.groups {
-            let result = match self.handle(tenant, name) {
+            let readable = self
+                .handle(tenant, name)
+                .filter(|handle| caller.is_some_and(|c| c.may_read(&handle.text)));
+            let result = match readable {
                 None => Some(Err(Missed::NoSuchGroup)),
                 Some(handle)
                     if !parsed
@@ -396,17 +530,15 @@ impl Groups {
             };
             slots.push((name.clone(), result));
         }
-        if targets.is_empty() {
+        // A caller is there whenever a group is a target.
+        let (false, Some(caller)) = (targets.is_empty(), caller) else {
             answer(outcome_of(slots, Missed::TimedOut));
             return;
-        }
-        let count = Arc::clone(self.waiting.lock().entry(Arc::from(tenant)).or_default());
-        if count.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING {
-            count.fetch_sub(1, Ordering::AcqRel);
+        };
+        let Some(place) = self.waiting_place(tenant, caller.key()) else {
             answer(outcome_of(slots, Missed::TooManyWaiting));
             return;
-        }
-        let place = WaitingPlace(count);
+        };
         let deadline = tokio::time::Instant::now() + awaiting.timeout;
         tokio::spawn(async move {
             let _place = place;
@@ -446,6 +578,30 @@ impl Groups {
         });
     }
 
+    /// A place for one more wait of `caller` in `tenant`, or `None` when either has
+    /// all it may.
+    fn waiting_place(&self, tenant: &str, caller: CallerKey) -> Option<WaitingPlace> {
+        let count = Arc::clone(self.waiting.lock().entry(Arc::from(tenant)).or_default());
+        if count.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING {
+            count.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        let mut callers = self.callers.lock();
+        let n = callers.entry(caller.clone()).or_default();
+        if *n >= CALLER_WAITING {
+            drop(callers);
+            count.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        *n += 1;
+        drop(callers);
+        Some(WaitingPlace {
+            tenant: count,
+            callers: Arc::clone(&self.callers),
+            caller,
+        })
+    }
+
     /// Starts a group's task (a group of that name already running is stopped first).
     pub fn start(
         &self,
@@ -465,6 +621,7 @@ impl Groups {
         let handle = Arc::new(Handle {
             name: spec.name.clone(),
             pattern: pattern.clone(),
+            text: Arc::from(spec.pattern.as_str()),
             tx,
             lagging: Arc::clone(&lagging),
             stopped: Arc::clone(&stopped),
@@ -489,6 +646,7 @@ impl Groups {
             awaits: HashMap::new(),
             touched: Vec::new(),
             clock: broker.clock().clone(),
+            scan: Scan::Wanted,
         };
         self.edit(tenant, |list| {
             stop_named(list, &handle.name);
@@ -606,6 +764,7 @@ struct GroupTask {
     /// Subjects whose cursor may have moved this turn, while anything waits.
     touched: Vec<Arc<str>>,
     clock: crate::clock::Clock,
+    scan: Scan,
 }
 
 impl GroupTask {
@@ -616,20 +775,14 @@ impl GroupTask {
         }
         let mut flush = tokio::time::interval(CURSOR_FLUSH);
         flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The walk over the store's subjects, a page per turn, so pulls and acks are
-        // answered while a large group is still finding its subjects.
-        let mut scanning: Option<Option<String>> = Some(None);
         'run: loop {
-            if let Some(after) = scanning.take() {
-                match self.scan_page(after.as_deref()).await {
-                    Ok(next) => scanning = next.map(Some),
-                    Err(error) => {
-                        tracing::warn!(group = %self.spec.name, %error, "a group could not read its subjects");
-                    }
-                }
+            // The walk over the store's subjects, a page per turn, so pulls and acks
+            // are answered while a large group is still finding its subjects.
+            if matches!(self.scan, Scan::Walking(_)) {
+                self.walk_one_page().await;
                 for _ in 0..QUEUE {
                     match rx.try_recv() {
-                        Ok(input) => self.take_input(input).await,
+                        Ok(input) => self.take_demanded(input).await,
                         Err(mpsc::error::TryRecvError::Empty) => break,
                         // Deleted while still walking: its pulls are ended below.
                         Err(mpsc::error::TryRecvError::Disconnected) => break 'run,
@@ -658,12 +811,12 @@ impl GroupTask {
             tokio::select! {
                 input = rx.recv() => match input {
                     Some(input) => {
-                        self.take_input(input).await;
+                        self.take_demanded(input).await;
                         // Take what else is queued, so one durable barrier below
                         // covers a whole burst of new messages, not one each.
                         for _ in 0..QUEUE {
                             let Ok(input) = rx.try_recv() else { break };
-                            self.take_input(input).await;
+                            self.take_demanded(input).await;
                         }
                     }
                     None => break,
@@ -684,7 +837,13 @@ impl GroupTask {
             }
             self.take_observed().await;
             if self.lagging.swap(false, Ordering::AcqRel) {
-                scanning = Some(None);
+                // Messages were dropped: walk again, now if anyone consumes, else
+                // when someone asks.
+                self.scan = if self.members.is_empty() && self.waiting.is_empty() {
+                    Scan::Wanted
+                } else {
+                    Scan::Walking(None)
+                };
             }
             self.serve_waiting().await;
             self.settle_awaits();
@@ -692,6 +851,37 @@ impl GroupTask {
         self.flush().await;
         for waiting in std::mem::take(&mut self.waiting) {
             self.end(&waiting.pull, 0, EndOfPull::Deleted);
+        }
+    }
+
+    /// Takes an input; one that needs the group's subjects (a pull, an info, a
+    /// wait) starts the walk over them if it has not run since the start, with its
+    /// first page read before the input is answered.
+    async fn take_demanded(&mut self, input: Input) {
+        if self.scan == Scan::Wanted
+            && matches!(input, Input::Pull(_) | Input::Info { .. } | Input::Await(_))
+        {
+            self.scan = Scan::Walking(None);
+            self.walk_one_page().await;
+        }
+        self.take_input(input).await;
+    }
+
+    /// One step of the walk over the group's subjects.
+    async fn walk_one_page(&mut self) {
+        let Scan::Walking(after) = &self.scan else {
+            return;
+        };
+        let after = after.clone();
+        match self.scan_page(after.as_deref()).await {
+            Ok(Some(next)) => self.scan = Scan::Walking(Some(next)),
+            Ok(None) => self.scan = Scan::Done,
+            Err(error) => {
+                // Tried again at the next demand, not in a loop against a failing
+                // store.
+                self.scan = Scan::Wanted;
+                tracing::warn!(group = %self.spec.name, %error, "a group could not read its subjects");
+            }
         }
     }
 
@@ -736,11 +926,19 @@ impl GroupTask {
                     };
                     self.end(&pull, sent, end);
                 } else if self.waiting.len() >= WAITING_PULLS {
-                    let end = match jetstream {
-                        None => EndOfPull::Done,
-                        Some(_) => EndOfPull::TooManyWaiting,
-                    };
-                    self.end(&pull, sent, end);
+                    match jetstream {
+                        // It sent nothing (it would not wait otherwise): refused.
+                        None => self.refuse_with(
+                            &pull,
+                            429,
+                            &format!(
+                                "group {} has {WAITING_PULLS} pulls waiting already; retry \
+                                 later, or pull without waiting",
+                                self.spec.name
+                            ),
+                        ),
+                        Some(_) => self.end(&pull, sent, EndOfPull::TooManyWaiting),
+                    }
                 } else {
                     let now = tokio::time::Instant::now();
                     let next_heartbeat =
@@ -875,12 +1073,20 @@ impl GroupTask {
             return;
         }
         let now = self.clock.now_ms();
+        // A dropped message sets the flag before anything offered after it, so a
+        // group that sees it clear has every message since its walk.
+        let complete = self.scan == Scan::Done && !self.lagging.load(Ordering::Acquire);
         for (subject, version) in std::mem::take(&mut self.observed) {
             if self.before_start(now) {
                 self.dispatcher.pass_over(&subject, version, now);
                 continue;
             }
-            if self.dispatcher.cursor(&subject).is_none() && self.spec.start != StartAt::All {
+            // Untracked after a whole walk with nothing dropped since: this is the
+            // subject's first version since the start, and nothing older is owed.
+            if self.dispatcher.cursor(&subject).is_none()
+                && self.spec.start != StartAt::All
+                && !complete
+            {
                 match self.first_version(&subject, version).await {
                     Ok(first) => self
                         .dispatcher
@@ -895,16 +1101,12 @@ impl GroupTask {
         }
     }
 
-    /// Reads the group's cursors (the subjects its pattern matches are walked by the
-    /// run loop).
+    /// Reads the group's cursors, one range read; their subjects' heads come with the
+    /// walk over the subjects, or with their next message.
     async fn load(&mut self) -> Result<(), StoreError> {
+        let _pace = CATCH_UP.acquire().await;
         for (subject, acked) in self.store.cursors(&self.tenant, &self.spec.name).await? {
-            let head = self
-                .store
-                .get(&self.tenant, &subject, None)
-                .await?
-                .map_or(acked, |m| m.version);
-            self.dispatcher.restore(Arc::from(subject), acked, head);
+            self.dispatcher.restore(Arc::from(subject), acked, acked);
         }
         Ok(())
     }
@@ -912,13 +1114,21 @@ impl GroupTask {
     /// Tells the dispatcher the heads of one page of the subjects the pattern
     /// matches, after `after`; returns where the next page starts, if any.
     async fn scan_page(&mut self, after: Option<&str>) -> Result<Option<String>, StoreError> {
+        let _pace = CATCH_UP.acquire().await;
+        self.count_catch_up_read();
         let page = self
             .store
             .subjects(&self.tenant, &self.pattern, after, SCAN_PAGE)
             .await?;
+        let since = self.since();
         for head in page.subjects {
             let subject: Arc<str> = Arc::from(head.subject.as_str());
             if self.dispatcher.cursor(&subject).is_none() {
+                // Nothing of it is the group's: not tracked at all, and not read. Its
+                // next message finds the first version owed then.
+                if since.is_some_and(|since| head.time_ms < since) {
+                    continue;
+                }
                 let first = match self.spec.start {
                     StartAt::All => 1,
                     _ => self.first_version(&subject, head.version).await?,
@@ -936,6 +1146,21 @@ impl GroupTask {
         Ok(page.next)
     }
 
+    fn count_catch_up_read(&self) {
+        if let Some(broker) = self.broker.upgrade() {
+            broker.metrics().count_group_catch_up_read();
+        }
+    }
+
+    /// When the group's messages begin, unless it takes every stored one.
+    fn since(&self) -> Option<u64> {
+        match self.spec.start {
+            StartAt::All => None,
+            StartAt::Time(ms) => Some(ms),
+            StartAt::New => Some(self.created_ms),
+        }
+    }
+
     /// Whether the group's start time is still ahead at `now`: what is stored now is
     /// before it.
     fn before_start(&self, now: u64) -> bool {
@@ -950,6 +1175,7 @@ impl GroupTask {
             StartAt::Time(ms) => ms,
             StartAt::New => self.created_ms,
         };
+        self.count_catch_up_read();
         let page = self
             .store
             .replay_subject(&self.tenant, subject, ReplayFrom::Time(since), 1, 1 << 20)
@@ -1134,12 +1360,18 @@ impl GroupTask {
 
     /// Answers a pull with an error (409) instead of messages.
     fn refuse(&self, pull: &Pull, description: &str) {
+        self.refuse_with(pull, 409, description);
+    }
+
+    /// Answers a pull with an error instead of messages: `code` for a Canopy pull,
+    /// 409 for a JetStream one (the status its clients know).
+    fn refuse_with(&self, pull: &Pull, code: u16, description: &str) {
         let Some(broker) = self.broker.upgrade() else {
             return;
         };
         match &pull.style {
             PullStyle::Canopy => Answer::new(broker, Arc::clone(&pull.routes), pull.reply.clone())
-                .error(409, description),
+                .error(code, description),
             PullStyle::JetStream { .. } => {
                 let block = jetstream::status_block(409, description, None);
                 send(&broker, &pull.routes, &pull.reply, None, Some(&block), b"");
@@ -1348,6 +1580,7 @@ mod tests {
         let handle = Arc::new(Handle {
             name: "g".into(),
             pattern: Pattern::parse_native("orders.>").unwrap(),
+            text: Arc::from("orders.>"),
             tx,
             lagging: Arc::default(),
             stopped: Arc::default(),

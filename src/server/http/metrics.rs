@@ -127,7 +127,7 @@ fn render_server_wide(out: &mut String, state: &HttpState) {
             })
             .collect::<Vec<_>>(),
     );
-    let counters: [(&str, &str, u64); 9] = [
+    let counters: [(&str, &str, u64); 10] = [
         (
             "canopy_connections_total",
             "Client connections accepted since start.",
@@ -167,6 +167,11 @@ fn render_server_wide(out: &mut String, state: &HttpState) {
             "canopy_password_checks_total",
             "Password verifications of logins, an unknown user's included.",
             snap.password_checks,
+        ),
+        (
+            "canopy_group_catch_up_reads_total",
+            "Store reads consumer groups made to catch up (subject pages walked, starts found).",
+            snap.group_catch_up_reads,
         ),
         (
             "canopy_dropped_total",

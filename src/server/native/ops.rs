@@ -162,7 +162,7 @@ impl Connection {
         });
         match taken {
             Ok(_) => Ok(()),
-            Err(refused) => self.refuse_publish(refused),
+            Err(refused) => self.refuse_publish(subject, refused),
         }
     }
 
@@ -170,8 +170,8 @@ impl Connection {
     /// stored): an error ack when it waits for the store's ack, as the store itself
     /// would answer, else the NATS error; too large a message closes the
     /// connection, as in NATS.
-    pub(super) fn refuse_publish(&mut self, refused: Refused) -> Result<(), Close> {
-        let text = nats_text(&refused.refusal);
+    pub(super) fn refuse_publish(&mut self, subject: &str, refused: Refused) -> Result<(), Close> {
+        let text = nats_text(subject, &refused.refusal);
         if let Refusal::TooLarge { .. } = refused.refusal {
             self.error(&text);
             return Err(Close::Fatal("maximum payload violation"));
@@ -312,8 +312,8 @@ impl Connection {
     }
 }
 
-/// The NATS `-ERR` text for a refused publish.
-fn nats_text(refusal: &Refusal) -> String {
+/// The NATS `-ERR` text for a refused publish to `subject`.
+fn nats_text(subject: &str, refusal: &Refusal) -> String {
     match refusal {
         Refusal::InvalidSubject(_) => "Invalid Publish Subject".to_owned(),
         Refusal::Reserved(subject) => crate::tenancy::Denied::Publish(subject.clone()).to_string(),
@@ -321,14 +321,39 @@ fn nats_text(refusal: &Refusal) -> String {
         Refusal::TooLarge { .. } => "Maximum Payload Violation".to_owned(),
         Refusal::OverQuota(exceeded) => format!("Quota Exceeded: {exceeded}"),
         Refusal::BadHeader(why) => format!("Invalid Canopy Header: {why}"),
-        // One line between the quotes, whatever the schema's message quotes.
-        Refusal::Invalid(_) => format!("Invalid Message: {refusal}")
-            .chars()
-            .map(|c| match c {
-                '\'' => '"',
-                c if c.is_control() => ' ',
-                c => c,
-            })
-            .collect(),
+        Refusal::Invalid(_) => schema_refusal(subject, refusal),
     }
+}
+
+/// The most bytes of a schema refusal's `-ERR` text: NATS clients read control lines
+/// of up to 4 KiB.
+const MAX_SCHEMA_REFUSAL: usize = 1024;
+
+/// A schema refusal worded as a publish permissions violation: the one `-ERR` that
+/// nats-py and nats.go take without closing the connection for good (nats.js keeps
+/// it open on any), so the client hears why and goes on. One line between the
+/// quotes whatever the schema's message quotes, bounded, and without the phrases
+/// for which nats-py closes whatever the line starts with.
+fn schema_refusal(subject: &str, refusal: &Refusal) -> String {
+    let mut text = String::new();
+    let full = format!("Permissions Violation for Publish to \"{subject}\": {refusal}");
+    for c in full.chars() {
+        let c = match c {
+            '\'' => '"',
+            c if c.is_control() => ' ',
+            c => c,
+        };
+        if text.len() + c.len_utf8() > MAX_SCHEMA_REFUSAL {
+            break;
+        }
+        text.push(c);
+    }
+    for phrase in ["stale connection", "authorization violation"] {
+        // Lowercasing ASCII keeps every byte where it was.
+        while let Some(at) = text.to_ascii_lowercase().find(phrase) {
+            let space = at + phrase.find(' ').unwrap_or_default();
+            text.replace_range(space..=space, "_");
+        }
+    }
+    text
 }
