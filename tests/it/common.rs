@@ -466,6 +466,16 @@ pub async fn list_subjects(client: &async_nats::Client, pattern: &str) -> Vec<se
     panic!("subject listing never ended");
 }
 
+/// An API answer's `Canopy-Status`, 200 when it has none.
+pub fn status_of(answer: &async_nats::Message) -> u16 {
+    answer
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Canopy-Status"))
+        .and_then(|v| v.as_str().parse().ok())
+        .unwrap_or(200)
+}
+
 /// Calls `$CANOPY.<api>`; returns the status (200 when the answer has none) and the
 /// body, which must never hold a password hash.
 pub async fn api(
@@ -480,12 +490,7 @@ pub async fn api(
     .await
     .expect("answered in time")
     .expect("answered");
-    let status = answer
-        .headers
-        .as_ref()
-        .and_then(|h| h.get("Canopy-Status"))
-        .and_then(|v| v.as_str().parse().ok())
-        .unwrap_or(200);
+    let status = status_of(&answer);
     let text = String::from_utf8_lossy(&answer.payload).into_owned();
     assert!(
         !text.contains("$argon2"),
@@ -595,80 +600,4 @@ pub async fn request_then_marker(
     let late = tokio::time::timeout(std::time::Duration::from_millis(300), replies.next()).await;
     assert!(late.is_err(), "a further reply arrived: {late:?}");
     (answers, acks)
-}
-
-/// A server that requires logins, with tenants and users made by the default
-/// tenant's administrator before logins were turned on, each user with a bearer token
-/// (no password hashing: fast in debug builds).
-pub struct LoginServer {
-    pub server: RunningServer,
-    /// Bearer tokens by `name@tenant`.
-    tokens: std::collections::HashMap<String, String>,
-    _dir: tempfile::TempDir,
-}
-
-/// A user to make: its tenant, its name, and its rules (`None`: no rules).
-pub type NewUser<'a> = (&'a str, &'a str, Option<serde_json::Value>);
-
-impl LoginServer {
-    /// Creates `tenants` (with `{"name": …}` bodies, or whole `tenant.create` bodies),
-    /// `ops` in the default tenant and `users`, then restarts the server on `config`
-    /// (its store replaced by a fresh local folder) with `authz.require_login`.
-    pub async fn start(
-        mut config: Config,
-        tenants: &[serde_json::Value],
-        users: &[NewUser<'_>],
-    ) -> LoginServer {
-        let dir = tempfile::tempdir().expect("tempdir");
-        config.store.url = format!("file://{}", dir.path().display());
-        let server = start(config.clone()).await;
-        let admin = async_nats::connect(server.native_url())
-            .await
-            .expect("connect before logins are required");
-        for tenant in tenants {
-            let (status, body) = api(&admin, "tenant.create", tenant.clone()).await;
-            assert_eq!(status, 200, "tenant.create {tenant}: {body}");
-        }
-        let mut tokens = std::collections::HashMap::new();
-        let everyone = users
-            .iter()
-            .map(|(t, n, p)| (*t, *n, p.clone()))
-            .chain([("default", "ops", None)]);
-        for (tenant, name, permissions) in everyone {
-            let mut body = serde_json::json!({"tenant": tenant, "name": name});
-            if let Some(permissions) = permissions {
-                body["permissions"] = permissions;
-            }
-            let (status, created) = api(&admin, "user.create", body).await;
-            assert_eq!(status, 200, "user.create {name}@{tenant}: {created}");
-            tokens.insert(
-                format!("{name}@{tenant}"),
-                issue_token(&admin, tenant, name).await,
-            );
-        }
-        drop(admin);
-        server.stop().await;
-        config.authz.require_login = true;
-        LoginServer {
-            server: start(config).await,
-            tokens,
-            _dir: dir,
-        }
-    }
-
-    pub fn token(&self, who: &str) -> &str {
-        self.tokens
-            .get(who)
-            .unwrap_or_else(|| panic!("no user {who}"))
-    }
-
-    /// A native client logged in as `who` (`name@tenant`).
-    pub async fn native(&self, who: &str) -> async_nats::Client {
-        async_nats::ConnectOptions::with_token(self.token(who).to_owned())
-            .max_reconnects(Some(0))
-            .connection_timeout(Duration::from_secs(10))
-            .connect(self.server.native_url())
-            .await
-            .unwrap_or_else(|e| panic!("{who} logs in over the native protocol: {e}"))
-    }
 }

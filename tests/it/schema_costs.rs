@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::common::{api, start_default};
+use crate::common::{api, start_default, status_of};
 use crate::logins::Logins;
 
 /// The generous bound on one round trip of a tenant beside the costly work: far
@@ -32,12 +32,7 @@ async fn put(client: &async_nats::Client, body: Value) -> (u16, Value) {
     .await
     .expect("the put is answered within a minute")
     .expect("answered");
-    let status = answer
-        .headers
-        .as_ref()
-        .and_then(|h| h.get("Canopy-Status"))
-        .and_then(|v| v.as_str().parse().ok())
-        .unwrap_or(200);
+    let status = status_of(&answer);
     let value = serde_json::from_slice(&answer.payload).expect("JSON answer");
     (status, value)
 }

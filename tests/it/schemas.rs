@@ -1236,16 +1236,7 @@ async fn the_schema_header_is_the_servers_own() {
 /// if the server had set it.
 #[tokio::test]
 async fn a_forged_schema_header_does_not_reach_live_subscribers() {
-    let mut config = test_config();
-    config.store.policies.insert(
-        0,
-        canopy::config::StorePolicy {
-            pattern: "live.>".into(),
-            store: false,
-            ..canopy::config::StorePolicy::default()
-        },
-    );
-    let server = start(config).await;
+    let server = start(live_unstored()).await;
     let client = connect(&server).await;
     bind(&client, "live.*", temp_schema()).await;
     let mut sub = watch(&client, "live.>").await;
@@ -1976,9 +1967,8 @@ async fn a_tenants_schemas_together_are_bounded() {
 // ---------------------------------------------------------------------------------
 // NATS clients from other projects, refused by a schema
 
-/// A server with `temp_schema` bound to `devices.*.temp` (stored) and `live.*` (not
-/// stored, so a request there hears the refusal as `-ERR`, not as an error ack).
-async fn refusing_server() -> canopy::server::RunningServer {
+/// The test config with `live.>` not stored.
+fn live_unstored() -> canopy::config::Config {
     let mut config = test_config();
     config.store.policies.insert(
         0,
@@ -1988,7 +1978,13 @@ async fn refusing_server() -> canopy::server::RunningServer {
             ..canopy::config::StorePolicy::default()
         },
     );
-    let server = start(config).await;
+    config
+}
+
+/// A server with `temp_schema` bound to `devices.*.temp` (stored) and `live.*` (not
+/// stored, so a request there hears the refusal as `-ERR`, not as an error ack).
+async fn refusing_server() -> canopy::server::RunningServer {
+    let server = start(live_unstored()).await;
     let client = connect(&server).await;
     bind(&client, "devices.*.temp", temp_schema()).await;
     bind(&client, "live.*", temp_schema()).await;

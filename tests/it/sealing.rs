@@ -10,25 +10,15 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::common::{
-    LoginServer, WAIT, api, local_folder_config, publish_acked, start, test_config,
-};
+use crate::common::{WAIT, api, local_folder_config, publish_acked, start, status_of, test_config};
+use crate::logins::{Logins, UserSpec};
 
 /// How long a subscriber is watched to show that nothing arrives.
 const QUIET: Duration = Duration::from_millis(300);
 
-fn status_of(message: &async_nats::Message) -> u16 {
-    message
-        .headers
-        .as_ref()
-        .and_then(|h| h.get("Canopy-Status"))
-        .and_then(|v| v.as_str().parse().ok())
-        .unwrap_or(200)
-}
-
 /// `dave@acme` may publish only under `dave.>` (and call the API), subscribe only
 /// there; `admin@acme` may do anything.
-fn dave_and_admin() -> Vec<crate::common::NewUser<'static>> {
+fn dave_and_admin() -> Vec<UserSpec<'static>> {
     vec![
         (
             "acme",
@@ -44,7 +34,7 @@ fn dave_and_admin() -> Vec<crate::common::NewUser<'static>> {
 
 #[tokio::test]
 async fn an_answer_goes_only_where_its_caller_may_publish() {
-    let f = LoginServer::start(test_config(), &[json!({"name": "acme"})], &dave_and_admin()).await;
+    let f = Logins::start(&["acme"], &dave_and_admin()).await;
     let admin = f.native("admin@acme").await;
     let mut sensor = admin
         .subscribe("commands.>")
@@ -147,12 +137,7 @@ async fn an_answer_goes_only_where_its_caller_may_publish() {
 #[tokio::test]
 async fn api_calls_one_tenant_parks_leave_the_others_answered() {
     let users = vec![("acme", "mallory", None), ("beta", "carol", None)];
-    let f = LoginServer::start(
-        test_config(),
-        &[json!({"name": "acme"}), json!({"name": "beta"})],
-        &users,
-    )
-    .await;
+    let f = Logins::start(&["acme", "beta"], &users).await;
     let mallory = f.native("mallory@acme").await;
     let carol = f.native("carol@beta").await;
     publish_acked(&carol, "beta.x", "1").await;
@@ -207,12 +192,11 @@ async fn api_calls_one_tenant_parks_leave_the_others_answered() {
 
 #[tokio::test]
 async fn a_tenant_record_sets_its_own_api_call_limit() {
-    let f = LoginServer::start(
-        test_config(),
-        &[json!({"name": "small", "limits": {"max_api_calls": 2}})],
-        &[("small", "sam", None)],
-    )
-    .await;
+    let f = Logins::start(&["small"], &[("small", "sam", None)]).await;
+    let admin = f.native("admin@default").await;
+    let limits = json!({"name": "small", "limits": {"max_api_calls": 2}});
+    let (status, body) = api(&admin, "tenant.update", limits).await;
+    assert_eq!(status, 200, "{body}");
     let sam = f.native("sam@small").await;
     let inbox = sam.new_inbox();
     let mut answers = sam.subscribe(format!("{inbox}.*")).await.expect("sub");
@@ -244,12 +228,7 @@ async fn a_tenant_record_sets_its_own_api_call_limit() {
 async fn an_api_list_pages_within_max_payload() {
     let mut config = test_config();
     config.native.max_payload = 4096;
-    let f = LoginServer::start(
-        config,
-        &[json!({"name": "acme"})],
-        &[("acme", "admin", None)],
-    )
-    .await;
+    let f = Logins::start_with(config, &["acme"], &[("acme", "admin", None)]).await;
     let admin = f.native("admin@acme").await;
     let long = "x".repeat(200);
     for i in 0..60 {
