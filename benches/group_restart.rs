@@ -2,12 +2,12 @@
 //! what does it cost the machine, and does another tenant notice?
 //!
 //!     cargo bench --bench group_restart
-//!     GROUPS=3000 SUBJECTS=20000 SECS=60 cargo bench --bench group_restart
+//!     GROUP_COUNT=3000 SUBJECTS=20000 SECS=60 cargo bench --bench group_restart
 //!     CANOPY_BIN=/path/to/an/older/canopy cargo bench --bench group_restart
 //!
 //! It starts the release `canopy` binary on free loopback ports (logins required, the
-//! store on a fresh folder), creates tenants `acme` (room for GROUPS groups) and
-//! `beta`, stores one message on each of SUBJECTS subjects of acme, creates GROUPS
+//! store on a fresh folder), creates tenants `acme` (room for GROUP_COUNT groups) and
+//! `beta`, stores one message on each of SUBJECTS subjects of acme, creates GROUP_COUNT
 //! groups over them (`start: new`, the default), stops the server with SIGTERM and
 //! starts it again on the same folder. Then, with no client asking anything of the
 //! groups, it measures for SECS seconds the server's CPU time (from /proc) and beta's
@@ -93,7 +93,7 @@ fn percentile(mut samples: Vec<f64>, p: f64) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let groups = env_u64("GROUPS", 3_000);
+    let groups = env_u64("GROUP_COUNT", 3_000);
     let subjects = env_u64("SUBJECTS", 20_000);
     let secs = env_u64("SECS", 60);
     let dir = tempfile::tempdir().expect("tempdir");

@@ -482,6 +482,11 @@ impl Dispatcher {
         self.timers.first().map(|t| t.0)
     }
 
+    /// Whether any cursor moved since [`Dispatcher::take_cursors`].
+    pub fn has_moved(&self) -> bool {
+        !self.moved.is_empty()
+    }
+
     /// The subjects whose cursors moved since the last call, with their cursors: what
     /// the store must write.
     pub fn take_cursors(&mut self) -> Vec<(Arc<str>, u64)> {

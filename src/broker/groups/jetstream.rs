@@ -121,6 +121,11 @@ impl Sequences {
         self.outstanding.retain(|_, d| dispatcher.outstanding(d));
     }
 
+    /// Whether no delivery is outstanding.
+    pub fn is_empty(&self) -> bool {
+        self.outstanding.is_empty()
+    }
+
     /// The last sequence issued.
     pub fn last(&self) -> u64 {
         self.last

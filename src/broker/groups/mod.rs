@@ -825,7 +825,9 @@ impl GroupTask {
                     let dead = self.dispatcher.tick(self.clock.now_ms());
                     self.dead_letters(dead).await;
                 }
-                _ = flush.tick() => {
+                // An idle group has nothing to flush, forget or prune: it does not
+                // wake at all, so thousands of them cost nothing.
+                _ = flush.tick(), if self.has_housekeeping() => {
                     self.flush().await;
                     self.forget_idle_members();
                     self.sequences.prune(&self.dispatcher);
@@ -852,6 +854,15 @@ impl GroupTask {
         for waiting in std::mem::take(&mut self.waiting) {
             self.end(&waiting.pull, 0, EndOfPull::Deleted);
         }
+    }
+
+    /// Whether the periodic flush has anything to do: cursors that moved, members
+    /// that may go idle, deliveries' sequences to prune, waits to drop.
+    fn has_housekeeping(&self) -> bool {
+        self.dispatcher.has_moved()
+            || !self.members.is_empty()
+            || !self.sequences.is_empty()
+            || !self.awaits.is_empty()
     }
 
     /// Takes an input; one that needs the group's subjects (a pull, an info, a
