@@ -108,6 +108,10 @@ pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
     let mut answer = Answer::new(Arc::clone(&broker), Arc::clone(&call.routes), reply);
     let slot = match call.routes.quota.api_call() {
         Ok(slot) => slot,
+        Err(exceeded) if call.operation.starts_with(jetstream::API_PREFIX) => {
+            jetstream::JsError::answer_busy(&call.operation, &mut answer, &exceeded.to_string());
+            return;
+        }
         Err(exceeded) => {
             answer.error(429, &exceeded.to_string());
             return;

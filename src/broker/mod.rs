@@ -194,7 +194,7 @@ impl Broker {
                     .iter()
                     .map(|r| (r.pattern.as_str(), r.version, &r.record[..])),
                 |pattern, error| {
-                    tracing::warn!(tenant = %tenant.name, pattern, %error, "a stored schema cannot be used; its subjects are not checked");
+                    tracing::warn!(tenant = %tenant.name, pattern, %error, "a stored schema cannot be used; its subjects are refused until it is put again");
                 },
             );
             if !bindings.is_empty() {

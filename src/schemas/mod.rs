@@ -140,6 +140,10 @@ pub struct Binding {
     pub schema_bytes: usize,
     /// What its regular expressions compile to.
     pub regex: patterns::Cost,
+    /// Why a stored version no longer compiles (a pattern the linear-time engine
+    /// cannot run, bound before it was refused at put): every payload is then refused
+    /// with this, rather than the subjects going unchecked.
+    unusable: Option<String>,
 }
 
 impl std::fmt::Debug for Binding {
@@ -219,7 +223,24 @@ impl Binding {
             header_block,
             schema_bytes,
             regex,
+            unusable: None,
         })
+    }
+
+    /// A stored version that no longer compiles, kept bound so that its subjects fail
+    /// closed: every payload is refused with `why` until the schema is put again.
+    pub fn unusable(
+        pattern: &str,
+        version: u32,
+        stored: StoredVersion,
+        why: String,
+    ) -> Result<Self, SchemaError> {
+        let mut stand_in = stored.clone();
+        stand_in.schema = Some(Value::Bool(false));
+        let mut binding = Self::new(pattern, version, stand_in)?;
+        binding.stored = stored;
+        binding.unusable = Some(why);
+        Ok(binding)
     }
 
     /// The value of the [`SCHEMA_HEADER`] it gives messages.
@@ -229,6 +250,15 @@ impl Binding {
 
     /// Checks a payload: JSON, and valid under the schema.
     pub fn check(&self, payload: &[u8]) -> Result<(), Violation> {
+        if let Some(why) = &self.unusable {
+            return Err(Violation {
+                path: String::new(),
+                message: format!(
+                    "schema {}@{} can no longer be checked ({why}): put it again",
+                    self.pattern, self.version
+                ),
+            });
+        }
         let document: Value = serde_json::from_slice(payload).map_err(|e| Violation {
             path: String::new(),
             message: format!("the payload is not JSON: {e}"),
@@ -437,9 +467,15 @@ pub fn current_bindings<'r>(
             skipped(pattern, "a version past u32");
             continue;
         };
-        match Binding::new(pattern, version, stored) {
+        match Binding::new(pattern, version, stored.clone()) {
             Ok(binding) => all.push(Arc::new(binding)),
-            Err(error) => skipped(pattern, &error.to_string()),
+            Err(error) => {
+                skipped(pattern, &error.to_string());
+                if let Ok(binding) = Binding::unusable(pattern, version, stored, error.to_string())
+                {
+                    all.push(Arc::new(binding));
+                }
+            }
         }
     }
     Bindings::new(all)

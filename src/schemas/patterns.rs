@@ -54,18 +54,35 @@ pub struct Cost {
 pub fn measure(schema: &Value) -> Result<Cost, SchemaError> {
     let mut found = Vec::new();
     collect(schema, &mut String::from("#"), &mut found);
+    // A `$ref` may point anywhere in the document, a value's place included, and the
+    // validator compiles what it points at: patterns there are measured too (counting
+    // too much is safe), though one the engine cannot run is no error there (a data
+    // value; were it referenced, the validator's own compile would refuse it).
+    let mut elsewhere = Vec::new();
+    collect_elsewhere(schema, &mut String::from("#"), &mut elsewhere);
     let mut seen = HashSet::new();
     let mut cost = Cost::default();
-    for (at, pattern) in found {
+    for (at, pattern, in_schema) in found
+        .into_iter()
+        .map(|(at, p)| (at, p, true))
+        .chain(elsewhere.into_iter().map(|(at, p)| (at, p, false)))
+    {
         if !seen.insert(pattern) {
             continue;
         }
+        let bytes = match compiled_size(pattern) {
+            Ok(bytes) => bytes,
+            Err(_) if !in_schema => continue,
+            Err(why) => {
+                return Err(SchemaError::Regex {
+                    at: at.clone(),
+                    pattern: shortened(pattern),
+                    why,
+                });
+            }
+        };
         cost.count += 1;
-        cost.bytes += compiled_size(pattern).map_err(|why| SchemaError::Regex {
-            at: at.clone(),
-            pattern: shortened(pattern),
-            why,
-        })?;
+        cost.bytes += bytes;
         if cost.bytes > MAX_TENANT_REGEX_BYTES {
             return Err(SchemaError::Regex {
                 at,
@@ -197,6 +214,40 @@ fn collect<'s>(schema: &'s Value, at: &mut String, found: &mut Vec<(String, &'s 
     }
 }
 
+/// Every `(where, text)` that could be compiled as a pattern were a `$ref` to point at
+/// it: each string under a `pattern` key and each key of a `patternProperties`
+/// object, anywhere in the document.
+fn collect_elsewhere<'s>(value: &'s Value, at: &mut String, found: &mut Vec<(String, &'s str)>) {
+    match value {
+        Value::Object(map) => {
+            for (key, sub) in map {
+                let len = at.len();
+                at.push('/');
+                push_token(at, key);
+                match (key.as_str(), sub) {
+                    ("pattern", Value::String(pattern)) => found.push((at.clone(), pattern)),
+                    ("patternProperties", Value::Object(named)) => {
+                        found.extend(named.keys().map(|name| (at.clone(), name.as_str())));
+                    }
+                    _ => {}
+                }
+                collect_elsewhere(sub, at, found);
+                at.truncate(len);
+            }
+        }
+        Value::Array(items) => {
+            for (i, sub) in items.iter().enumerate() {
+                let len = at.len();
+                at.push('/');
+                at.push_str(&i.to_string());
+                collect_elsewhere(sub, at, found);
+                at.truncate(len);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// `token` as one JSON Pointer token (`~` and `/` escaped).
 fn push_token(at: &mut String, token: &str) {
     for c in token.chars() {
@@ -213,6 +264,20 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn patterns_a_ref_can_reach_are_measured_wherever_they_are() {
+        // The validator compiles what `$ref` points at, a value's place included.
+        let hidden = json!({
+            "default": {"pattern": "^.{0,255}a$"},
+            "x-more": [{"patternProperties": {"^b+$": {}}}],
+            "examples": [{"pattern": "(?=not-a-schema)"}],
+            "$ref": "#/default"
+        });
+        let cost = measure(&hidden).expect("data patterns are measured, not refused");
+        assert_eq!(cost.count, 2, "{cost:?}");
+        assert!(cost.bytes > 0);
+    }
 
     fn refusal(schema: Value) -> (String, String, String) {
         match measure(&schema) {

@@ -217,3 +217,24 @@ fn a_stored_version_reads_back_as_written() {
             .is_err()
     );
 }
+
+#[test]
+fn a_stored_schema_that_no_longer_compiles_refuses_every_payload() {
+    // Bound before look-around was refused at put: its subjects fail closed.
+    let record = serde_json::to_vec(&StoredVersion {
+        schema: Some(json!({"type": "string", "pattern": "^(?=.*[A-Z]).{8,}$"})),
+        ..version(json!({}))
+    })
+    .expect("json");
+    let mut skipped = Vec::new();
+    let bindings = current_bindings([("pw.*", 3, &record[..])], |pattern, _| {
+        skipped.push(pattern.to_owned())
+    });
+    assert_eq!(skipped, ["pw.*"], "it is still reported");
+    let binding = bindings.for_subject("pw.x").expect("still bound");
+    assert_eq!(binding.version, 3);
+    let refused = binding
+        .check(b"\"Abcdefgh1\"")
+        .expect_err("refused, not unchecked");
+    assert!(refused.message.contains("put it again"), "{refused:?}");
+}

@@ -246,11 +246,22 @@ impl Publisher {
     /// only to the connection's own inbox or to a subject the caller may publish to.
     /// Otherwise anyone could make the server publish, in their name, what a stored
     /// message or an error says to a subject they may not publish to.
+    ///
+    /// An answer is routed live, neither stored nor checked against a schema, so a
+    /// reply subject that is stored or bound to a schema is refused too (unless it is
+    /// the caller's own inbox): an answer must not reach a stream's subscribers as a
+    /// message the stream never kept or its schema never saw.
     fn check_answer_to(&self, reply: &[u8]) -> Result<(), Refusal> {
         let reply = std::str::from_utf8(reply)
             .map_err(|_| Refusal::InvalidSubject("the reply subject is not UTF-8".into()))?;
         let refused = match self.check_target(reply) {
-            Ok(()) => return Ok(()),
+            Ok(())
+                if self.broker.store_policy(reply).is_none()
+                    && self.routes.schemas.for_subject(reply).is_none() =>
+            {
+                return Ok(());
+            }
+            Ok(()) => Refusal::Denied(Denied::Publish(reply.to_owned())),
             Err(refused) => refused,
         };
         // Checked second: the claims are the tenant's, behind a lock.

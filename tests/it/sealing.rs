@@ -104,16 +104,19 @@ async fn an_answer_goes_only_where_its_caller_may_publish() {
     .expect("answered in time")
     .expect("answered on dave's own inbox");
     assert_eq!(&own.payload[..], b"FORGED-OPEN-DOOR");
-    let mut answers = dave.subscribe("dave.answers").await.expect("subscribe");
+    // A subject he may publish to, but stored: an answer there would reach the
+    // stream's subscribers as a message the stream never kept. Refused too.
+    let mut stream = admin.subscribe("dave.answers").await.expect("subscribe");
+    admin.flush().await.expect("flush");
     let mine = json!({"pattern": "dave.>"}).to_string();
     dave.publish_with_reply("$CANOPY.subjects", "dave.answers", mine.into())
         .await
         .expect("sent");
-    let answer = tokio::time::timeout(WAIT, answers.next())
-        .await
-        .expect("answered on a subject dave may publish to")
-        .expect("subscribed");
-    assert_eq!(status_of(&answer), 200);
+    publish_acked(&dave, "dave.marker2", "after").await;
+    assert!(
+        tokio::time::timeout(QUIET, stream.next()).await.is_err(),
+        "no answer lands on a stored subject"
+    );
     // The store stored nothing for the refused PubAck's publish.
     let missing = tokio::time::timeout(
         WAIT,
@@ -219,7 +222,32 @@ async fn a_tenant_record_sets_its_own_api_call_limit() {
             .is_some_and(|d| d.contains("allows 2")),
         "{body}"
     );
-    // The two parked calls still wait: the refusal did not end them.
+    // A JetStream client is told in JetStream's terms: a pull gets a status, never a
+    // JSON body it would take for a message; another call JetStream's error JSON.
+    let mut js = sam.subscribe("_INBOX.sam-js.*").await.expect("sub");
+    sam.publish_with_reply(
+        "$JS.API.CONSUMER.MSG.NEXT.small.c",
+        "_INBOX.sam-js.1",
+        json!({"batch": 1}).to_string().into(),
+    )
+    .await
+    .expect("sent");
+    let pulled = tokio::time::timeout(WAIT, js.next())
+        .await
+        .expect("answered in time")
+        .expect("subscribed");
+    assert_eq!(pulled.status.map(|s| s.as_u16()), Some(409), "{pulled:?}");
+    assert!(pulled.payload.is_empty(), "{pulled:?}");
+    sam.publish_with_reply("$JS.API.INFO", "_INBOX.sam-js.2", "".into())
+        .await
+        .expect("sent");
+    let info = tokio::time::timeout(WAIT, js.next())
+        .await
+        .expect("answered in time")
+        .expect("subscribed");
+    let info: Value = serde_json::from_slice(&info.payload).expect("JetStream JSON");
+    assert_eq!(info["error"]["code"], 429, "{info}");
+    // The two parked calls still wait: the refusals did not end them.
     assert!(tokio::time::timeout(QUIET, answers.next()).await.is_err());
     f.server.stop().await;
 }

@@ -70,6 +70,21 @@ impl JsError {
         Self::new(403, 10003, crate::api::groups::unreadable(name))
     }
 
+    /// How a JetStream client is told its tenant runs too many API calls: a pull gets
+    /// a status (a JSON body there would be taken for a message), any other call
+    /// JetStream's error JSON.
+    pub(crate) fn answer_busy(operation: &str, answer: &mut Answer, description: &str) {
+        let verb = operation.strip_prefix(API_PREFIX).unwrap_or(operation);
+        if verb.starts_with("CONSUMER.MSG.NEXT.") {
+            let block =
+                crate::broker::groups::jetstream::status_block(409, "Exceeded MaxWaiting", None);
+            answer.status(&block);
+        } else {
+            // 10023: JetStream's "insufficient resources".
+            answer.json(&Self::new(429, 10023, description).to_json());
+        }
+    }
+
     fn to_json(&self) -> Value {
         json!({"error": {"code": self.code, "err_code": self.err_code, "description": self.description}})
     }

@@ -350,6 +350,30 @@ pub struct Groups {
     /// Pulls handed to groups and not yet ended, per connection (bounded by
     /// [`CONNECTION_PULLS`]); a connection without any has no entry.
     pulls: Arc<parking_lot::Mutex<HashMap<u64, usize>>>,
+    /// Each tenant's one place in the server's catch-up line (see [`Pace`]), while
+    /// some of its groups hold it.
+    paces: parking_lot::Mutex<HashMap<Arc<str>, std::sync::Weak<tokio::sync::Semaphore>>>,
+}
+
+/// A group's turn at catching up: first its tenant's one place, then one of the
+/// server's [`CATCH_UP`] places. A tenant thus has at most one step in the server's
+/// line at a time, so one tenant's thousand groups take turns among themselves and
+/// another tenant's first pull waits for at most one step of each other tenant.
+#[derive(Clone)]
+struct Pace {
+    tenant: Arc<tokio::sync::Semaphore>,
+}
+
+impl Pace {
+    async fn step(
+        &self,
+    ) -> (
+        Option<tokio::sync::SemaphorePermit<'static>>,
+        Option<tokio::sync::OwnedSemaphorePermit>,
+    ) {
+        let tenant = Arc::clone(&self.tenant).acquire_owned().await.ok();
+        (CATCH_UP.acquire().await.ok(), tenant)
+    }
 }
 
 /// Gives a waiting publish's places (its tenant's and its caller's) back when its
@@ -602,6 +626,18 @@ impl Groups {
         })
     }
 
+    /// The tenant's place in the catch-up line, shared by its groups.
+    fn pace(&self, tenant: &str) -> Pace {
+        let mut paces = self.paces.lock();
+        if let Some(tenant) = paces.get(tenant).and_then(std::sync::Weak::upgrade) {
+            return Pace { tenant };
+        }
+        paces.retain(|_, pace| pace.strong_count() > 0);
+        let pace = Arc::new(tokio::sync::Semaphore::new(1));
+        paces.insert(Arc::from(tenant), Arc::downgrade(&pace));
+        Pace { tenant: pace }
+    }
+
     /// Starts a group's task (a group of that name already running is stopped first).
     pub fn start(
         &self,
@@ -647,6 +683,7 @@ impl Groups {
             touched: Vec::new(),
             clock: broker.clock().clone(),
             scan: Scan::Wanted,
+            pace: self.pace(tenant),
         };
         self.edit(tenant, |list| {
             stop_named(list, &handle.name);
@@ -765,6 +802,7 @@ struct GroupTask {
     touched: Vec<Arc<str>>,
     clock: crate::clock::Clock,
     scan: Scan,
+    pace: Pace,
 }
 
 impl GroupTask {
@@ -884,6 +922,15 @@ impl GroupTask {
             return;
         };
         let after = after.clone();
+        // A walk that begins after a lag must see what was dropped: the sequencer
+        // routes a round before writing it, so wait until what was routed is stored.
+        if after.is_none()
+            && let Err(error) = self.store.durable_barrier().await
+        {
+            self.scan = Scan::Wanted;
+            tracing::warn!(group = %self.spec.name, %error, "a group could not start its walk");
+            return;
+        }
         match self.scan_page(after.as_deref()).await {
             Ok(Some(next)) => self.scan = Scan::Walking(Some(next)),
             Ok(None) => self.scan = Scan::Done,
@@ -1115,7 +1162,7 @@ impl GroupTask {
     /// Reads the group's cursors, one range read; their subjects' heads come with the
     /// walk over the subjects, or with their next message.
     async fn load(&mut self) -> Result<(), StoreError> {
-        let _pace = CATCH_UP.acquire().await;
+        let _pace = self.pace.step().await;
         for (subject, acked) in self.store.cursors(&self.tenant, &self.spec.name).await? {
             self.dispatcher.restore(Arc::from(subject), acked, acked);
         }
@@ -1125,7 +1172,7 @@ impl GroupTask {
     /// Tells the dispatcher the heads of one page of the subjects the pattern
     /// matches, after `after`; returns where the next page starts, if any.
     async fn scan_page(&mut self, after: Option<&str>) -> Result<Option<String>, StoreError> {
-        let _pace = CATCH_UP.acquire().await;
+        let _pace = self.pace.step().await;
         self.count_catch_up_read();
         let page = self
             .store
