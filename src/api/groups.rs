@@ -233,9 +233,10 @@ pub(super) async fn dispatch(
             let cursors = store.cursors(tenant, &name).await?;
             let mut info = group_json(&stored);
             info["subjects"] = json!(cursors.len());
-            info["live"] = broker
-                .groups()
-                .info(tenant, &name, true)
+            // The group's task answers between its own work: no working place is
+            // held meanwhile.
+            info["live"] = answer
+                .park(broker.groups().info(tenant, &name, true))
                 .await
                 .unwrap_or(Value::Null);
             info

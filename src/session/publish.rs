@@ -247,17 +247,21 @@ impl Publisher {
     /// Otherwise anyone could make the server publish, in their name, what a stored
     /// message or an error says to a subject they may not publish to.
     ///
-    /// An answer is routed live, neither stored nor checked against a schema, so a
-    /// reply subject that is stored or bound to a schema is refused too (unless it is
-    /// the caller's own inbox): an answer must not reach a stream's subscribers as a
-    /// message the stream never kept or its schema never saw.
-    fn check_answer_to(&self, reply: &[u8]) -> Result<(), Refusal> {
+    /// An API call's answers are routed live, neither stored nor checked against a
+    /// schema, and can carry a stream's messages (get, replay, group pulls), so with
+    /// `calls` a reply subject that is stored or bound to a schema is refused too
+    /// (unless it is the caller's own inbox): they must not reach a stream's
+    /// subscribers as messages the stream never kept or its schema never saw. A
+    /// publish's reply is held only to the caller's rights: a service may answer it
+    /// there, and what the store itself sends is the publish's own ack.
+    fn check_answer_to(&self, reply: &[u8], calls: bool) -> Result<(), Refusal> {
         let reply = std::str::from_utf8(reply)
             .map_err(|_| Refusal::InvalidSubject("the reply subject is not UTF-8".into()))?;
         let refused = match self.check_target(reply) {
             Ok(())
-                if self.broker.store_policy(reply).is_none()
-                    && self.routes.schemas.for_subject(reply).is_none() =>
+                if !calls
+                    || (self.broker.store_policy(reply).is_none()
+                        && self.routes.schemas.for_subject(reply).is_none()) =>
             {
                 return Ok(());
             }
@@ -289,7 +293,7 @@ impl Publisher {
                 .authorize(&self.principal, Action::Publish, subject)
                 .map_err(Refusal::Denied)?;
             if let Some(reply) = &publish.reply {
-                self.check_answer_to(reply)?;
+                self.check_answer_to(reply, true)?;
             }
             return Ok(Decision {
                 route: Route::Call,
@@ -318,7 +322,7 @@ impl Publisher {
             && matches!(publish.ack, AskAck::Reply)
             && let Some(reply) = &publish.reply
         {
-            self.check_answer_to(reply)?;
+            self.check_answer_to(reply, false)?;
         }
         let checked = self.check_schema(publish)?;
         let mut request = match policy {
