@@ -11,7 +11,7 @@
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::common::{WAIT, api, header_of, publish_acked, store_request, test_config};
+use crate::common::{WAIT, api, publish_acked, status_of, store_request, test_config};
 use crate::groups::{delivered, next};
 use crate::logins::Logins;
 
@@ -57,9 +57,20 @@ fn consumer(name: &str, filter: &str, extra: Value) -> Value {
     json!({"stream_name": "default", "config": config})
 }
 
-/// The `Canopy-Status` of an answer (200 without one).
-fn status_of(message: &async_nats::Message) -> u16 {
-    header_of(message, "Canopy-Status").map_or(200, |s| s.parse().expect("a status"))
+/// `group.create` of `name` over `pattern`: the status and the answer.
+async fn create_group(client: &async_nats::Client, name: &str, pattern: &str) -> (u16, Value) {
+    api(
+        client,
+        "group.create",
+        json!({"name": name, "pattern": pattern}),
+    )
+    .await
+}
+
+/// `CONSUMER.DURABLE.CREATE` of `name` filtering `filter`, in the default stream.
+async fn durable(client: &async_nats::Client, name: &str, filter: &str) -> Value {
+    let call = format!("CONSUMER.DURABLE.CREATE.default.{name}");
+    js(client, &call, consumer(name, filter, json!({}))).await
 }
 
 /// A request to `subject` with `body`; the answer.
@@ -146,12 +157,7 @@ async fn a_jetstream_dead_letter_prefix_passes_the_checks_group_create_makes() {
     let listed = js(&dave, "CONSUMER.NAMES.default", json!({})).await;
     assert_eq!(listed["consumers"], json!([]), "nothing refused was made");
     // Reading needs the filter's right, as group.create's pattern does.
-    let theirs = js(
-        &dave,
-        "CONSUMER.DURABLE.CREATE.default.dc",
-        consumer("dc", "orders.>", json!({})),
-    )
-    .await;
+    let theirs = durable(&dave, "dc", "orders.>").await;
     assert_eq!(theirs["error"]["code"], 403, "{theirs}");
     let mine = json!({"metadata": {"canopy.dead_letter": "dave.dead"}});
     let made = js(
@@ -180,19 +186,9 @@ async fn theirs_and_daves() -> (Logins, async_nats::Client, async_nats::Client) 
     )
     .await;
     assert_eq!(status, 200, "{made}");
-    let made = js(
-        &admin,
-        "CONSUMER.DURABLE.CREATE.default.jsbill",
-        consumer("jsbill", "orders.>", json!({})),
-    )
-    .await;
+    let made = durable(&admin, "jsbill", "orders.>").await;
     assert!(made.get("error").is_none(), "{made}");
-    let (status, _) = api(
-        &dave,
-        "group.create",
-        json!({"name": "dg", "pattern": "dave.>"}),
-    )
-    .await;
+    let (status, _) = create_group(&dave, "dg", "dave.>").await;
     assert_eq!(status, 200);
     publish_acked(&admin, "orders.1", "secret order").await;
     (f, admin, dave)
@@ -295,12 +291,7 @@ async fn a_wait_for_a_group_the_caller_may_not_read_is_one_for_no_group() {
 async fn a_member_name_past_its_bound_is_refused() {
     let f = start(|_| {}).await;
     let dave = f.native("dave@default").await;
-    let (status, _) = api(
-        &dave,
-        "group.create",
-        json!({"name": "dg", "pattern": "dave.>"}),
-    )
-    .await;
+    let (status, _) = create_group(&dave, "dg", "dave.>").await;
     assert_eq!(status, 200);
     let pull = |member: String| json!({"group": "dg", "member": member}).to_string();
     for member in ["m".repeat(257), "a\u{7}b".into()] {
@@ -353,12 +344,7 @@ async fn refused(sub: &mut async_nats::Subscriber, code: u16, says: &str) {
 async fn waiting_pulls_are_bounded_per_connection_and_per_group() {
     let f = start(|_| {}).await;
     let dave = f.native("dave@default").await;
-    let (status, _) = api(
-        &dave,
-        "group.create",
-        json!({"name": "dg", "pattern": "dave.>"}),
-    )
-    .await;
+    let (status, _) = create_group(&dave, "dg", "dave.>").await;
     assert_eq!(status, 200);
     // One connection: 512 pulls wait, one more is refused (whichever the server
     // counted last).
@@ -390,12 +376,7 @@ async fn waiting_pulls_are_bounded_per_connection_and_per_group() {
 async fn jetstream_pull_terms_and_consumer_configs_have_floors_and_bounds() {
     let f = start(|_| {}).await;
     let dave = f.native("dave@default").await;
-    let made = js(
-        &dave,
-        "CONSUMER.DURABLE.CREATE.default.dc",
-        consumer("dc", "dave.>", json!({})),
-    )
-    .await;
+    let made = durable(&dave, "dc", "dave.>").await;
     assert!(made.get("error").is_none(), "{made}");
     // A 1 ns heartbeat (the issue's) and one without expires are refused at once, as
     // nats-server words it, instead of a stream of heartbeats.
@@ -526,51 +507,21 @@ async fn a_tenant_keeps_at_most_its_number_of_groups() {
     let f = start(|config| config.limits.tenant_groups = 3).await;
     let dave = f.native("dave@default").await;
     for name in ["a", "b"] {
-        let (status, said) = api(
-            &dave,
-            "group.create",
-            json!({"name": name, "pattern": "dave.>"}),
-        )
-        .await;
+        let (status, said) = create_group(&dave, name, "dave.>").await;
         assert_eq!(status, 200, "{said}");
     }
-    let made = js(
-        &dave,
-        "CONSUMER.DURABLE.CREATE.default.c",
-        consumer("c", "dave.>", json!({})),
-    )
-    .await;
+    let made = durable(&dave, "c", "dave.>").await;
     assert!(made.get("error").is_none(), "{made}");
-    let (status, said) = api(
-        &dave,
-        "group.create",
-        json!({"name": "d", "pattern": "dave.>"}),
-    )
-    .await;
+    let (status, said) = create_group(&dave, "d", "dave.>").await;
     assert_eq!(status, 429, "{said}");
-    let refused = js(
-        &dave,
-        "CONSUMER.DURABLE.CREATE.default.d",
-        consumer("d", "dave.>", json!({})),
-    )
-    .await;
+    let refused = durable(&dave, "d", "dave.>").await;
     assert_eq!(refused["error"]["err_code"], 10026, "{refused}");
     // A create of one there already is still answered; a delete makes room.
-    let again = js(
-        &dave,
-        "CONSUMER.DURABLE.CREATE.default.c",
-        consumer("c", "dave.>", json!({})),
-    )
-    .await;
+    let again = durable(&dave, "c", "dave.>").await;
     assert!(again.get("error").is_none(), "{again}");
     let (status, _) = api(&dave, "group.delete", json!({"name": "a"})).await;
     assert_eq!(status, 200);
-    let (status, said) = api(
-        &dave,
-        "group.create",
-        json!({"name": "d", "pattern": "dave.>"}),
-    )
-    .await;
+    let (status, said) = create_group(&dave, "d", "dave.>").await;
     assert_eq!(status, 200, "{said}");
     f.server.stop().await;
 }
@@ -579,12 +530,7 @@ async fn a_tenant_keeps_at_most_its_number_of_groups() {
 async fn one_user_cannot_take_every_wait_place_of_its_tenant() {
     let f = start(|_| {}).await;
     let dave = f.native("dave@default").await;
-    let (status, _) = api(
-        &dave,
-        "group.create",
-        json!({"name": "dg", "pattern": "dave.>"}),
-    )
-    .await;
+    let (status, _) = create_group(&dave, "dg", "dave.>").await;
     assert_eq!(status, 200);
     // A member, so waits wait rather than being told the group has none.
     assert!(
