@@ -64,7 +64,7 @@ fn append(subject: &str, payload: Bytes, ack: bool) -> AppendRequest {
         ack: ack.then(|| AckTo {
             address: Bytes::new(),
             flags: 0,
-            awaiting: None,
+            cargo: None,
         }),
         route: RouteTag::default(),
         compaction: None,

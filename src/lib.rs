@@ -2,9 +2,9 @@
 //!
 //! The library holds the server (config, broker, listeners, tenancy) and the small
 //! native client the CLI uses; `main.rs` is only the command line around it. Layers
-//! import downward only: `server` uses `broker` and `tenancy`, `broker` uses the
-//! `canopy-subjects` trie and the `canopy-protocols` encoders, and nothing below
-//! `server` knows about sockets.
+//! import downward only, in the order ARCHITECTURE.md draws and `tests/it/layers.rs`
+//! checks (server, session, api, broker, tables, groups, schemas, tenancy, metrics,
+//! config, store, clock), and nothing below `server` knows about sockets.
 
 pub mod api;
 pub mod broker;
@@ -12,6 +12,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod groups;
+pub mod metrics;
 pub mod schemas;
 pub mod server;
 pub mod session;

@@ -21,6 +21,7 @@
 pub(crate) mod groups;
 pub mod jetstream;
 mod read;
+mod reserved;
 pub mod schemas;
 mod snapshots;
 pub mod tenants;
@@ -43,15 +44,16 @@ use crate::tenancy::quota::ApiCallSlot;
 use crate::tenancy::{Action, Principal};
 
 use read::{get, replay, subjects};
+pub use reserved::{is_api_call, is_reserved};
 use snapshots::{get_snapshot, put_snapshot};
 use write::{append, purge};
 
 /// Subjects under this prefix are API calls, never routed or stored.
 pub const PREFIX: &str = "$CANOPY.";
 /// Most messages one replay page returns.
-pub const MAX_PAGE: usize = crate::session::PAGE_MESSAGES;
+pub const MAX_PAGE: usize = crate::store::PAGE_MESSAGES;
 /// About the most payload bytes one replay page returns.
-pub const MAX_PAGE_BYTES: usize = crate::session::PAGE_BYTES;
+pub const MAX_PAGE_BYTES: usize = crate::store::PAGE_BYTES;
 /// API calls working at once, server-wide; more wait their turn.
 pub const MAX_WORKING: usize = 256;
 /// The longest a follow request may wait for new messages.
@@ -245,12 +247,8 @@ impl Answer {
     }
 
     pub(crate) fn error(&mut self, code: u16, description: &str) {
-        let mut headers = HeaderMap::new();
-        headers.insert("Canopy-Status", code.to_string());
-        let mut block = BytesMut::new();
-        headers.encode(&mut block);
-        let body = json!({"error": {"code": code, "description": description}});
-        self.send(Some(&block), body.to_string().as_bytes());
+        let (block, body) = crate::broker::refusal(code, description);
+        self.send(Some(&block), &body);
         self.wakes.wake_all();
     }
 
@@ -394,7 +392,7 @@ pub(super) fn check_dead_letter(
     validate_native_subject(prefix, &limits)
         .map_err(|e| ApiError::new(400, format!("invalid dead-letter prefix: {e}")))?;
     let first = prefix.split('.').next().unwrap_or(prefix);
-    if crate::session::is_reserved(prefix) || first == "_INBOX" {
+    if is_reserved(prefix) || first == "_INBOX" {
         return Err(ApiError::new(
             400,
             format!(

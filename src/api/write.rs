@@ -115,7 +115,7 @@ pub(super) async fn append(broker: &Broker, store: &Store, call: &ApiCall) -> Re
             ack: Some(AckTo {
                 address: Bytes::from(reply),
                 flags: 0,
-                awaiting: None,
+                cargo: None,
             }),
             route: RouteTag::default(),
             compaction: policy.compaction(),

@@ -18,8 +18,8 @@ use super::{Broker, Message, RouteScratch, Wakes};
 use crate::config::{AckMode, StorePolicy};
 use crate::groups::awaiting::{Await, AwaitOutcome};
 use crate::store::{
-    AckTo, AppendOutcome, AppendRequest, Durability, Expectation, NewMessage, RouteTag, Sequenced,
-    StoreEvents,
+    AckCargo, AckTo, AppendOutcome, AppendRequest, Durability, Expectation, NewMessage, RouteTag,
+    Sequenced, StoreEvents,
 };
 
 /// [`RouteTag::flags`](crate::store::RouteTag) bits.
@@ -207,7 +207,7 @@ pub fn append_one(
     route: RouteTag,
 ) -> AppendRequest {
     let ack = ack.map(|ack| AckTo {
-        awaiting: request.awaiting,
+        cargo: request.awaiting.map(AckCargo::new),
         ..ack
     });
     AppendRequest {
@@ -307,7 +307,7 @@ impl StoreEvents for StoreRouter {
         for (tenant, mut ack, outcome) in acks {
             // A publish that waits for groups is answered once they pass its version
             // (or its wait ends); it is stored either way.
-            if let Some(awaiting) = ack.awaiting.take()
+            if let Some(awaiting) = ack.cargo.take().and_then(AckCargo::get::<Await>)
                 && let Some((subject, version)) = stored_at(&outcome)
             {
                 let answer_to = Arc::clone(&broker);

@@ -13,7 +13,7 @@
 pub mod durable;
 pub mod envelope;
 pub mod groups;
-pub mod metrics;
+mod inbox_claims;
 pub mod outbox;
 
 mod routing;
@@ -27,8 +27,10 @@ use std::sync::{Arc, OnceLock};
 use canopy_subjects::SharedTrie;
 use parking_lot::RwLock;
 
-pub use metrics::{Metrics, MetricsSnapshot};
+pub use crate::metrics::{Metrics, MetricsSnapshot};
+pub use inbox_claims::InboxClaims;
 pub use outbox::{Outbox, Refused, Wakes};
+pub use routing::refusal;
 pub use subscription::Subscription;
 
 use crate::store::Store;
@@ -87,7 +89,7 @@ pub struct TenantRoutes {
     /// Cancelled when the tenant is deleted: its connections close.
     pub deleted: tokio_util::sync::CancellationToken,
     /// Which connection holds each reply inbox.
-    pub inboxes: crate::session::InboxClaims,
+    pub inboxes: InboxClaims,
     /// The tenant's schema bindings, which its publishes are checked against.
     pub schemas: Arc<crate::schemas::TenantSchemas>,
 }

@@ -16,7 +16,38 @@ use super::{
     Broker, Message, Outbox, QueuePick, RouteScratch, Subscription, TenantRoutes, Wakes, envelope,
 };
 
+/// The one form of a refused call's answer, the API's and a consumer group's alike: a
+/// `Canopy-Status: <code>` header block and `{"error": {"code", "description"}}`.
+pub fn refusal(code: u16, description: &str) -> (Vec<u8>, Vec<u8>) {
+    let mut headers = canopy_protocols::native::HeaderMap::new();
+    headers.insert("Canopy-Status", code.to_string());
+    let mut block = bytes::BytesMut::new();
+    headers.encode(&mut block);
+    let body = serde_json::json!({"error": {"code": code, "description": description}});
+    (block.to_vec(), body.to_string().into_bytes())
+}
+
 impl Broker {
+    /// Answers `reply` with a [`refusal`], waking its subscriber at once.
+    pub fn refuse(&self, routes: &TenantRoutes, reply: &str, code: u16, description: &str) {
+        let (block, body) = refusal(code, description);
+        let message = Message {
+            subject: reply,
+            headers: Some(&block),
+            payload: &body,
+            ..Message::default()
+        };
+        let mut wakes = Wakes::default();
+        self.route(
+            routes,
+            None,
+            &message,
+            &mut RouteScratch::default(),
+            &mut wakes,
+        );
+        wakes.wake_all();
+    }
+
     /// Delivers `msg` to every matching subscription of the tenant and returns how
     /// many received it. `from` is the publisher's outbox (for `echo: false`).
     pub fn publish(

@@ -36,7 +36,7 @@ impl Broker {
                     self.tenant_defaults,
                 )),
                 deleted: tokio_util::sync::CancellationToken::new(),
-                inboxes: crate::session::InboxClaims::default(),
+                inboxes: super::InboxClaims::default(),
                 schemas: self.schemas.tenant(tenant),
             })
         });

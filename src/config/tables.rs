@@ -34,7 +34,7 @@ pub struct TableConfig {
 }
 
 fn default_tenant() -> String {
-    crate::tenancy::DEFAULT_TENANT.to_owned()
+    crate::store::DEFAULT_TENANT.to_owned()
 }
 
 fn default_commit_secs() -> u64 {

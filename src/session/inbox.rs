@@ -7,13 +7,12 @@
 //! tenant, so no other connection can subscribe under it literally either until the
 //! owner lets go. Owner tokens are random (NATS clients use a NUID), so knowing one
 //! takes seeing a request, and then the claim still stands in the way.
-//! This module keeps the claims; it must never route.
+//! This module is a connection's side of the claims (the tenant's side is
+//! `broker::InboxClaims`, kept with its routes); it must never route.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use canopy_subjects::{INBOX_TOKEN, Pattern, PatternToken};
-use parking_lot::Mutex;
 
 /// The owner token a pattern subscribes under, when it names one literally.
 pub(super) fn pattern_owner(pattern: &Pattern) -> Option<String> {
@@ -34,39 +33,6 @@ pub(super) fn inbox_owner(subject: &str) -> Option<&str> {
         .then(|| tokens.next())
         .flatten()
         .filter(|owner| !owner.is_empty())
-}
-
-/// Which connection holds each owner token of one tenant.
-#[derive(Debug, Default)]
-pub struct InboxClaims {
-    owners: Mutex<HashMap<Arc<str>, u64>>,
-}
-
-impl InboxClaims {
-    /// Claims `token` for `conn`; false when another connection holds it.
-    pub fn try_claim(&self, token: &str, conn: u64) -> bool {
-        let mut owners = self.owners.lock();
-        match owners.get(token) {
-            Some(&owner) => owner == conn,
-            None => {
-                owners.insert(Arc::from(token), conn);
-                true
-            }
-        }
-    }
-
-    /// Whether `conn` holds `token` now.
-    pub fn holds(&self, token: &str, conn: u64) -> bool {
-        self.owners.lock().get(token) == Some(&conn)
-    }
-
-    /// Gives `token` back, if `conn` holds it.
-    pub fn release(&self, token: &str, conn: u64) {
-        let mut owners = self.owners.lock();
-        if owners.get(token) == Some(&conn) {
-            owners.remove(token);
-        }
-    }
 }
 
 /// The owner tokens one connection holds, with how many of its subscriptions are
@@ -121,19 +87,6 @@ impl Held {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_owner_token_has_one_holder_at_a_time() {
-        let claims = InboxClaims::default();
-        assert!(claims.try_claim("abc", 1));
-        assert!(claims.try_claim("abc", 1));
-        assert!(!claims.try_claim("abc", 2));
-        claims.release("abc", 2);
-        assert!(!claims.try_claim("abc", 2));
-        claims.release("abc", 1);
-        assert!(claims.try_claim("abc", 2));
-        assert!(!claims.try_claim("abc", 1), "one holder at a time");
-    }
 
     #[test]
     fn owners_of_patterns() {

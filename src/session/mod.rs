@@ -15,7 +15,6 @@
 
 mod inbox;
 mod publish;
-mod reserved;
 
 use std::sync::Arc;
 
@@ -28,16 +27,7 @@ use crate::store::AppendRequest;
 use crate::tenancy::quota::{ConnectionSlot, Exceeded};
 use crate::tenancy::{Action, Denied, Principal};
 
-pub use inbox::InboxClaims;
 pub use publish::{Admission, AskAck, Decision, Publish, Published, Publisher, Refusal, Refused};
-pub use reserved::is_reserved;
-
-/// Most messages one page of stored history holds, on every read path: the native
-/// API's get/replay, `/ws` replay and catch-up, MQTT backlogs (the `/ws` codec's
-/// `MAX_PAGE` is the same number).
-pub const PAGE_MESSAGES: usize = 1000;
-/// About the most bytes one page of stored history holds, on every read path.
-pub const PAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// The limits every front end applies the same way.
 #[derive(Debug, Clone, Copy)]
@@ -386,15 +376,5 @@ fn pause(paused_until: &mut Option<tokio::time::Instant>, wait: std::time::Durat
 impl Drop for Session {
     fn drop(&mut self) {
         self.release_inboxes();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn every_read_path_pages_history_the_same_way() {
-        assert_eq!(canopy_protocols::ws::MAX_PAGE, super::PAGE_MESSAGES);
-        assert_eq!(crate::api::MAX_PAGE, super::PAGE_MESSAGES);
-        assert_eq!(crate::api::MAX_PAGE_BYTES, super::PAGE_BYTES);
     }
 }

@@ -27,7 +27,7 @@ use crate::tenancy::quota::Exceeded;
 use crate::tenancy::{Action, Denied, Principal};
 
 use super::SessionLimits;
-use super::reserved::{is_api_call, is_reserved};
+use crate::api::{is_api_call, is_reserved};
 
 /// How a refusal can reach the publisher.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -432,7 +432,7 @@ impl Publisher {
             AskAck::Inbox(number) => Some(AckTo {
                 address: crate::broker::envelope::ack_address(self.origin, *number),
                 flags: crate::broker::durable::ACK_MQTT,
-                awaiting: None,
+                cargo: None,
             }),
             AskAck::Reply => publish.reply.as_ref().map(|address| AckTo {
                 address: address.clone(),
@@ -441,7 +441,7 @@ impl Publisher {
                 } else {
                     0
                 },
-                awaiting: None,
+                cargo: None,
             }),
         }
     }

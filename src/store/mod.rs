@@ -40,12 +40,15 @@ use tokio::sync::{mpsc, watch};
 
 pub use open::{S3Settings, StoreLock, StoreUrl, s3_client};
 pub use purge::Purged;
-pub use read::{ReplayFrom, ReplayPage, RetainedPage, StoredMessage, SubjectHead, SubjectsPage};
+pub use read::{
+    PAGE_BYTES, PAGE_MESSAGES, ReplayFrom, ReplayPage, RetainedPage, StoredMessage, SubjectHead,
+    SubjectsPage,
+};
 pub use record::Record;
 pub use retention::{RetentionPass, RetentionRules};
 pub use schemas::SchemaRecord;
 pub use snapshot::{Compaction, Snapshot};
-pub use tenants::{TenantLimits, TenantRecord, check_tenant_name, new_tenant};
+pub use tenants::{DEFAULT_TENANT, TenantLimits, TenantRecord, check_tenant_name, new_tenant};
 pub use users::{Permissions, Rules, TokenRecord, UserRecord, check_user_name};
 
 /// The on-store format this binary writes. Older formats are opened (and migrated
@@ -118,9 +121,41 @@ pub enum Expectation {
 pub struct AckTo {
     pub address: Bytes,
     pub flags: u32,
-    /// Consumer groups the ack waits for once the message is stored (`Canopy-Await`).
-    pub awaiting: Option<Arc<crate::groups::awaiting::Await>>,
+    /// What the layer above hangs on the ack (the consumer groups a `Canopy-Await`
+    /// publish waits for); carried back untouched.
+    pub cargo: Option<AckCargo>,
 }
+
+/// A value the store carries with an ack and never looks into, so the layers above
+/// can attach their own state without the store knowing their types.
+#[derive(Clone)]
+pub struct AckCargo(Arc<dyn std::any::Any + Send + Sync>);
+
+impl AckCargo {
+    pub fn new<T: std::any::Any + Send + Sync>(value: Arc<T>) -> Self {
+        Self(value)
+    }
+
+    /// The value, when it is a `T`.
+    pub fn get<T: std::any::Any + Send + Sync>(self) -> Option<Arc<T>> {
+        self.0.downcast().ok()
+    }
+}
+
+impl std::fmt::Debug for AckCargo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AckCargo(..)")
+    }
+}
+
+/// Two cargoes are equal when they are the same value.
+impl PartialEq for AckCargo {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for AckCargo {}
 
 /// One message of an append.
 #[derive(Debug, Clone)]

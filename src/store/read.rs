@@ -15,6 +15,13 @@ use super::record::{self, Record};
 use super::runs::{self, Seen};
 use super::{Store, StoreError, keys};
 
+/// Most messages one page of stored history holds, on every read path: the native
+/// API's get/replay, `/ws` replay and catch-up, MQTT backlogs, table writers (the `/ws`
+/// codec's `MAX_PAGE` is the same number).
+pub const PAGE_MESSAGES: usize = 1000;
+/// About the most bytes one page of stored history holds, on every read path.
+pub const PAGE_BYTES: usize = 4 * 1024 * 1024;
+
 /// One stored message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredMessage {

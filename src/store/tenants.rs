@@ -12,6 +12,9 @@ use slatedb::WriteBatch;
 
 use super::{Store, StoreError, keys, put_durably, write_durably};
 
+/// The tenant of a connection whose login names none, and of a server without tenants.
+pub const DEFAULT_TENANT: &str = "default";
+
 /// What a tenant may use; `None` is no limit of its own.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -541,7 +541,7 @@ impl Writer {
                             &self.pattern,
                             ReplayFrom::Offset(held.next),
                             PAGE,
-                            crate::session::PAGE_BYTES,
+                            crate::store::PAGE_BYTES,
                         )
                         .await?;
                     held.next = page.next.max(held.next);

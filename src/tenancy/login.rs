@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 
 use super::acl::Acl;
 use super::{DEFAULT_TENANT, Principal, Tenants, credentials};
-use crate::broker::metrics::Metrics;
+use crate::metrics::Metrics;
 use crate::store::Store;
 
 /// Password checks running at once.

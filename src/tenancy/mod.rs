@@ -19,8 +19,7 @@ use canopy_subjects::{Pattern, PatternToken, SubjectError};
 use crate::config::AuthzConfig;
 pub use registry::Tenants;
 
-/// The tenant every connection belongs to until tenancy arrives.
-pub const DEFAULT_TENANT: &str = "default";
+pub use crate::store::DEFAULT_TENANT;
 
 /// Who performs an operation: one per connection, fixed at connect time.
 #[derive(Debug, Clone)]

@@ -24,6 +24,7 @@ mod isolation;
 mod jetstream_publish;
 mod jetstream_pull;
 mod js;
+mod layers;
 mod limits;
 mod local_folder;
 mod login_memory;

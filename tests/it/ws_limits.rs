@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use canopy::broker::metrics::Protocol;
 use canopy::config::{Config, StorePolicy};
+use canopy::metrics::Protocol;
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;

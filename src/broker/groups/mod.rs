@@ -30,7 +30,6 @@ pub mod jetstream;
 
 use self::jetstream::{JetStreamPull, Sequences};
 use super::{Broker, Message, RouteScratch, TenantRoutes, Wakes};
-use crate::api::Answer;
 use crate::groups::awaiting::{Await, AwaitOutcome, CallerKey, Missed};
 use crate::groups::dispatch::{DeadLetter, Delivery, Dispatcher, MemberId};
 use crate::groups::{GroupSpec, StartAt, StoredGroup};
@@ -1074,8 +1073,12 @@ impl GroupTask {
                     if let Some((to, routes)) = &reply.confirm
                         && let Some(broker) = self.broker.upgrade()
                     {
-                        Answer::new(broker, Arc::clone(routes), to.clone())
-                            .error(409, "the delivery is not outstanding: it was acked, or its ack wait ran out");
+                        broker.refuse(
+                            routes,
+                            to,
+                            409,
+                            "the delivery is not outstanding: it was acked, or its ack wait ran out",
+                        );
                     }
                     return;
                 };
@@ -1114,8 +1117,7 @@ impl GroupTask {
         {
             match &dead {
                 Ok(_) => send(&broker, routes, to, None, None, b""),
-                Err(error) => Answer::new(broker, Arc::clone(routes), to.clone())
-                    .error(409, &error.to_string()),
+                Err(error) => broker.refuse(routes, to, 409, &error.to_string()),
             }
         }
     }
@@ -1428,8 +1430,7 @@ impl GroupTask {
             return;
         };
         match &pull.style {
-            PullStyle::Canopy => Answer::new(broker, Arc::clone(&pull.routes), pull.reply.clone())
-                .error(code, description),
+            PullStyle::Canopy => broker.refuse(&pull.routes, &pull.reply, code, description),
             PullStyle::JetStream { .. } => {
                 let block = jetstream::status_block(409, description, None);
                 send(&broker, &pull.routes, &pull.reply, None, Some(&block), b"");

@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::broker::metrics::Protocol;
+use crate::metrics::Protocol;
 use crate::store::stats::{BUCKETS, Latency};
 use crate::tenancy::{DEFAULT_TENANT, Principal};
 

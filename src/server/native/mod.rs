@@ -345,7 +345,7 @@ impl Connection {
     {
         self.broker
             .metrics()
-            .connection_opened(crate::broker::metrics::Protocol::Native);
+            .connection_opened(crate::metrics::Protocol::Native);
         tracing::debug!(conn = self.id, peer = %self.peer, "connected");
         let info = self.context.info(self.id, self.peer);
         let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
@@ -363,7 +363,7 @@ impl Connection {
                 self.session.outbox.close();
                 self.broker
                     .metrics()
-                    .connection_closed(crate::broker::metrics::Protocol::Native);
+                    .connection_closed(crate::metrics::Protocol::Native);
                 return;
             }
         } else if !info_sent {
@@ -385,7 +385,7 @@ impl Connection {
                 self.session.outbox.close();
                 self.broker
                     .metrics()
-                    .connection_closed(crate::broker::metrics::Protocol::Native);
+                    .connection_closed(crate::metrics::Protocol::Native);
                 return;
             }
         }
@@ -512,6 +512,6 @@ impl Connection {
         self.session.outbox.close();
         self.broker
             .metrics()
-            .connection_closed(crate::broker::metrics::Protocol::Native);
+            .connection_closed(crate::metrics::Protocol::Native);
     }
 }

@@ -27,8 +27,8 @@ use futures::{SinkExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::envelope::{self, AckInbox, MqttOptions, StoreAck};
-use crate::broker::metrics::Protocol;
 use crate::broker::{Broker, Outbox, Subscription};
+use crate::metrics::Protocol;
 use crate::session::{self, AskAck, Publish, Session, SessionLimits, SubscribeRefusal};
 use crate::store::{AppendOutcome, ReplayFrom, Snapshot};
 use crate::tenancy::{Action, Principal};
@@ -76,7 +76,9 @@ fn is_too_big(error: &axum::Error) -> bool {
 }
 
 /// Messages per page of a subscription's history.
-const CATCH_UP_PAGE: usize = crate::session::PAGE_MESSAGES;
+const CATCH_UP_PAGE: usize = crate::store::PAGE_MESSAGES;
+// The `/ws` codec tells clients this page size; every read path pages the same way.
+const _: () = assert!(canopy_protocols::ws::MAX_PAGE == CATCH_UP_PAGE);
 
 /// Whose history a catching-up subscription reads.
 enum History {
@@ -98,7 +100,7 @@ fn envelope_size(envelope: &envelope::Envelope) -> usize {
 }
 
 /// Bytes one replay page may hold, about.
-const REPLAY_BYTES: usize = crate::session::PAGE_BYTES;
+const REPLAY_BYTES: usize = crate::store::PAGE_BYTES;
 
 /// What every `/ws` connection shares.
 pub struct WsContext {

@@ -73,7 +73,7 @@ fn request(subject: &str, payload: &str, n: u32) -> AppendRequest {
         ack: Some(AckTo {
             address: Bytes::new(),
             flags: n,
-            awaiting: None,
+            cargo: None,
         }),
         route: RouteTag::default(),
         compaction: None,

@@ -65,8 +65,8 @@ const SESSION_SAVE_EVERY: Duration = Duration::from_secs(5);
 /// forgotten beyond this.
 const MAX_OPEN_REQUESTS: usize = 1024;
 /// Retained messages and backlog read from the store per step.
-const STORE_PAGE: usize = crate::session::PAGE_MESSAGES;
-const STORE_PAGE_BYTES: usize = crate::session::PAGE_BYTES;
+const STORE_PAGE: usize = crate::store::PAGE_MESSAGES;
+const STORE_PAGE_BYTES: usize = crate::store::PAGE_BYTES;
 
 /// Serves one MQTT connection on a TCP socket until it ends.
 pub(super) async fn serve(
@@ -145,12 +145,12 @@ pub async fn serve_on<R: Inbound, W: AsyncWrite + Unpin + Send>(
     };
     let mut connection = Box::new(connection);
     let metrics = Arc::clone(context.broker.metrics());
-    metrics.connection_opened(crate::broker::metrics::Protocol::Mqtt);
+    metrics.connection_opened(crate::metrics::Protocol::Mqtt);
     let close = connection
         .live(&mut reader, &mut writer, rbuf, &shutdown)
         .await;
     Box::pin(connection.finish(close, &mut writer)).await;
-    metrics.connection_closed(crate::broker::metrics::Protocol::Mqtt);
+    metrics.connection_closed(crate::metrics::Protocol::Mqtt);
 }
 
 /// Reads until the first packet, which must be CONNECT. An error carries the bytes to

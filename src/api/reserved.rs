@@ -25,10 +25,10 @@ pub fn is_reserved(subject: &str) -> bool {
 /// The API operation a native publish calls: `<op>` of `$CANOPY.<op>`, or the whole
 /// subject of a JetStream API call or ack (`$JS.API.…`, `$JS.ACK.…`).
 pub fn is_api_call(subject: &str) -> Option<&str> {
-    if crate::api::jetstream::is_call(subject) {
+    if super::jetstream::is_call(subject) {
         return Some(subject);
     }
-    subject.strip_prefix(crate::api::PREFIX)
+    subject.strip_prefix(super::PREFIX)
 }
 
 #[cfg(test)]
