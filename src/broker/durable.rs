@@ -503,6 +503,8 @@ mod tests {
         .expect("valid");
         assert_eq!(js.expect, Some(Expectation::LastOffset(9)));
         assert!(js.jetstream);
+        // An empty block (HPUB with `<#hdr>` 0, as nats.js sends) asks nothing of the store.
+        assert_eq!(StoreRequest::from_headers(b""), Ok(StoreRequest::default()));
         let bad = StoreRequest::from_headers(b"NATS/1.0\r\nCanopy-Expected-Version: x\r\n\r\n");
         assert!(bad.expect_err("refused").0.contains("whole number"));
 

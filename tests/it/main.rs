@@ -32,6 +32,7 @@ mod logins;
 mod mqtt;
 mod mqtt_native;
 mod nats_client;
+mod nats_js;
 mod python;
 mod quotas;
 mod refusals;

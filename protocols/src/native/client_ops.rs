@@ -25,7 +25,8 @@ pub enum ClientOp {
         reply: Option<Bytes>,
         payload: Bytes,
     },
-    /// `HPUB <subject> [reply] <#hdr> <#total>`, its header block and payload.
+    /// `HPUB <subject> [reply] <#hdr> <#total>`, its header block and payload. An HPUB
+    /// whose header block is empty (`<#hdr>` 0) decodes as [`ClientOp::Pub`].
     HPub {
         subject: Bytes,
         reply: Option<Bytes>,
@@ -84,21 +85,32 @@ impl Pending {
                 reply,
                 hdr,
                 ..
-            } => {
-                let headers = split_headers(&mut body, hdr)?;
-                Ok(ClientOp::HPub {
+            } => Ok(match split_headers(&mut body, hdr)? {
+                Some(headers) => ClientOp::HPub {
                     subject,
                     reply,
                     headers,
                     payload: body,
-                })
-            }
+                },
+                None => ClientOp::Pub {
+                    subject,
+                    reply,
+                    payload: body,
+                },
+            }),
         }
     }
 }
 
 /// Splits the header block off the front of a message body and checks it starts `NATS/1.0`.
-pub(crate) fn split_headers(body: &mut Bytes, hdr: usize) -> Result<Bytes, ProtocolError> {
+///
+/// An empty block gives `None`: nats-server takes `<#hdr>` 0 as a message without headers
+/// (and delivers it as MSG), and nats.js sends one for every JetStream publish without
+/// options.
+pub(crate) fn split_headers(body: &mut Bytes, hdr: usize) -> Result<Option<Bytes>, ProtocolError> {
+    if hdr == 0 {
+        return Ok(None);
+    }
     if hdr > body.len() {
         return Err(ProtocolError::parser("header size exceeds total size"));
     }
@@ -108,7 +120,7 @@ pub(crate) fn split_headers(body: &mut Bytes, hdr: usize) -> Result<Bytes, Proto
             "header block must start with NATS/1.0",
         ));
     }
-    Ok(headers)
+    Ok(Some(headers))
 }
 
 /// Checks `<#hdr> <#total>` of HPUB/HMSG and returns them as `usize`.
@@ -124,9 +136,9 @@ pub(crate) fn header_sizes(
             "header size must not exceed total size",
         ));
     }
-    if hdr < b"NATS/1.0".len() as u64 {
+    if hdr != 0 && hdr < b"NATS/1.0".len() as u64 {
         return Err(ProtocolError::parser(
-            "header size is too small for a NATS/1.0 header block",
+            "header size is too small for a NATS/1.0 header block (0 means no headers)",
         ));
     }
     let total = check_payload(total, limits)?;
@@ -380,6 +392,88 @@ mod tests {
             one(b"HPUB s 12 12\r\nXATS/1.0\r\n\r\n\r\n"),
             Err(ProtocolError::Parser(_))
         ));
+    }
+
+    /// nats.js sends a JetStream publish without options as `HPUB <subject> <reply> 0 <n>`;
+    /// nats-server takes a header block of 0 bytes as no headers at all.
+    #[test]
+    fn hpub_with_an_empty_header_block_is_a_pub() {
+        assert_eq!(
+            one(b"HPUB subj reply 0 1\r\nx\r\n"),
+            Ok(ClientOp::Pub {
+                subject: "subj".into(),
+                reply: Some("reply".into()),
+                payload: "x".into()
+            })
+        );
+        assert_eq!(
+            one(b"HPUB subj 0 0\r\n\r\n"),
+            Ok(ClientOp::Pub {
+                subject: "subj".into(),
+                reply: None,
+                payload: Bytes::new()
+            })
+        );
+        // The payload is taken as is, even when it looks like a header block.
+        assert_eq!(
+            one(b"hpub subj 0 12\r\nNATS/1.0\r\n\r\n\r\n"),
+            Ok(ClientOp::Pub {
+                subject: "subj".into(),
+                reply: None,
+                payload: "NATS/1.0\r\n\r\n".into()
+            })
+        );
+        // Split anywhere, it decodes the same, and what follows it is decoded too.
+        let wire = b"HPUB subj reply 0 1\r\nx\r\nPING\r\n";
+        for at in 1..wire.len() {
+            let mut d = ClientDecoder::default();
+            let mut buf = BytesMut::from(&wire[..at]);
+            let mut ops = Vec::new();
+            while let Some(op) = d.decode(&mut buf).expect("valid") {
+                ops.push(op);
+            }
+            buf.extend_from_slice(&wire[at..]);
+            while let Some(op) = d.decode(&mut buf).expect("valid") {
+                ops.push(op);
+            }
+            assert!(
+                matches!(ops.as_slice(), [ClientOp::Pub { .. }, ClientOp::Ping]),
+                "split at {at}: {ops:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn hpub_with_an_empty_header_block_keeps_its_checks() {
+        // Missing payload terminator, size mismatch, and a block too short for NATS/1.0.
+        assert!(matches!(
+            one(b"HPUB subj 0 1\r\nxy\r\n"),
+            Err(ProtocolError::Parser(_))
+        ));
+        assert!(matches!(
+            one(b"HPUB subj 0\r\n"),
+            Err(ProtocolError::Parser(_))
+        ));
+        assert!(matches!(
+            one(b"HPUB subj 0 -1\r\n"),
+            Err(ProtocolError::Parser(_))
+        ));
+        for short in 1..8 {
+            let wire = format!("HPUB subj {short} 8\r\nNATS/1.0\r\n");
+            let Err(ProtocolError::Parser(why)) = one(wire.as_bytes()) else {
+                panic!("a {short}-byte header block is refused");
+            };
+            assert!(why.contains("too small"), "{why}");
+        }
+        let mut d = ClientDecoder::new(Limits {
+            max_control_line: 64,
+            max_payload: 4,
+        });
+        let mut buf = BytesMut::from(&b"HPUB subj 0 5\r\n"[..]);
+        assert_eq!(
+            d.decode(&mut buf),
+            Err(ProtocolError::MaxPayloadViolation { size: 5, max: 4 })
+        );
     }
 
     #[test]

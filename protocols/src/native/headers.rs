@@ -74,8 +74,12 @@ impl HeaderMap {
         Self::default()
     }
 
-    /// Parses a raw block, from `NATS/1.0` through the blank line.
+    /// Parses a raw block, from `NATS/1.0` through the blank line. An empty block is an
+    /// empty map: on the wire (`<#hdr>` 0) nats-server reads it as a message without headers.
     pub fn parse(block: &[u8]) -> Result<HeaderMap, HeaderError> {
+        if block.is_empty() {
+            return Ok(HeaderMap::default());
+        }
         let rest = block
             .strip_prefix(b"NATS/1.0")
             .ok_or(HeaderError::MissingVersion)?;
@@ -231,6 +235,15 @@ mod tests {
         let h = HeaderMap::parse(b"NATS/1.0 408 Request Timeout\r\nX: y\r\n\r\n").unwrap();
         assert_eq!(h.status, Some(408));
         assert_eq!(h.description.as_deref(), Some("Request Timeout"));
+    }
+
+    #[test]
+    fn an_empty_block_is_no_headers() {
+        assert_eq!(HeaderMap::parse(b""), Ok(HeaderMap::new()));
+        assert_eq!(
+            HeaderMap::parse(b"\r\n\r\n"),
+            Err(HeaderError::MissingVersion)
+        );
     }
 
     #[test]

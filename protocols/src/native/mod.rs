@@ -15,6 +15,9 @@
 //! SUB   <subject> [queue] <sid>\r\n          UNSUB <sid> [max]\r\n
 //! CONNECT {json}\r\n   INFO {json}\r\n   PING\r\n   PONG\r\n   +OK\r\n   -ERR '<text>'\r\n
 //! ```
+//!
+//! An HPUB or HMSG with `<#hdr>` 0 carries no header block and decodes as PUB or MSG, as
+//! nats-server reads it (nats.js sends one for a JetStream publish without options).
 
 mod client_ops;
 mod encode;

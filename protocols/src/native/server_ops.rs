@@ -25,7 +25,8 @@ pub enum ServerOp {
         reply: Option<Bytes>,
         payload: Bytes,
     },
-    /// `HMSG <subject> <sid> [reply] <#hdr> <#total>`, its header block and payload.
+    /// `HMSG <subject> <sid> [reply] <#hdr> <#total>`, its header block and payload. An
+    /// HMSG whose header block is empty (`<#hdr>` 0) decodes as [`ServerOp::Msg`].
     HMsg {
         subject: Bytes,
         sid: Bytes,
@@ -72,16 +73,21 @@ impl Pending {
                 reply,
                 payload: body,
             }),
-            Some(hdr) => {
-                let headers = split_headers(&mut body, hdr)?;
-                Ok(ServerOp::HMsg {
+            Some(hdr) => Ok(match split_headers(&mut body, hdr)? {
+                Some(headers) => ServerOp::HMsg {
                     subject,
                     sid,
                     reply,
                     headers,
                     payload: body,
-                })
-            }
+                },
+                None => ServerOp::Msg {
+                    subject,
+                    sid,
+                    reply,
+                    payload: body,
+                },
+            }),
         }
     }
 }
@@ -289,6 +295,33 @@ mod tests {
         );
         assert!(matches!(
             one(b"HMSG foo 9 r 17 16\r\n"),
+            Err(ProtocolError::Parser(_))
+        ));
+    }
+
+    /// As nats-server reads HPUB: a header block of 0 bytes is no headers.
+    #[test]
+    fn hmsg_with_an_empty_header_block_is_a_msg() {
+        assert_eq!(
+            one(b"HMSG foo 9 r 0 2\r\nhi\r\n"),
+            Ok(ServerOp::Msg {
+                subject: "foo".into(),
+                sid: "9".into(),
+                reply: Some("r".into()),
+                payload: "hi".into()
+            })
+        );
+        assert_eq!(
+            one(b"HMSG foo 9 0 0\r\n\r\n"),
+            Ok(ServerOp::Msg {
+                subject: "foo".into(),
+                sid: "9".into(),
+                reply: None,
+                payload: Bytes::new()
+            })
+        );
+        assert!(matches!(
+            one(b"HMSG foo 9 4 4\r\nNATS\r\n"),
             Err(ProtocolError::Parser(_))
         ));
     }
