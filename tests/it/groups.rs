@@ -336,6 +336,29 @@ async fn a_group_hands_out_each_subject_in_order_without_holding_up_the_others()
     server.stop().await;
 }
 
+/// The console's and /metrics' "messages out" count what groups deliver, whichever
+/// front end pulled it: once each.
+#[tokio::test]
+async fn group_deliveries_count_as_messages_out() {
+    let (server, client) = with_group(
+        test_config(),
+        json!({"name": "g", "pattern": "orders.>", "start": "all"}),
+    )
+    .await;
+    for subject in ["orders.a", "orders.b", "orders.c"] {
+        publish_acked(&client, subject, "x").await;
+    }
+    let before = server.metrics.snapshot().msgs_out;
+    let got = next(&client, json!({"group": "g", "max": 10})).await;
+    assert_eq!(got.len(), 3);
+    assert_eq!(
+        server.metrics.snapshot().msgs_out - before,
+        3,
+        "each delivery counts once; the pull's end does not"
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_waiting_pull_gets_the_next_message_published() {
     let (server, client) =

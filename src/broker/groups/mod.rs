@@ -1313,7 +1313,7 @@ impl GroupTask {
         let member = self.member(&pull.member);
         let now = self.clock.now_ms();
         let deliveries = self.dispatcher.take(member, max, now);
-        let (mut sent, mut bytes) = (0, 0);
+        let (mut sent, mut bytes, mut out_bytes) = (0, 0, 0);
         for delivery in deliveries {
             match self
                 .store
@@ -1330,6 +1330,7 @@ impl GroupTask {
                     self.last_offset = self.last_offset.max(message.offset);
                     sent += 1;
                     bytes += message.payload.len();
+                    out_bytes += message.payload.len() + message.headers.len();
                 }
                 Ok(None) => {
                     self.dispatcher.gone(&delivery, now);
@@ -1341,6 +1342,10 @@ impl GroupTask {
                     tracing::warn!(%error, "a group could not read a message; it goes again after its ack wait");
                 }
             }
+        }
+        // Every group delivery counts here once, whichever front end pulled it.
+        if sent > 0 {
+            broker.metrics().count_out(sent as u64, out_bytes as u64);
         }
         (sent, bytes)
     }

@@ -273,10 +273,8 @@ impl Connection {
                 };
                 let mut out = String::new();
                 ws::encode_group_msg(&mut out, id.as_deref(), &message);
+                // Counted out by the group's task, which sent it.
                 self.out.push(out);
-                self.broker
-                    .metrics()
-                    .count_out(1, (delivery.payload.len() + delivery.headers.len()) as u64);
             }
         }
     }
