@@ -42,6 +42,7 @@ pub struct Metrics {
     dropped: AtomicU64,
     password_checks: AtomicU64,
     group_catch_up_reads: AtomicU64,
+    group_delivery_reads: AtomicU64,
 }
 
 /// One reading of every counter.
@@ -61,6 +62,7 @@ pub struct MetricsSnapshot {
     /// Store reads consumer groups made to catch up: pages of their subjects walked,
     /// and subjects read for where a group's start begins.
     pub group_catch_up_reads: u64,
+    pub group_delivery_reads: u64,
 }
 
 impl Metrics {
@@ -102,6 +104,10 @@ impl Metrics {
         self.group_catch_up_reads.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub fn count_group_delivery_read(&self) {
+        self.group_delivery_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn count_dropped(&self, n: u64) {
         self.dropped.fetch_add(n, Ordering::Relaxed);
     }
@@ -124,6 +130,7 @@ impl Metrics {
             dropped: get(&self.dropped),
             password_checks: get(&self.password_checks),
             group_catch_up_reads: get(&self.group_catch_up_reads),
+            group_delivery_reads: get(&self.group_delivery_reads),
         }
     }
 }

@@ -255,7 +255,7 @@ impl StoreEvents for StoreRouter {
             let Some(tenant) = routes.as_deref() else {
                 continue;
             };
-            let headers = (!message.headers.is_empty()).then_some(message.headers);
+            let headers = (!message.headers.is_empty()).then_some(&message.headers[..]);
             let routed = Message {
                 subject: message.subject,
                 shown_as: None,
@@ -267,9 +267,7 @@ impl StoreEvents for StoreRouter {
                 version: message.version,
                 offset: message.offset,
             };
-            broker
-                .groups()
-                .observe(message.tenant, message.subject, message.version);
+            broker.groups().observe(message);
             let skip = (message.route.flags & FLAG_NO_ECHO != 0).then_some(message.route.origin);
             let delivered = broker.route(tenant, skip, &routed, &mut scratch, &mut wakes);
             msgs += delivered as u64;

@@ -271,8 +271,9 @@ pub struct Sequenced<'a> {
     pub offset: u64,
     pub time_ms: u64,
     pub flags: u8,
-    pub headers: &'a [u8],
-    pub payload: &'a [u8],
+    /// Shared, not copied: a follower that keeps the message clones the handle.
+    pub headers: &'a Bytes,
+    pub payload: &'a Bytes,
     pub route: &'a RouteTag,
 }
 

@@ -115,6 +115,32 @@ impl Store {
         Ok(found.map(|(version, r)| stored(subject, version, r)))
     }
 
+    /// `version` of `subject` and the versions after it stored in the same run (one
+    /// round's messages of the subject, at most about 64 KiB), in version order: what a
+    /// reader about to want the next versions too gets for the price of one read.
+    /// Empty when `version` is not stored.
+    pub async fn get_run_from(
+        &self,
+        tenant: &str,
+        subject: &str,
+        version: u64,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        let Some(run) =
+            runs::run_holding(self.db(), tenant, subject, version, Seen::Durable).await?
+        else {
+            return Ok(Vec::new());
+        };
+        let skip = usize::try_from(version.saturating_sub(run.first)).unwrap_or(usize::MAX);
+        let first = run.first;
+        Ok(run
+            .records
+            .into_iter()
+            .enumerate()
+            .skip(skip)
+            .map(|(i, record)| stored(subject, first + i as u64, record))
+            .collect())
+    }
+
     /// A page of one subject's history: only that subject's key range is read.
     pub async fn replay_subject(
         &self,

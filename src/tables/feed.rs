@@ -180,6 +180,9 @@ mod tests {
     use super::*;
     use crate::store::RouteTag;
 
+    static EMPTY: Bytes = Bytes::new();
+    static OBJECT: Bytes = Bytes::from_static(b"{}");
+
     fn sequenced<'a>(subject: &'a str, offset: u64, route: &'a RouteTag) -> Sequenced<'a> {
         Sequenced {
             tenant: "t",
@@ -188,8 +191,8 @@ mod tests {
             offset,
             time_ms: 5,
             flags: 0,
-            headers: b"",
-            payload: b"{}",
+            headers: &EMPTY,
+            payload: &OBJECT,
             route,
         }
     }

@@ -768,6 +768,9 @@ mod tests {
     use super::*;
     use crate::store::{RouteTag, Sequenced};
 
+    static EMPTY: bytes::Bytes = bytes::Bytes::new();
+    static OBJECT: bytes::Bytes = bytes::Bytes::from_static(b"{}");
+
     fn message(offset: u64) -> StoredMessage {
         StoredMessage {
             subject: "a.1".into(),
@@ -793,8 +796,8 @@ mod tests {
                 offset,
                 time_ms: 0,
                 flags: 0,
-                headers: b"",
-                payload: b"{}",
+                headers: &EMPTY,
+                payload: &OBJECT,
                 route: &route,
             }]);
         };

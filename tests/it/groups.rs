@@ -359,6 +359,76 @@ async fn group_deliveries_count_as_messages_out() {
     server.stop().await;
 }
 
+/// A group that keeps up hands out what the sequencer gave it, reading nothing; one
+/// catching up reads each stored run once, not each version.
+#[tokio::test]
+async fn deliveries_come_from_memory_and_a_catch_up_reads_a_run_once() {
+    let (server, client) = with_group(
+        test_config(),
+        json!({"name": "live", "pattern": "orders.>", "start": "all"}),
+    )
+    .await;
+    let reads = || server.metrics.snapshot().group_delivery_reads;
+    for i in 0..30 {
+        publish_acked(&client, &format!("orders.{}", i % 3), i.to_string()).await;
+    }
+    let drain = |group: &'static str| {
+        let client = client.clone();
+        async move {
+            let mut seen = Vec::new();
+            loop {
+                let got = next(&client, json!({"group": group, "max": 100})).await;
+                if got.is_empty() {
+                    return seen;
+                }
+                for message in &got {
+                    let (subject, version, _) = delivered(std::slice::from_ref(message))[0].clone();
+                    seen.push((subject, version, message.payload.clone()));
+                    reply(&client, message, "+ACK").await;
+                }
+            }
+        }
+    };
+    let live = drain("live").await;
+    assert_eq!(live.len(), 30);
+    for (subject, version, payload) in &live {
+        let i: u64 = std::str::from_utf8(payload).unwrap().parse().unwrap();
+        let n: u64 = subject.trim_start_matches("orders.").parse().unwrap();
+        assert_eq!(
+            (i % 3, i / 3 + 1),
+            (n, *version),
+            "{subject} v{version}: {i}"
+        );
+    }
+    assert_eq!(reads(), 0, "a group that keeps up reads nothing to deliver");
+
+    // Ten messages in one append are one stored run: a group made afterwards reads it
+    // once for all ten.
+    let messages: Vec<_> = (0..10).map(|i| json!({"data": format!("r{i}")})).collect();
+    let (status, answer) = api(
+        &client,
+        "append",
+        json!({"subject": "runs.a", "messages": messages}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = api(
+        &client,
+        "group.create",
+        json!({"name": "late", "pattern": "runs.>", "start": "all", "per_subject": 10}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let late = drain("late").await;
+    let payloads: Vec<_> = late.iter().map(|(_, _, p)| p.clone()).collect();
+    let expected: Vec<_> = (0..10)
+        .map(|i| bytes::Bytes::from(format!("r{i}")))
+        .collect();
+    assert_eq!(payloads, expected);
+    assert_eq!(reads(), 1, "one read for the run");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_waiting_pull_gets_the_next_message_published() {
     let (server, client) =

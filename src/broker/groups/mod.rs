@@ -27,14 +27,17 @@ use parking_lot::RwLock;
 use tokio::sync::mpsc;
 
 pub mod jetstream;
+mod kept;
 
 use self::jetstream::{JetStreamPull, Sequences};
+use self::kept::{Kept, KeptMessage};
 use super::{Broker, Message, RouteScratch, TenantRoutes, Wakes};
 use crate::groups::awaiting::{Await, AwaitOutcome, CallerKey, Missed};
 use crate::groups::dispatch::{DeadLetter, Delivery, Dispatcher, MemberId};
 use crate::groups::{GroupSpec, StartAt, StoredGroup};
 use crate::store::{
-    AppendRequest, Durability, NewMessage, ReplayFrom, RouteTag, Store, StoreError,
+    AppendRequest, Durability, NewMessage, ReplayFrom, RouteTag, Sequenced, Store, StoreError,
+    StoredMessage,
 };
 
 /// How often moved cursors are written.
@@ -186,8 +189,18 @@ impl ReplyKind {
     }
 }
 
+/// What the sequencer hands a group with a message it routed.
+struct Observed {
+    offset: u64,
+    time_ms: u64,
+    headers: Bytes,
+    payload: Bytes,
+}
+
 enum Input {
-    Observed(Arc<str>, u64),
+    /// A stored message the sequencer routed: its subject, version and the message
+    /// itself (shared with the sequencer's request until the group copies it).
+    Observed(Arc<str>, u64, Observed),
     Pull(Pull),
     Reply(Reply),
     JetStreamReply(JetStreamReply),
@@ -399,10 +412,11 @@ impl Drop for WaitingPlace {
 impl Groups {
     /// Offers a stored message to the tenant's groups whose pattern matches it. Never
     /// waits: a group whose queue is full is marked lagging and rescans the store.
-    pub fn observe(&self, tenant: &str, subject: &str, version: u64) {
+    pub fn observe(&self, message: &Sequenced<'_>) {
         if !self.any.load(Ordering::Acquire) {
             return;
         }
+        let (tenant, subject, version) = (message.tenant, message.subject, message.version);
         let Some(groups) = self.tenants.read().get(tenant).cloned() else {
             return;
         };
@@ -413,7 +427,17 @@ impl Groups {
                     continue;
                 };
                 let name = Arc::clone(subject_arc.get_or_insert_with(|| Arc::from(subject)));
-                if handle.tx.try_send(Input::Observed(name, version)).is_err() {
+                let observed = Observed {
+                    offset: message.offset,
+                    time_ms: message.time_ms,
+                    headers: message.headers.clone(),
+                    payload: message.payload.clone(),
+                };
+                if handle
+                    .tx
+                    .try_send(Input::Observed(name, version, observed))
+                    .is_err()
+                {
                     handle.lagging.store(true, Ordering::Release);
                 }
             }
@@ -678,6 +702,7 @@ impl Groups {
             sequences: Sequences::default(),
             last_offset: 0,
             observed: Vec::new(),
+            kept: Kept::default(),
             awaits: HashMap::new(),
             touched: Vec::new(),
             clock: broker.clock().clone(),
@@ -794,7 +819,9 @@ struct GroupTask {
     /// The tenant offset of the newest message delivered (JetStream's stream sequence).
     last_offset: u64,
     /// Messages routed, not yet known durable.
-    observed: Vec<(Arc<str>, u64)>,
+    observed: Vec<(Arc<str>, u64, Observed)>,
+    /// Messages held for their delivery, so it reads nothing.
+    kept: Kept,
     /// Publishes waiting for the group to pass a version, by subject.
     awaits: HashMap<Arc<str>, Vec<Waiter>>,
     /// Subjects whose cursor may have moved this turn, while anything waits.
@@ -945,7 +972,9 @@ impl GroupTask {
     async fn take_input(&mut self, input: Input) {
         let now = self.clock.now_ms();
         match input {
-            Input::Observed(subject, version) => self.observed.push((subject, version)),
+            Input::Observed(subject, version, message) => {
+                self.observed.push((subject, version, message));
+            }
             Input::Pull(pull) => {
                 if !self.members.contains_key(&pull.member) && self.members.len() >= MAX_MEMBERS {
                     self.refuse(
@@ -1136,7 +1165,7 @@ impl GroupTask {
         // A dropped message sets the flag before anything offered after it, so a
         // group that sees it clear has every message since its walk.
         let complete = self.scan == Scan::Done && !self.lagging.load(Ordering::Acquire);
-        for (subject, version) in std::mem::take(&mut self.observed) {
+        for (subject, version, message) in std::mem::take(&mut self.observed) {
             if self.before_start(now) {
                 self.dispatcher.pass_over(&subject, version, now);
                 continue;
@@ -1158,6 +1187,14 @@ impl GroupTask {
                 }
             }
             self.dispatcher.observe(&subject, version, now);
+            let Observed {
+                offset,
+                time_ms,
+                headers,
+                payload,
+            } = message;
+            let copy = KeptMessage::copied(offset, time_ms, &headers, &payload);
+            self.kept.keep(&subject, version, copy);
         }
     }
 
@@ -1315,11 +1352,7 @@ impl GroupTask {
         let deliveries = self.dispatcher.take(member, max, now);
         let (mut sent, mut bytes, mut out_bytes) = (0, 0, 0);
         for delivery in deliveries {
-            match self
-                .store
-                .get(&self.tenant, &delivery.subject, Some(delivery.version))
-                .await
-            {
+            match self.message(&delivery).await {
                 Ok(Some(message)) => {
                     match &pull.style {
                         PullStyle::Canopy => self.send_canopy(&broker, pull, &delivery, &message),
@@ -1348,6 +1381,51 @@ impl GroupTask {
             broker.metrics().count_out(sent as u64, out_bytes as u64);
         }
         (sent, bytes)
+    }
+
+    /// The message a delivery hands out: kept in memory when the group has it, else
+    /// read from the store with the rest of its run, which is kept for the
+    /// deliveries to come.
+    async fn message(&mut self, delivery: &Delivery) -> Result<Option<StoredMessage>, StoreError> {
+        let (subject, version) = (&delivery.subject, delivery.version);
+        let kept = match self.kept.take(subject, version) {
+            Some(kept) => kept,
+            None => {
+                if let Some(broker) = self.broker.upgrade() {
+                    broker.metrics().count_group_delivery_read();
+                }
+                let mut run = self
+                    .store
+                    .get_run_from(&self.tenant, subject, version)
+                    .await?
+                    .into_iter();
+                let Some(first) = run.next() else {
+                    return Ok(None);
+                };
+                for next in run {
+                    // Versions already out (or past) are not wanted again from here.
+                    if !self.kept.holds(subject, next.version) {
+                        let copy = KeptMessage::copied(
+                            next.offset,
+                            next.time_ms,
+                            &next.headers,
+                            &next.payload,
+                        );
+                        self.kept.keep(subject, next.version, copy);
+                    }
+                }
+                return Ok(Some(first));
+            }
+        };
+        Ok(Some(StoredMessage {
+            subject: subject.to_string(),
+            version,
+            offset: kept.offset,
+            time_ms: kept.time_ms,
+            flags: 0,
+            headers: kept.headers,
+            payload: kept.payload,
+        }))
     }
 
     /// One delivery to a `$CANOPY.group.next` pull: Canopy's headers, and an ack

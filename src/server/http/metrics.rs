@@ -127,7 +127,7 @@ fn render_server_wide(out: &mut String, state: &HttpState) {
             })
             .collect::<Vec<_>>(),
     );
-    let counters: [(&str, &str, u64); 10] = [
+    let counters: [(&str, &str, u64); 11] = [
         (
             "canopy_connections_total",
             "Client connections accepted since start.",
@@ -172,6 +172,12 @@ fn render_server_wide(out: &mut String, state: &HttpState) {
             "canopy_group_catch_up_reads_total",
             "Store reads consumer groups made to catch up (subject pages walked, starts found).",
             snap.group_catch_up_reads,
+        ),
+        (
+            "canopy_group_delivery_reads_total",
+            "Store reads consumer groups made to hand out a message they did not hold in memory \
+             (one per stored run).",
+            snap.group_delivery_reads,
         ),
         (
             "canopy_dropped_total",
