@@ -13,6 +13,7 @@ pub mod clock;
 pub mod config;
 pub mod groups;
 pub mod metrics;
+pub mod publish;
 pub mod schemas;
 pub mod server;
 pub mod session;

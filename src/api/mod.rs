@@ -21,7 +21,6 @@
 pub(crate) mod groups;
 pub mod jetstream;
 mod read;
-mod reserved;
 pub mod schemas;
 mod snapshots;
 pub mod tenants;
@@ -43,13 +42,13 @@ use crate::store::{Snapshot, Store, StoreError, StoredMessage};
 use crate::tenancy::quota::ApiCallSlot;
 use crate::tenancy::{Action, Principal};
 
+use crate::publish::is_reserved;
 use read::{get, replay, subjects};
-pub use reserved::{is_api_call, is_reserved};
 use snapshots::{get_snapshot, put_snapshot};
 use write::{append, purge};
 
 /// Subjects under this prefix are API calls, never routed or stored.
-pub const PREFIX: &str = "$CANOPY.";
+pub use crate::publish::API_PREFIX as PREFIX;
 /// Most messages one replay page returns.
 pub const MAX_PAGE: usize = crate::store::PAGE_MESSAGES;
 /// About the most payload bytes one replay page returns.
@@ -81,6 +80,8 @@ impl Work {
 pub struct ApiCall {
     pub principal: Principal,
     pub routes: Arc<TenantRoutes>,
+    /// The calling connection's limits: what an append's messages are held to.
+    pub limits: Arc<crate::publish::SessionLimits>,
     /// The calling connection (a JetStream pull's member).
     pub origin: u64,
     /// The operation: what follows `$CANOPY.`, or a JetStream call's whole subject

@@ -13,10 +13,11 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::broker::Broker;
+use crate::publish::{AppendRefusal, Publisher, Refusal};
 use crate::store::{AckTo, AppendRequest, Expectation, NewMessage, RouteTag, Store};
 use crate::tenancy::Action;
 
-use super::{Answer, ApiCall, ApiError, authorize, check_subject, parse, subject_request};
+use super::{Answer, ApiCall, ApiError, authorize, check_subject, parse};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -36,73 +37,51 @@ struct AppendBody {
     messages: Vec<AppendMessage>,
 }
 
-pub(super) async fn append(broker: &Broker, store: &Store, call: &ApiCall) -> Result<(), ApiError> {
-    let request: AppendBody =
-        subject_request(broker, call, Action::Publish, |r: &AppendBody| &r.subject)?;
-    let Some(policy) = broker.store_policy(&request.subject) else {
-        return Err(ApiError::new(
-            400,
-            format!("{} is not stored by any store policy", request.subject),
-        ));
-    };
-    if request.messages.is_empty() {
-        return Err(ApiError::new(400, "an append needs at least one message"));
-    }
-    // An append is all or nothing, so a message its schema refuses fails the whole
-    // append, whatever the binding does with a single invalid publish.
-    let binding = call.routes.schemas.for_subject(&request.subject);
+pub(super) async fn append(
+    broker: &Arc<Broker>,
+    store: &Store,
+    call: &ApiCall,
+) -> Result<(), ApiError> {
+    let request: AppendBody = parse(&call.body)?;
     let mut messages = Vec::with_capacity(request.messages.len());
-    for (i, message) in request.messages.into_iter().enumerate() {
+    for message in request.messages {
         let payload = payload_of(message.data, message.data_base64)?;
-        let own: Vec<_> = message
-            .headers
-            .into_iter()
-            .filter(|(name, _)| !name.eq_ignore_ascii_case(crate::schemas::SCHEMA_HEADER))
-            .collect();
-        let mut headers = if own.is_empty() {
+        let headers = if message.headers.is_empty() {
             Bytes::new()
         } else {
             let mut map = HeaderMap::new();
-            for (name, value) in own {
+            for (name, value) in message.headers {
                 map.append(name, value);
             }
             let mut block = BytesMut::new();
             map.encode(&mut block);
             block.freeze()
         };
-        if let Some(binding) = &binding {
-            if let Err(violation) = binding.check(&payload) {
-                call.routes
-                    .schemas
-                    .record_error(crate::schemas::registry::RecentError {
-                        subject: request.subject.clone(),
-                        schema: binding.reference(),
-                        violation: violation.clone(),
-                        time_ms: broker.clock().now_ms(),
-                        dead_lettered: false,
-                    });
-                return Err(ApiError::new(
-                    400,
-                    format!(
-                        "message {i} does not match schema {} at {violation}; nothing was appended",
-                        binding.reference()
-                    ),
-                ));
-            }
-            headers = binding.stamp(&headers);
-        }
-        let size = headers.len() + payload.len();
-        call.routes
-            .quota
-            .admit_publish(size)
-            .map_err(|exceeded| ApiError::new(429, format!("quota exceeded: {exceeded}")))?;
-        call.routes.quota.count_admitted(1, size as u64);
         messages.push(NewMessage {
             headers,
             payload,
             flags: 0,
         });
     }
+    // The same stages as any publish, each message through its own, the quota
+    // charged once all of them passed.
+    let publisher = Publisher::new(
+        Arc::clone(broker),
+        Arc::clone(&call.routes),
+        call.principal.clone(),
+        Arc::clone(&call.limits),
+        call.origin,
+    );
+    let policy = publisher
+        .decide_append(&request.subject, &mut messages)
+        .map_err(append_error)?;
+    let size: usize = messages
+        .iter()
+        .map(|m| m.headers.len() + m.payload.len())
+        .sum();
+    call.routes
+        .quota
+        .count_admitted(messages.len() as u64, size as u64);
     let reply = call.reply.clone().unwrap_or_default();
     store
         .append(AppendRequest {
@@ -124,6 +103,23 @@ pub(super) async fn append(broker: &Broker, store: &Store, call: &ApiCall) -> Re
         })
         .await?;
     Ok(())
+}
+
+/// An append's refusal as the API words it.
+fn append_error(refusal: AppendRefusal) -> ApiError {
+    let code = match &refusal {
+        AppendRefusal::NotStored(_) | AppendRefusal::Empty => 400,
+        AppendRefusal::Refused(refused)
+        | AppendRefusal::Message {
+            refusal: refused, ..
+        } => match refused {
+            Refusal::Reserved(_) | Refusal::Denied(_) => 403,
+            Refusal::TooLarge { .. } => 413,
+            Refusal::OverQuota(_) => 429,
+            Refusal::InvalidSubject(_) | Refusal::BadHeader(_) | Refusal::Invalid(_) => 400,
+        },
+    };
+    ApiError::new(code, refusal.to_string())
 }
 
 /// A payload given as `data` (text) or `data_base64`.

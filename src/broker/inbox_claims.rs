@@ -8,7 +8,17 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use canopy_subjects::INBOX_TOKEN;
 use parking_lot::Mutex;
+
+/// The owner token of an inbox subject `_INBOX.<owner>.…`.
+pub fn inbox_owner(subject: &str) -> Option<&str> {
+    let mut tokens = subject.split('.');
+    (tokens.next() == Some(INBOX_TOKEN))
+        .then(|| tokens.next())
+        .flatten()
+        .filter(|owner| !owner.is_empty())
+}
 
 /// Which connection holds each owner token of one tenant.
 #[derive(Debug, Default)]

@@ -28,7 +28,7 @@ use canopy_subjects::SharedTrie;
 use parking_lot::RwLock;
 
 pub use crate::metrics::{Metrics, MetricsSnapshot};
-pub use inbox_claims::InboxClaims;
+pub use inbox_claims::{InboxClaims, inbox_owner};
 pub use outbox::{Outbox, Refused, Wakes};
 pub use routing::refusal;
 pub use subscription::Subscription;

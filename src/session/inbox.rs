@@ -26,15 +26,6 @@ pub(super) fn pattern_owner(pattern: &Pattern) -> Option<String> {
     }
 }
 
-/// The owner token of an inbox subject `_INBOX.<owner>.…`.
-pub(super) fn inbox_owner(subject: &str) -> Option<&str> {
-    let mut tokens = subject.split('.');
-    (tokens.next() == Some(INBOX_TOKEN))
-        .then(|| tokens.next())
-        .flatten()
-        .filter(|owner| !owner.is_empty())
-}
-
 /// The owner tokens one connection holds, with how many of its subscriptions are
 /// under each. Nothing is allocated until the first one: most connections hold none.
 #[derive(Debug, Default)]

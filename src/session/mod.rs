@@ -19,7 +19,7 @@ mod publish;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use canopy_subjects::{Limits, Pattern};
+use canopy_subjects::Pattern;
 
 use crate::broker::envelope::MqttOptions;
 use crate::broker::{Broker, Outbox, RouteScratch, Subscription, TenantRoutes, Wakes};
@@ -27,17 +27,9 @@ use crate::store::AppendRequest;
 use crate::tenancy::quota::{ConnectionSlot, Exceeded};
 use crate::tenancy::{Action, Denied, Principal};
 
-pub use publish::{Admission, AskAck, Decision, Publish, Published, Publisher, Refusal, Refused};
-
-/// The limits every front end applies the same way.
-#[derive(Debug, Clone, Copy)]
-pub struct SessionLimits {
-    pub subjects: Limits,
-    /// A message's header bytes plus payload bytes, on every front end.
-    pub max_payload: usize,
-    /// Subscriptions one connection may hold (0: no limit besides the tenant's).
-    pub max_subscriptions: usize,
-}
+pub use crate::publish::{
+    Admission, AskAck, Decision, Publish, Published, Publisher, Refusal, Refused, SessionLimits,
+};
 
 /// Why a subscription was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

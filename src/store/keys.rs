@@ -107,6 +107,14 @@ pub fn snapshots_up_to(tenant: &str, subject: &str, to: u64) -> std::ops::Range<
     snapshot(tenant, subject, 0)..snapshot(tenant, subject, to.saturating_add(1))
 }
 
+/// The subject and version of a message key of `tenant`.
+pub fn message_parts<'k>(tenant: &str, key: &'k [u8]) -> Option<(&'k str, u64)> {
+    let rest = key.get(2 + tenant.len()..key.len().checked_sub(9)?)?;
+    let version = message_version(key)?;
+    (key.get(key.len() - 9) == Some(&0)).then_some(())?;
+    Some((std::str::from_utf8(rest).ok()?, version))
+}
+
 /// The version at the end of a message key of a known subject.
 pub fn message_version(key: &[u8]) -> Option<u64> {
     let tail: [u8; 8] = key.get(key.len().checked_sub(8)?..)?.try_into().ok()?;

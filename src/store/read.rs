@@ -141,6 +141,37 @@ impl Store {
             .collect())
     }
 
+    /// For each of `wanted` (subject and version pairs, sorted by subject and then
+    /// version), what [`Store::get_run_from`] gives, read in one forward scan of the
+    /// keys between them that stops after `max_keys` keys. `None` is a pair the scan
+    /// did not find, to be read on its own; the scan cannot tell it from a pair that is
+    /// not stored.
+    pub async fn get_runs_from(
+        &self,
+        tenant: &str,
+        wanted: &[(&str, u64)],
+        max_keys: usize,
+    ) -> Result<Vec<Option<Vec<StoredMessage>>>, StoreError> {
+        let runs = runs::runs_holding(self.db(), tenant, wanted, max_keys, Seen::Durable).await?;
+        Ok(runs
+            .into_iter()
+            .zip(wanted)
+            .map(|(run, &(subject, version))| {
+                let run = run?;
+                let first = run.first;
+                let skip = usize::try_from(version.saturating_sub(first)).unwrap_or(usize::MAX);
+                Some(
+                    run.records
+                        .into_iter()
+                        .enumerate()
+                        .skip(skip)
+                        .map(|(i, record)| stored(subject, first + i as u64, record))
+                        .collect(),
+                )
+            })
+            .collect())
+    }
+
     /// A page of one subject's history: only that subject's key range is read.
     pub async fn replay_subject(
         &self,

@@ -150,6 +150,67 @@ pub(super) async fn at(
     Ok(run.and_then(|r| r.get(version).cloned()))
 }
 
+/// The runs holding each of `wanted` (subject and version pairs in key order: by
+/// subject bytes, then version), found by one forward scan of the keys between the
+/// first and the last instead of a read each: the runs of subjects that sort close
+/// together lie close together. The scan stops after `max_keys` keys; a pair it did
+/// not find (its run starts before the pair's subject was reached, the scan stopped,
+/// or it is not stored) is `None`, for the caller to read on its own.
+pub(super) async fn runs_holding(
+    db: &Db,
+    tenant: &str,
+    wanted: &[(&str, u64)],
+    max_keys: usize,
+    seen: Seen,
+) -> Result<Vec<Option<Run>>, StoreError> {
+    let mut found: Vec<Option<Run>> = wanted.iter().map(|_| None).collect();
+    let (Some(&(first, from)), Some(&(last, _))) = (wanted.first(), wanted.last()) else {
+        return Ok(found);
+    };
+    let start = keys::message(tenant, first, from);
+    let end = keys::message_range(tenant, last, 0).end;
+    let mut iter = db.scan_with_options(start..end, &seen.scan()).await?;
+    let mut i = 0;
+    for _ in 0..max_keys {
+        let Some(kv) = iter.next().await? else {
+            break;
+        };
+        let Some((subject, run_first)) = keys::message_parts(tenant, &kv.key) else {
+            continue;
+        };
+        // Pairs of subjects the scan has passed were not found here.
+        while i < wanted.len() && wanted[i].0.as_bytes() < subject.as_bytes() {
+            i += 1;
+        }
+        // A pair whose run starts before this key's is before the scan's reach.
+        while i < wanted.len() && wanted[i].0 == subject && wanted[i].1 < run_first {
+            i += 1;
+        }
+        if i == wanted.len() {
+            break;
+        }
+        if wanted[i].0 != subject {
+            continue;
+        }
+        let Some(run) = Run::decode(&kv.key, kv.value) else {
+            continue;
+        };
+        let end = run.end();
+        let mut j = i;
+        while j < wanted.len() && wanted[j].0 == subject && wanted[j].1 < end {
+            j += 1;
+        }
+        if j > i {
+            for slot in &mut found[i + 1..j] {
+                *slot = Some(run.clone());
+            }
+            found[i] = Some(run);
+            i = j;
+        }
+    }
+    Ok(found)
+}
+
 /// A subject's messages from a version on, in version order.
 pub(super) struct Scan {
     iter: DbIterator,

@@ -271,11 +271,18 @@ impl Quota {
     /// went over and how long to wait. Admitted publishes are counted by the caller,
     /// a batch at a time ([`Quota::count_admitted`]).
     pub fn admit_publish(&self, bytes: usize) -> Result<(), Exceeded> {
+        self.admit_publishes(1, bytes)
+    }
+
+    /// Admits `count` publishes of `bytes` in all, all or none: an append's messages,
+    /// refused together so a refused append spends nothing.
+    pub fn admit_publishes(&self, count: usize, bytes: usize) -> Result<(), Exceeded> {
         let bytes = bytes as u64;
+        let count = count as u64;
         let limited = self.messages.limit().is_some() || self.bytes.limit().is_some();
         if limited {
             let now = self.nanos();
-            let refused = match self.messages.take(1, now, false) {
+            let refused = match self.messages.take(count, now, false) {
                 Err(wait) => Some(Exceeded::MessageRate {
                     tenant: Arc::clone(&self.tenant),
                     limit: self.messages.limit().unwrap_or_default(),
@@ -283,7 +290,7 @@ impl Quota {
                 }),
                 Ok(()) => self.bytes.take(bytes, now, false).err().map(|wait| {
                     // Refused, so it spends nothing of the message rate either.
-                    self.messages.refund(1);
+                    self.messages.refund(count);
                     Exceeded::ByteRate {
                         tenant: Arc::clone(&self.tenant),
                         limit: self.bytes.limit().unwrap_or_default(),

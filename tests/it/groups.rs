@@ -360,7 +360,8 @@ async fn group_deliveries_count_as_messages_out() {
 }
 
 /// A group that keeps up hands out what the sequencer gave it, reading nothing; one
-/// catching up reads each stored run once, not each version.
+/// catching up reads each stored run once, not each version, and the runs of the
+/// subjects one pull hands out in one scan.
 #[tokio::test]
 async fn deliveries_come_from_memory_and_a_catch_up_reads_a_run_once() {
     let (server, client) = with_group(
@@ -426,6 +427,27 @@ async fn deliveries_come_from_memory_and_a_catch_up_reads_a_run_once() {
         .collect();
     assert_eq!(payloads, expected);
     assert_eq!(reads(), 1, "one read for the run");
+
+    // Twenty subjects with a run each, caught up in one pull: one scan over their keys.
+    for i in 0..20 {
+        publish_acked(&client, &format!("scan.{i:02}"), format!("s{i}")).await;
+    }
+    let (status, answer) = api(
+        &client,
+        "group.create",
+        json!({"name": "scan", "pattern": "scan.>", "start": "all"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let scanned = drain("scan").await;
+    let mut payloads: Vec<_> = scanned.iter().map(|(_, _, p)| p.clone()).collect();
+    payloads.sort();
+    let mut expected: Vec<_> = (0..20)
+        .map(|i| bytes::Bytes::from(format!("s{i}")))
+        .collect();
+    expected.sort();
+    assert_eq!(payloads, expected);
+    assert_eq!(reads(), 2, "one scan for the twenty runs");
     server.stop().await;
 }
 

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 /// `client` (the CLI's own NATS client) stands apart and names none of them.
 const LAYERS: &[&str] = &[
     "client", "clock", "store", "config", "metrics", "tenancy", "schemas", "groups", "tables",
-    "broker", "api", "session", "server",
+    "broker", "publish", "api", "session", "server",
 ];
 
 /// One library file: its module path (`["broker", "groups"]` for

@@ -2,6 +2,7 @@
 //! clients (async-nats, nats-py, the `canopy` binary, raw TCP). One test binary, so
 //! CI links once.
 
+mod append_stages;
 mod asyncapi;
 mod auth;
 mod bench;

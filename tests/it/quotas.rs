@@ -12,7 +12,7 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use crate::common::{WAIT, api, header, publish_acked, start, store_request, test_config};
 
 /// Sets the default tenant's limits (anonymous clients belong to it).
-async fn limit_default(admin: &async_nats::Client, limits: Value) {
+pub(crate) async fn limit_default(admin: &async_nats::Client, limits: Value) {
     let (status, body) = api(
         admin,
         "tenant.update",

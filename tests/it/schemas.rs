@@ -59,7 +59,7 @@ async fn put(client: &async_nats::Client, body: Value) -> Value {
     answer
 }
 
-async fn bind(client: &async_nats::Client, pattern: &str, schema: Value) -> Value {
+pub(crate) async fn bind(client: &async_nats::Client, pattern: &str, schema: Value) -> Value {
     put(client, json!({"pattern": pattern, "schema": schema})).await
 }
 

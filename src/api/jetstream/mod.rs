@@ -22,18 +22,13 @@ use serde_json::{Value, json};
 
 use super::{Answer, ApiCall};
 use crate::broker::Broker;
-use crate::broker::groups::jetstream::{JS_ACK_PREFIX, parse_ack};
+use crate::broker::groups::jetstream::parse_ack;
 use crate::broker::groups::{Handed, JetStreamReply, ReplyKind};
 use crate::store::Store;
 use crate::tenancy::Action;
 
 /// Subjects of JetStream API calls.
-pub const API_PREFIX: &str = "$JS.API.";
-
-/// Whether a native publish to `subject` is a JetStream API call or ack.
-pub fn is_call(subject: &str) -> bool {
-    subject.starts_with(API_PREFIX) || subject.starts_with(JS_ACK_PREFIX)
-}
+pub use crate::publish::JS_API_PREFIX as API_PREFIX;
 
 /// A refused JetStream call, as nats-server words it: an HTTP-style code, the
 /// JetStream error code clients match on, and a sentence.

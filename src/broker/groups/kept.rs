@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
 
+use crate::store::StoredMessage;
+
 /// Bytes one group keeps at most.
 pub const GROUP_BYTES: usize = 16 << 20;
 /// Bytes all groups of the server keep at most.
@@ -86,6 +88,19 @@ impl Kept {
         }
         self.bytes += cost;
         self.compact();
+    }
+
+    /// Keeps a copy of a message read from the store, unless it is kept already.
+    pub fn keep_read(&mut self, subject: &Arc<str>, message: &StoredMessage) {
+        if !self.holds(subject, message.version) {
+            let copy = KeptMessage::copied(
+                message.offset,
+                message.time_ms,
+                &message.headers,
+                &message.payload,
+            );
+            self.keep(subject, message.version, copy);
+        }
     }
 
     /// Takes the kept `version` of `subject`, if it is kept.

@@ -40,6 +40,12 @@ use crate::store::{
     StoredMessage,
 };
 
+/// Deliveries a pull must lack in memory before they are read in one scan.
+const READ_AHEAD_MIN: usize = 4;
+/// Keys a read-ahead scans per message it wants at most, so a scan through other
+/// subjects' history (between the wanted ones, or before their cursors) stays bounded.
+const READ_AHEAD_KEYS_PER_MESSAGE: usize = 4;
+
 /// How often moved cursors are written.
 pub const CURSOR_FLUSH: Duration = Duration::from_millis(100);
 /// Inputs queued for one group before new messages are dropped (and rescanned).
@@ -1350,6 +1356,7 @@ impl GroupTask {
         let member = self.member(&pull.member);
         let now = self.clock.now_ms();
         let deliveries = self.dispatcher.take(member, max, now);
+        self.read_ahead(&deliveries).await;
         let (mut sent, mut bytes, mut out_bytes) = (0, 0, 0);
         for delivery in deliveries {
             match self.message(&delivery).await {
@@ -1383,6 +1390,49 @@ impl GroupTask {
         (sent, bytes)
     }
 
+    /// Reads the runs of the deliveries the group does not hold in one scan of the
+    /// keys between them, and keeps them: a catch-up hands subjects out in the order
+    /// its walk listed them, which is key order, so their runs lie close together. What
+    /// the scan misses is read on its own by [`GroupTask::message`].
+    async fn read_ahead(&mut self, deliveries: &[Delivery]) {
+        let mut wanted: Vec<(&str, u64)> = deliveries
+            .iter()
+            .filter(|d| !self.kept.holds(&d.subject, d.version))
+            .map(|d| (&*d.subject, d.version))
+            .collect();
+        if wanted.len() < READ_AHEAD_MIN {
+            return;
+        }
+        wanted.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()).then(a.1.cmp(&b.1)));
+        wanted.dedup();
+        let max_keys = wanted.len() * READ_AHEAD_KEYS_PER_MESSAGE + 64;
+        if let Some(broker) = self.broker.upgrade() {
+            broker.metrics().count_group_delivery_read();
+        }
+        let found = match self
+            .store
+            .get_runs_from(&self.tenant, &wanted, max_keys)
+            .await
+        {
+            Ok(found) => found,
+            Err(error) => {
+                tracing::debug!(group = %self.spec.name, %error, "a read-ahead failed; each delivery reads on its own");
+                return;
+            }
+        };
+        let names: HashMap<&str, &Arc<str>> = deliveries
+            .iter()
+            .map(|d| (&*d.subject, &d.subject))
+            .collect();
+        for messages in found.into_iter().flatten() {
+            for message in messages {
+                if let Some(&subject) = names.get(message.subject.as_str()) {
+                    self.kept.keep_read(subject, &message);
+                }
+            }
+        }
+    }
+
     /// The message a delivery hands out: kept in memory when the group has it, else
     /// read from the store with the rest of its run, which is kept for the
     /// deliveries to come.
@@ -1403,16 +1453,7 @@ impl GroupTask {
                     return Ok(None);
                 };
                 for next in run {
-                    // Versions already out (or past) are not wanted again from here.
-                    if !self.kept.holds(subject, next.version) {
-                        let copy = KeptMessage::copied(
-                            next.offset,
-                            next.time_ms,
-                            &next.headers,
-                            &next.payload,
-                        );
-                        self.kept.keep(subject, next.version, copy);
-                    }
+                    self.kept.keep_read(subject, &next);
                 }
                 return Ok(Some(first));
             }

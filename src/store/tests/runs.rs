@@ -185,3 +185,66 @@ async fn a_version_limit_set_after_runs_drops_a_run_once_all_of_it_is_out() {
     assert_eq!(versions(&store, "a").await, [12, 13, 14]);
     store.close().await.expect("closes");
 }
+
+#[tokio::test]
+async fn one_scan_finds_the_runs_of_many_subjects() {
+    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let recorder = Arc::new(Recorder::default());
+    let store = Store::open(settings(Arc::clone(&inner)), recorder.clone())
+        .await
+        .expect("opens");
+    store.append(many("a", 1, 20, 0)).await.expect("queued");
+    settle(&store, &recorder).await;
+    store.append(many("a", 21, 5, 0)).await.expect("queued");
+    store.append(many("a.b", 1, 1, 0)).await.expect("queued");
+    store.append(many("b", 1, 3, 0)).await.expect("queued");
+    store.append(many("c", 1, 1, 0)).await.expect("queued");
+    settle(&store, &recorder).await;
+
+    let payloads = |found: &Option<Vec<StoredMessage>>| {
+        found.as_ref().map(|messages| {
+            messages
+                .iter()
+                .map(|m| (m.version, String::from_utf8_lossy(&m.payload).into_owned()))
+                .collect::<Vec<_>>()
+        })
+    };
+    let wanted = [
+        ("a", 2),
+        ("a", 22),
+        ("a.b", 1),
+        ("b", 2),
+        ("c", 5),
+        ("d", 1),
+    ];
+    let found = store.get_runs_from("t", &wanted, 100).await.expect("scans");
+    let got: Vec<_> = found.iter().map(payloads).collect();
+    let range = |from: u64, to: u64| Some((from..=to).map(|v| (v, format!("p{v}"))).collect());
+    assert_eq!(
+        got[0], None,
+        "the scan starts at (a, 2), past the run holding it"
+    );
+    assert_eq!(got[1], range(22, 25), "the rest of the second run of a");
+    assert_eq!(got[2], range(1, 1));
+    assert_eq!(got[3], range(2, 3), "b's run from 2");
+    assert_eq!(got[4], None, "c has no version 5");
+    assert_eq!(got[5], None, "d is not stored");
+
+    let from_runs = store
+        .get_runs_from("t", &[("a", 1), ("a", 21), ("b", 1)], 100)
+        .await
+        .expect("scans");
+    let got: Vec<_> = from_runs.iter().map(payloads).collect();
+    assert_eq!(got, [range(1, 20), range(21, 25), range(1, 3)]);
+
+    let short = store
+        .get_runs_from("t", &[("a", 1), ("a.b", 1), ("b", 1)], 2)
+        .await
+        .expect("scans");
+    let got: Vec<_> = short.iter().map(payloads).collect();
+    assert_eq!(
+        got,
+        [range(1, 20), None, None],
+        "two keys read: a's two runs"
+    );
+}

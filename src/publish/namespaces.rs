@@ -8,6 +8,12 @@
 //! Other `$`-subjects are ordinary subjects (MQTT's rule that a leading wildcard
 //! never matches them lives in the trie).
 
+/// The request/reply API's prefix: `$CANOPY.<op>`.
+pub const API_PREFIX: &str = "$CANOPY.";
+/// JetStream's API calls: `$JS.API.<call>`.
+pub const JS_API_PREFIX: &str = "$JS.API.";
+pub use crate::broker::groups::jetstream::JS_ACK_PREFIX;
+
 /// First tokens of the server's namespaces.
 const RESERVED: [&str; 4] = ["$CANOPY", "$SYS", "$JS", "$DLQ"];
 
@@ -25,10 +31,15 @@ pub fn is_reserved(subject: &str) -> bool {
 /// The API operation a native publish calls: `<op>` of `$CANOPY.<op>`, or the whole
 /// subject of a JetStream API call or ack (`$JS.API.…`, `$JS.ACK.…`).
 pub fn is_api_call(subject: &str) -> Option<&str> {
-    if super::jetstream::is_call(subject) {
+    if is_jetstream_call(subject) {
         return Some(subject);
     }
-    subject.strip_prefix(super::PREFIX)
+    subject.strip_prefix(API_PREFIX)
+}
+
+/// Whether a native publish to `subject` is a JetStream API call or ack.
+pub fn is_jetstream_call(subject: &str) -> bool {
+    subject.starts_with(JS_API_PREFIX) || subject.starts_with(JS_ACK_PREFIX)
 }
 
 #[cfg(test)]
