@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use canopy_subjects::validate_native_subject;
 
-use super::namespaces::{is_api_call, is_jetstream_call, is_reserved};
+use super::namespaces::{JS_API_PREFIX, is_api_call, is_reserved};
 use super::{Admission, AskAck, Decision, Invalid, Publish, Publisher, Refusal, Route};
 use crate::broker::durable::StoreRequest;
 use crate::config::StorePolicy;
@@ -151,9 +151,10 @@ impl Publisher {
     /// Stage 1: the subject's syntax and limits, unless the front end parsed it within the
     /// same limits. A JetStream call may end in a filter with wildcards
     /// (`$JS.API.CONSUMER.CREATE.<stream>.<name>.orders.>`): it is checked as a pattern.
+    /// An ack (`$JS.ACK.…`, one per delivered message) is a plain subject.
     fn stage_subject(&self, publish: &Publish<'_>) -> Result<(), Refusal> {
         let subject = publish.subject;
-        if publish.api_calls && is_jetstream_call(subject) {
+        if publish.api_calls && subject.starts_with(JS_API_PREFIX) {
             canopy_subjects::Pattern::parse_native(subject)
                 .map(drop)
                 .map_err(|e| Refusal::InvalidSubject(e.to_string()))

@@ -15,6 +15,9 @@ use super::record::{self, Record};
 use super::runs::{self, Seen};
 use super::{Store, StoreError, keys};
 
+/// Keys a listing's backward scan for its subjects' heads reads per subject at most.
+const HEAD_KEYS_PER_SUBJECT: usize = 4;
+
 /// Most messages one page of stored history holds, on every read path: the native
 /// API's get/replay, `/ws` replay and catch-up, MQTT backlogs, table writers (the `/ws`
 /// codec's `MAX_PAGE` is the same number).
@@ -389,7 +392,8 @@ impl Store {
                 &durable_scan(),
             )
             .await?;
-        let mut page = SubjectsPage::default();
+        let mut names = Vec::new();
+        let mut more = false;
         while let Some(kv) = markers.next().await? {
             let Some(name) = keys::marker_subject(tenant, &kv.key) else {
                 continue;
@@ -397,11 +401,24 @@ impl Store {
             if !Subject::parse_native(name).is_ok_and(|s| pattern.matches(&s)) {
                 continue;
             }
-            if page.subjects.len() >= max.max(1) {
-                page.next = page.subjects.last().map(|s| s.subject.clone());
-                return Ok(page);
+            if names.len() >= max.max(1) {
+                more = true;
+                break;
             }
-            if let Some(head) = self.get(tenant, name, None).await? {
+            names.push(name.to_owned());
+        }
+        // The heads in one backward scan over the page's keys (a few per subject at
+        // most); what it does not reach is read a subject at a time.
+        let sorted: Vec<&str> = names.iter().map(String::as_str).collect();
+        let max_keys = sorted.len() * HEAD_KEYS_PER_SUBJECT + 64;
+        let newest = runs::newest_of(self.db(), tenant, &sorted, max_keys, Seen::Durable).await?;
+        let mut page = SubjectsPage::default();
+        for (name, found) in sorted.iter().zip(newest) {
+            let head = match found {
+                Some((version, record)) => Some(stored(name, version, record)),
+                None => self.get(tenant, name, None).await?,
+            };
+            if let Some(head) = head {
                 page.subjects.push(SubjectHead {
                     subject: head.subject,
                     version: head.version,
@@ -409,6 +426,9 @@ impl Store {
                     time_ms: head.time_ms,
                 });
             }
+        }
+        if more {
+            page.next = names.last().cloned();
         }
         Ok(page)
     }

@@ -120,6 +120,47 @@ pub(super) async fn newest(
     Ok(run.records.pop().map(|r| (version, r)))
 }
 
+/// The newest message of each of `subjects` (sorted by their bytes) and its version,
+/// found by one backward scan of the keys from the last subject's newest to the first
+/// subject's oldest instead of a seek each: a page of a listing's subjects lies close
+/// together. The scan stops after `max_keys` keys; a subject it did not reach is
+/// `None`, for the caller to read on its own.
+pub(super) async fn newest_of(
+    db: &Db,
+    tenant: &str,
+    subjects: &[&str],
+    max_keys: usize,
+    seen: Seen,
+) -> Result<Vec<Option<(u64, Record)>>, StoreError> {
+    let mut found: Vec<Option<(u64, Record)>> = subjects.iter().map(|_| None).collect();
+    let (Some(first), Some(last)) = (subjects.first(), subjects.last()) else {
+        return Ok(found);
+    };
+    let options = seen.scan().with_order(IterationOrder::Descending);
+    let range = keys::message(tenant, first, 1)..keys::message_range(tenant, last, 0).end;
+    let mut iter = db.scan_with_options(range, &options).await?;
+    for _ in 0..max_keys {
+        let Some(kv) = iter.next().await? else {
+            break;
+        };
+        let Some((subject, _)) = keys::message_parts(tenant, &kv.key) else {
+            continue;
+        };
+        // The first key of a subject seen going backward is its newest run.
+        let Ok(i) = subjects.binary_search_by(|s| s.as_bytes().cmp(subject.as_bytes())) else {
+            continue;
+        };
+        if found[i].is_some() {
+            continue;
+        }
+        if let Some(mut run) = Run::decode(&kv.key, kv.value) {
+            let version = run.end() - 1;
+            found[i] = run.records.pop().map(|record| (version, record));
+        }
+    }
+    Ok(found)
+}
+
 /// The run holding `version`, if that version is stored.
 pub(super) async fn run_holding(
     db: &Db,

@@ -247,4 +247,31 @@ async fn one_scan_finds_the_runs_of_many_subjects() {
         [range(1, 20), None, None],
         "two keys read: a's two runs"
     );
+
+    // The newest of each subject, in one backward scan.
+    use crate::store::runs::Seen;
+    let subjects = ["a", "a.b", "b", "c", "d"];
+    let newest = |max_keys| {
+        let store = &store;
+        async move {
+            crate::store::runs::newest_of(store.db(), "t", &subjects, max_keys, Seen::Durable)
+                .await
+                .expect("scans")
+                .into_iter()
+                .map(|found| {
+                    found.map(|(v, r)| (v, String::from_utf8_lossy(&r.payload).into_owned()))
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let head = |v: u64| Some((v, format!("p{v}")));
+    assert_eq!(
+        newest(100).await,
+        [head(25), head(1), head(3), head(1), None]
+    );
+    assert_eq!(
+        newest(2).await,
+        [None, None, head(3), head(1), None],
+        "two keys read backward: c's run and b's"
+    );
 }
