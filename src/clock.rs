@@ -29,7 +29,9 @@ impl Clock {
     }
 }
 
-fn system_ms() -> u64 {
+/// Milliseconds since the Unix epoch by the system clock: for the command line, which
+/// has no server clock; the server's parts use their [`Clock`].
+pub fn system_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

@@ -23,7 +23,7 @@ use crate::broker::groups::{ACK_PREFIX, Handed, Pull, PullStyle, Reply, ReplyKin
 use crate::broker::{Broker, TenantRoutes};
 use crate::groups::awaiting::{Await, Caller, DEFAULT_AWAIT, MAX_AWAIT, Missed};
 use crate::groups::{GroupSpec, StoredGroup as Stored, check_member};
-use crate::store::{Store, now_ms};
+use crate::store::Store;
 use crate::tenancy::{Action, Principal};
 
 /// Each tenant's lock over its group creates and deletes, held here only while some
@@ -190,7 +190,7 @@ pub(super) async fn dispatch(
             }
             let stored = Stored {
                 spec,
-                created_ms: now_ms(),
+                created_ms: broker.clock().now_ms(),
             };
             let record = serde_json::to_vec(&stored)
                 .map_err(|e| ApiError::new(500, format!("group record: {e}")))?;

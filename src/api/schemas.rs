@@ -30,7 +30,7 @@ use crate::schemas::{
     Binding, DEFAULT_DEAD_LETTER, MAX_BINDINGS, MAX_SCHEMA_BYTES, MAX_TENANT_SCHEMA_BYTES,
     MAX_VERSIONS, Mode, OnInvalid, StoredVersion, compat,
 };
-use crate::store::{SchemaRecord, Store, now_ms};
+use crate::store::{SchemaRecord, Store};
 use crate::tenancy::{Action, Principal};
 
 /// Serialises puts and deletes of each tenant's bindings (one tenant's never wait
@@ -270,8 +270,9 @@ pub async fn put(
     let changes = changes_of(tenant);
     let _change = changes.lock().await;
     let versions = store.schema_versions(tenant, &pattern).await?;
+    let now_ms = broker.clock().now_ms();
     let (binding, record) =
-        match off_the_runtime(move || prepare(request, mode, size, versions)).await? {
+        match off_the_runtime(move || prepare(request, mode, size, versions, now_ms)).await? {
             Prepared::Unchanged(value) => return Ok(value),
             Prepared::New { binding, record } => (binding, record),
         };
@@ -361,6 +362,7 @@ fn prepare(
     mode: Option<Mode>,
     size: usize,
     versions: Vec<SchemaRecord>,
+    now_ms: u64,
 ) -> Result<Prepared, ApiError> {
     let mut budget = compat::Budget::standard();
     let mut older = versions.iter().rev();
@@ -381,7 +383,7 @@ fn prepare(
             .dead_letter
             .or_else(|| current.as_ref().and_then(|(_, c)| c.dead_letter.clone()))
             .filter(|prefix| prefix != DEFAULT_DEAD_LETTER),
-        time_ms: now_ms(),
+        time_ms: now_ms,
     };
     if let Some((record, current)) = &current
         && current.schema == new.schema
@@ -600,7 +602,7 @@ pub async fn delete(
         + 1;
     let gone = StoredVersion {
         schema: None,
-        time_ms: now_ms(),
+        time_ms: broker.clock().now_ms(),
         ..current.stored.clone()
     };
     let record =

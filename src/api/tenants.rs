@@ -118,7 +118,7 @@ pub async fn create(
         };
         return Err(ApiError::new(409, format!("tenant {} {why}", request.name)));
     }
-    let mut record = new_tenant(&request.name, request.limits);
+    let mut record = new_tenant(&request.name, request.limits, broker.clock().now_ms());
     if let Some(anonymous) = request.anonymous {
         record.anonymous = anonymous.rules()?;
     }

@@ -13,7 +13,7 @@ use tokio::sync::Mutex;
 
 use super::{Answer, ApiCall, ApiError, PREFIX, authorize_call, parse};
 use crate::broker::Broker;
-use crate::store::{Permissions, Store, TokenRecord, UserRecord, check_user_name, now_ms};
+use crate::store::{Permissions, Store, TokenRecord, UserRecord, check_user_name};
 use crate::tenancy::credentials;
 
 /// Serialises read-modify-write changes of user records.
@@ -81,7 +81,7 @@ pub(super) async fn dispatch(
             user.tokens.push(TokenRecord {
                 id: issued.id.clone(),
                 hash: issued.hash,
-                created_ms: now_ms(),
+                created_ms: broker.clock().now_ms(),
             });
             store.put_user(&tenant, &user).await?;
             json!({"tenant": tenant, "name": name, "id": issued.id, "token": issued.token})
@@ -166,7 +166,7 @@ async fn create(broker: &Broker, store: &Store, request: NewUser) -> Result<Valu
     }
     let user = UserRecord {
         name: request.name,
-        created_ms: now_ms(),
+        created_ms: broker.clock().now_ms(),
         password,
         tokens: Vec::new(),
         permissions: request.permissions,

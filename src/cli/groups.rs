@@ -111,7 +111,7 @@ fn start(text: &str) -> Result<Value> {
         age => match parse_ago(age) {
             Some(age) => {
                 let age = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
-                json!({"time": canopy::store::now_ms().saturating_sub(age)})
+                json!({"time": canopy::clock::system_ms().saturating_sub(age)})
             }
             None => bail!("--start is `new`, `all` or an age like 30s, 5m, 2h, 1d, not `{age}`"),
         },

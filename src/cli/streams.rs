@@ -288,7 +288,7 @@ pub async fn replay(
             (None, StartAt::Number(n)) if key == "subject" => body["from"] = json!({"version": n}),
             (None, StartAt::Number(n)) => body["from"] = json!({"offset": n}),
             (None, StartAt::Since(age)) => {
-                let now = canopy::store::now_ms();
+                let now = canopy::clock::system_ms();
                 let age = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
                 body["from"] = json!({"time_ms": now.saturating_sub(age)});
             }

@@ -64,7 +64,7 @@ async fn bootstrap_admin(store: &Store, password: String) -> Result<(), ServerEr
             .map_err(|e| crate::store::StoreError::Refused(e.to_string()))?;
     let admin = crate::store::UserRecord {
         name: "admin".into(),
-        created_ms: crate::store::now_ms(),
+        created_ms: store.clock().now_ms(),
         password: Some(hash),
         tokens: Vec::new(),
         permissions: crate::store::Permissions::default(),

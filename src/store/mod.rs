@@ -389,6 +389,7 @@ impl Store {
             durable.clone(),
             job_queue,
             Arc::clone(&deleting),
+            settings.clock.clone(),
         ));
         let stats = Arc::new(stats::StoreStats::default());
         let bytes_full = Arc::new(TenantSet::default());
@@ -546,12 +547,4 @@ pub(crate) async fn put_durably(
     let mut batch = slatedb::WriteBatch::new();
     batch.put(key, value);
     write_durably(db, batch).await
-}
-
-/// Milliseconds since the Unix epoch by the server clock.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }

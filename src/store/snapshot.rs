@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::reduce::ReducerKind;
 use super::runs::{self, Seen};
-use super::{Store, StoreError, keys, now_ms, put_durably, record, write_durably};
+use super::{Store, StoreError, keys, put_durably, record, write_durably};
 
 /// A stored snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,7 +126,7 @@ impl Store {
         put_durably(
             self.db(),
             keys::snapshot(tenant, subject, version),
-            encode(now_ms(), json, payload),
+            encode(self.clock.now_ms(), json, payload),
         )
         .await?;
         Ok(())
@@ -149,9 +149,10 @@ pub(super) async fn compactor(
     mut durable: watch::Receiver<u64>,
     mut jobs: mpsc::Receiver<CompactionJob>,
     deleting: Arc<tokio::sync::Mutex<()>>,
+    clock: crate::clock::Clock,
 ) {
     while let Some(job) = jobs.recv().await {
-        if let Err(error) = compact(&db, &deleting, &mut durable, &job).await {
+        if let Err(error) = compact(&db, &deleting, &mut durable, &job, &clock).await {
             tracing::warn!(
                 %error,
                 tenant = &*job.tenant,
@@ -168,6 +169,7 @@ async fn compact(
     deleting: &tokio::sync::Mutex<()>,
     durable: &mut watch::Receiver<u64>,
     job: &CompactionJob,
+    clock: &crate::clock::Clock,
 ) -> Result<(), StoreError> {
     let (tenant, subject, target) = (&*job.tenant, &*job.subject, job.version);
     let deadline = tokio::time::Instant::now() + DURABLE_WAIT;
@@ -223,7 +225,7 @@ async fn compact(
     put_durably(
         db,
         keys::snapshot(tenant, subject, target),
-        encode(now_ms(), json, &state),
+        encode(clock.now_ms(), json, &state),
     )
     .await?;
     if !job.compaction.keep_history {

@@ -149,11 +149,11 @@ pub fn check_tenant_name(name: &str) -> Result<(), String> {
     }
 }
 
-/// The record of a new tenant.
-pub fn new_tenant(name: &str, limits: TenantLimits) -> TenantRecord {
+/// The record of a new tenant, created at `now_ms` (by the server's clock).
+pub fn new_tenant(name: &str, limits: TenantLimits, now_ms: u64) -> TenantRecord {
     TenantRecord {
         name: name.to_owned(),
-        created_ms: super::now_ms(),
+        created_ms: now_ms,
         limits,
         anonymous: None,
         deleting: false,

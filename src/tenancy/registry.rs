@@ -29,7 +29,11 @@ impl Tenants {
             }
         }
         if self.get(DEFAULT_TENANT).is_none() {
-            let record = new_tenant(DEFAULT_TENANT, TenantLimits::default());
+            let record = new_tenant(
+                DEFAULT_TENANT,
+                TenantLimits::default(),
+                store.clock().now_ms(),
+            );
             store.put_tenant(&record).await?;
             self.set(record);
         }

@@ -494,7 +494,7 @@ fn assert_api_error(message: &async_nats::Message, code: u64) {
 
 #[tokio::test]
 async fn get_returns_the_latest_or_a_version_with_its_headers() {
-    let before = canopy::store::now_ms();
+    let before = canopy::clock::system_ms();
     let server = start_default().await;
     let client = connect(&server).await;
     let mut offsets = Vec::new();
@@ -520,7 +520,7 @@ async fn get_returns_the_latest_or_a_version_with_its_headers() {
         Some("t3"),
         "original headers are kept"
     );
-    let after = canopy::store::now_ms();
+    let after = canopy::clock::system_ms();
     assert!(
         m.time_ms + 60_000 >= before && m.time_ms <= after + 60_000,
         "Canopy-Time {} is milliseconds since the epoch ({before}..{after})",

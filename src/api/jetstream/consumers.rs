@@ -30,7 +30,7 @@ use crate::broker::Broker;
 use crate::broker::groups::jetstream::{JetStreamPull, status_block};
 use crate::broker::groups::{Pull, PullStyle};
 use crate::groups::{GroupSpec, Limits, MAX_IN_FLIGHT, StartAt, StoredGroup};
-use crate::store::{Store, now_ms};
+use crate::store::Store;
 
 /// The most messages one pull may ask for.
 pub const MAX_BATCH: usize = 100_000;
@@ -281,7 +281,7 @@ pub(super) async fn create(
             }
             let group = StoredGroup {
                 spec,
-                created_ms: now_ms(),
+                created_ms: broker.clock().now_ms(),
             };
             let record = serde_json::to_vec(&group)
                 .map_err(|e| JsError::new(500, 10012, format!("consumer record: {e}")))?;

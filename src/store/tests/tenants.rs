@@ -26,7 +26,7 @@ async fn purging_a_tenant_deletes_all_its_keys_and_nothing_of_another() {
         .await
         .expect("snapshot");
     store
-        .put_tenant(&super::new_tenant("t", super::TenantLimits::default()))
+        .put_tenant(&super::new_tenant("t", super::TenantLimits::default(), 0))
         .await
         .expect("record");
     store.forget_tenant("t").await.expect("forgotten");
