@@ -1,0 +1,443 @@
+//! The server's running groups, by tenant: starting and stopping their tasks, the trie
+//! of their patterns that the sequencer's routing offers stored messages to, handing
+//! pulls, acks and info calls to the right task, and waits for groups to pass a
+//! message (`Canopy-Await`). Must never run a group's work on the caller's task.
+
+use super::*;
+
+#[derive(Default)]
+pub(super) struct TenantGroups {
+    trie: Trie<usize>,
+    list: Vec<Arc<Handle>>,
+}
+
+/// Every running group, by tenant.
+#[derive(Default)]
+pub struct Groups {
+    tenants: RwLock<HashMap<Arc<str>, Arc<TenantGroups>>>,
+    /// Whether any tenant has a running group: every stored message asks.
+    any: AtomicBool,
+    /// Publishes waiting for groups, per tenant (bounded by [`MAX_WAITING`]).
+    waiting: parking_lot::Mutex<HashMap<Arc<str>, Arc<AtomicUsize>>>,
+    /// The same, per caller (bounded by [`CALLER_WAITING`]); a caller without waits
+    /// has no entry.
+    callers: Arc<parking_lot::Mutex<HashMap<CallerKey, usize>>>,
+    /// Pulls handed to groups and not yet ended, per connection (bounded by
+    /// [`CONNECTION_PULLS`]); a connection without any has no entry.
+    pulls: Arc<parking_lot::Mutex<HashMap<u64, usize>>>,
+    /// Each tenant's one place in the server's catch-up line (see [`Pace`]), while
+    /// some of its groups hold it.
+    paces: parking_lot::Mutex<HashMap<Arc<str>, std::sync::Weak<tokio::sync::Semaphore>>>,
+}
+
+/// A group's turn at catching up: first its tenant's one place, then one of the
+/// server's [`CATCH_UP`] places. A tenant thus has at most one step in the server's
+/// line at a time, so one tenant's thousand groups take turns among themselves and
+/// another tenant's first pull waits for at most one step of each other tenant.
+#[derive(Clone)]
+pub(super) struct Pace {
+    tenant: Arc<tokio::sync::Semaphore>,
+}
+
+impl Pace {
+    pub(super) async fn step(
+        &self,
+    ) -> (
+        Option<tokio::sync::SemaphorePermit<'static>>,
+        Option<tokio::sync::OwnedSemaphorePermit>,
+    ) {
+        let tenant = Arc::clone(&self.tenant).acquire_owned().await.ok();
+        (CATCH_UP.acquire().await.ok(), tenant)
+    }
+}
+
+/// Gives a waiting publish's places (its tenant's and its caller's) back when its
+/// wait ends.
+pub(super) struct WaitingPlace {
+    tenant: Arc<AtomicUsize>,
+    callers: Arc<parking_lot::Mutex<HashMap<CallerKey, usize>>>,
+    caller: CallerKey,
+}
+
+impl Drop for WaitingPlace {
+    fn drop(&mut self) {
+        self.tenant.fetch_sub(1, Ordering::AcqRel);
+        let mut callers = self.callers.lock();
+        if let Some(n) = callers.get_mut(&self.caller) {
+            *n -= 1;
+            if *n == 0 {
+                callers.remove(&self.caller);
+            }
+        }
+    }
+}
+
+impl Groups {
+    /// Offers a stored message to the tenant's groups whose pattern matches it. Never
+    /// waits: a group whose queue is full is marked lagging and rescans the store.
+    pub fn observe(&self, message: &Sequenced<'_>) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let (tenant, subject, version) = (message.tenant, message.subject, message.version);
+        let Some(groups) = self.tenants.read().get(tenant).cloned() else {
+            return;
+        };
+        let mut subject_arc: Option<Arc<str>> = None;
+        groups.trie.for_each_match(subject, &mut |plain, _| {
+            for &i in plain {
+                let Some(handle) = groups.list.get(i) else {
+                    continue;
+                };
+                let name = Arc::clone(subject_arc.get_or_insert_with(|| Arc::from(subject)));
+                let observed = Observed {
+                    offset: message.offset,
+                    time_ms: message.time_ms,
+                    headers: message.headers.clone(),
+                    payload: message.payload.clone(),
+                };
+                if handle
+                    .tx
+                    .try_send(Input::Observed(name, version, observed))
+                    .is_err()
+                {
+                    handle.lagging.store(true, Ordering::Release);
+                }
+            }
+        });
+    }
+
+    fn handle(&self, tenant: &str, group: &str) -> Option<Arc<Handle>> {
+        let groups = self.tenants.read().get(tenant).cloned()?;
+        groups.list.iter().find(|h| h.name == group).cloned()
+    }
+
+    /// Queues `input` for a running group; false when it is not running.
+    async fn send_to(&self, tenant: &str, group: &str, input: Input) -> bool {
+        match self.handle(tenant, group) {
+            Some(handle) => handle.tx.send(input).await.is_ok(),
+            None => false,
+        }
+    }
+
+    /// Hands a pull to its group; false when the group is not running.
+    pub async fn pull(&self, tenant: &str, group: &str, pull: Pull) -> bool {
+        self.send_to(tenant, group, Input::Pull(pull)).await
+    }
+
+    /// A place for one more pull of `connection` that may wait, or `None` when it has
+    /// [`CONNECTION_PULLS`] already.
+    pub fn pull_place(&self, connection: u64) -> Option<PullPlace> {
+        let mut pulls = self.pulls.lock();
+        let n = pulls.entry(connection).or_default();
+        if *n >= CONNECTION_PULLS {
+            return None;
+        }
+        *n += 1;
+        Some(PullPlace {
+            counts: Arc::clone(&self.pulls),
+            connection,
+        })
+    }
+
+    /// A running group's live counts: members, pending, in flight, redelivered, dead
+    /// letters, the last dead letters and, with `laggiest`, the laggiest subjects.
+    pub async fn info(
+        &self,
+        tenant: &str,
+        group: &str,
+        laggiest: bool,
+    ) -> Option<serde_json::Value> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let input = Input::Info {
+            answer: tx,
+            laggiest,
+        };
+        if !self.send_to(tenant, group, input).await {
+            return None;
+        }
+        rx.await.ok()
+    }
+
+    /// Queues `input` for a running group without waiting: into its queue when there
+    /// is room, so an ack costs no task; behind the group's overflow otherwise, which
+    /// one task moves into the queue in order, so one connection's acks reach the
+    /// group in the order it sent them.
+    /// Only when `may_read` allows the group's pattern: an ack needs the right a
+    /// pull needs, checked here, on the group it goes to, without reading the store.
+    fn hand(
+        &self,
+        tenant: &str,
+        group: &str,
+        may_read: impl FnOnce(&str) -> bool,
+        input: Input,
+    ) -> Handed {
+        match self.handle(tenant, group) {
+            Some(handle) if !may_read(&handle.text) => Handed::Denied,
+            Some(handle) => handle.offer(input),
+            None => Handed::NotRunning,
+        }
+    }
+
+    /// Hands an ack (or nack, in-progress, term) to its group, if `may_read` allows
+    /// the group's pattern.
+    pub fn reply(
+        &self,
+        tenant: &str,
+        group: &str,
+        may_read: impl FnOnce(&str) -> bool,
+        reply: Reply,
+    ) -> Handed {
+        self.hand(tenant, group, may_read, Input::Reply(reply))
+    }
+
+    /// Hands a JetStream ack to its group, if `may_read` allows the group's pattern.
+    pub fn jetstream_reply(
+        &self,
+        tenant: &str,
+        group: &str,
+        may_read: impl FnOnce(&str) -> bool,
+        reply: JetStreamReply,
+    ) -> Handed {
+        self.hand(tenant, group, may_read, Input::JetStreamReply(reply))
+    }
+
+    /// Calls `answer` once every group in `awaiting` has passed `version` of `subject`
+    /// (acked or ended it), or at once for a group that cannot (unknown, not matching
+    /// the subject, without live members), or when the wait runs out: with the groups
+    /// that passed and those that did not. Never waits itself. A group the wait's
+    /// caller may not read is answered as unknown, whatever it is; a wait counts
+    /// against its tenant's places and its caller's.
+    pub fn await_passing(
+        &self,
+        tenant: &str,
+        subject: Arc<str>,
+        version: u64,
+        awaiting: &Await,
+        answer: impl FnOnce(AwaitOutcome) + Send + 'static,
+    ) {
+        let parsed = canopy_subjects::Subject::parse_native(&subject).ok();
+        let mut slots: Vec<Slot> = Vec::new();
+        let mut targets = Vec::new();
+        let caller = awaiting.caller.as_ref();
+        for name in &awaiting.groups {
+            let readable = self
+                .handle(tenant, name)
+                .filter(|handle| caller.is_some_and(|c| c.may_read(&handle.text)));
+            let result = match readable {
+                None => Some(Err(Missed::NoSuchGroup)),
+                Some(handle)
+                    if !parsed
+                        .as_ref()
+                        .is_some_and(|subject| handle.pattern.matches(subject)) =>
+                {
+                    Some(Err(Missed::NotMatching))
+                }
+                Some(handle) => {
+                    targets.push((slots.len(), handle));
+                    None
+                }
+            };
+            slots.push((name.clone(), result));
+        }
+        // A caller is there whenever a group is a target.
+        let (false, Some(caller)) = (targets.is_empty(), caller) else {
+            answer(outcome_of(slots, Missed::TimedOut));
+            return;
+        };
+        let Some(place) = self.waiting_place(tenant, caller.key()) else {
+            answer(outcome_of(slots, Missed::TooManyWaiting));
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + awaiting.timeout;
+        tokio::spawn(async move {
+            let _place = place;
+            let (tx, mut rx) = mpsc::channel(targets.len());
+            let mut left = targets.len();
+            for (slot, handle) in targets {
+                let waiter = Waiter {
+                    subject: Arc::clone(&subject),
+                    version,
+                    slot,
+                    tx: tx.clone(),
+                };
+                let sent = tokio::time::timeout_at(deadline, handle.tx.send(Input::Await(waiter)));
+                if !matches!(sent.await, Ok(Ok(()))) {
+                    slots[slot].1 = Some(Err(Missed::Stopped));
+                    left -= 1;
+                }
+            }
+            drop(tx);
+            let mut unanswered = Missed::TimedOut;
+            while left > 0 {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some((slot, result))) => {
+                        if slots[slot].1.replace(result).is_none() {
+                            left -= 1;
+                        }
+                    }
+                    // Every group that held the wait is gone.
+                    Ok(None) => {
+                        unanswered = Missed::Stopped;
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            answer(outcome_of(slots, unanswered));
+        });
+    }
+
+    /// A place for one more wait of `caller` in `tenant`, or `None` when either has
+    /// all it may.
+    fn waiting_place(&self, tenant: &str, caller: CallerKey) -> Option<WaitingPlace> {
+        let count = Arc::clone(self.waiting.lock().entry(Arc::from(tenant)).or_default());
+        if count.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING {
+            count.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        let mut callers = self.callers.lock();
+        let n = callers.entry(caller.clone()).or_default();
+        if *n >= CALLER_WAITING {
+            drop(callers);
+            count.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        *n += 1;
+        drop(callers);
+        Some(WaitingPlace {
+            tenant: count,
+            callers: Arc::clone(&self.callers),
+            caller,
+        })
+    }
+
+    /// The tenant's place in the catch-up line, shared by its groups.
+    fn pace(&self, tenant: &str) -> Pace {
+        let mut paces = self.paces.lock();
+        if let Some(tenant) = paces.get(tenant).and_then(std::sync::Weak::upgrade) {
+            return Pace { tenant };
+        }
+        paces.retain(|_, pace| pace.strong_count() > 0);
+        let pace = Arc::new(tokio::sync::Semaphore::new(1));
+        paces.insert(Arc::from(tenant), Arc::downgrade(&pace));
+        Pace { tenant: pace }
+    }
+
+    /// Starts a group's task (a group of that name already running is stopped first).
+    pub fn start(
+        &self,
+        broker: &Arc<Broker>,
+        store: &Arc<Store>,
+        tenant: &str,
+        group: StoredGroup,
+    ) {
+        let StoredGroup { spec, created_ms } = group;
+        let Ok(pattern) = Pattern::parse_native(&spec.pattern) else {
+            tracing::warn!(tenant, group = %spec.name, "a stored group has a bad pattern; not started");
+            return;
+        };
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let lagging = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::new(AtomicBool::new(false));
+        let handle = Arc::new(Handle {
+            name: spec.name.clone(),
+            pattern: pattern.clone(),
+            text: Arc::from(spec.pattern.as_str()),
+            tx,
+            lagging: Arc::clone(&lagging),
+            stopped: Arc::clone(&stopped),
+            overflow: parking_lot::Mutex::default(),
+        });
+        let task = GroupTask {
+            tenant: Arc::from(tenant),
+            dispatcher: Dispatcher::new(spec.limits(), spec.start == StartAt::All),
+            spec,
+            created_ms,
+            pattern,
+            broker: Arc::downgrade(broker),
+            store: Arc::clone(store),
+            lagging,
+            stopped,
+            members: HashMap::new(),
+            next_member: 1,
+            waiting: VecDeque::new(),
+            sequences: Sequences::default(),
+            last_offset: 0,
+            observed: Vec::new(),
+            kept: Kept::default(),
+            awaits: HashMap::new(),
+            touched: Vec::new(),
+            clock: broker.clock().clone(),
+            scan: Scan::Wanted,
+            pace: self.pace(tenant),
+        };
+        self.edit(tenant, |list| {
+            stop_named(list, &handle.name);
+            list.push(handle);
+        });
+        tokio::spawn(task.run(rx));
+    }
+
+    /// Stops a group's task: its queue closes and the task ends.
+    pub fn stop(&self, tenant: &str, group: &str) {
+        self.edit(tenant, |list| stop_named(list, group));
+    }
+
+    /// Stops every group of a tenant that is being deleted.
+    pub fn stop_tenant(&self, tenant: &str) {
+        self.waiting.lock().remove(tenant);
+        self.edit(tenant, |list| {
+            for handle in list.drain(..) {
+                handle.stopped.store(true, Ordering::Release);
+            }
+        });
+    }
+
+    /// Rebuilds a tenant's match trie after `change` to its list of groups.
+    fn edit(&self, tenant: &str, change: impl FnOnce(&mut Vec<Arc<Handle>>)) {
+        let mut tenants = self.tenants.write();
+        let mut list = tenants
+            .get(tenant)
+            .map(|g| g.list.clone())
+            .unwrap_or_default();
+        change(&mut list);
+        if list.is_empty() {
+            tenants.remove(tenant);
+            self.any.store(!tenants.is_empty(), Ordering::Release);
+            return;
+        }
+        let mut trie = Trie::new();
+        for (i, handle) in list.iter().enumerate() {
+            trie.insert(&handle.pattern, None, i);
+        }
+        tenants.insert(Arc::from(tenant), Arc::new(TenantGroups { trie, list }));
+        self.any.store(true, Ordering::Release);
+    }
+}
+
+/// Takes the group called `name` out of `list`, telling its task it is stopped.
+pub(super) fn stop_named(list: &mut Vec<Arc<Handle>>, name: &str) {
+    list.retain(|h| {
+        let keep = h.name != name;
+        if !keep {
+            h.stopped.store(true, Ordering::Release);
+        }
+        keep
+    });
+}
+
+/// One group a wait names, and what it answered so far.
+type Slot = (Box<str>, Option<Result<(), Missed>>);
+
+/// What a wait's groups did: `unanswered` for each that had not answered.
+fn outcome_of(slots: Vec<Slot>, unanswered: Missed) -> AwaitOutcome {
+    let mut outcome = AwaitOutcome::default();
+    for (group, result) in slots {
+        match result.unwrap_or(Err(unanswered)) {
+            Ok(()) => outcome.passed.push(group),
+            Err(why) => outcome.pending.push((group, why)),
+        }
+    }
+    outcome
+}
