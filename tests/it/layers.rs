@@ -1,6 +1,7 @@
 //! The house's layers, checked from the source: every `crate::`, `super::`, `self::`
 //! and child-module path in the library's files (tests left out) must point to a
-//! lower layer or inside its own, and no circle may run among the files.
+//! lower layer or inside its own, no circle may run among the files, and no file
+//! may grow past 800 lines.
 //!
 //! ARCHITECTURE.md draws the same order; a change to one is a change to both.
 
@@ -70,6 +71,29 @@ fn no_circle_runs_among_the_files() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// Most lines a library file may hold (tests apart): a file past it holds more than
+/// one room's work.
+const MAX_FILE_LINES: usize = 800;
+
+#[test]
+fn no_library_file_is_over_800_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut paths = Vec::new();
+    walk(&root, &mut paths);
+    let mut long = Vec::new();
+    for path in paths {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if name == "tests.rs" || path.components().any(|c| c.as_os_str() == "tests") {
+            continue;
+        }
+        let lines = std::fs::read_to_string(&path).expect("readable").lines().count();
+        if lines > MAX_FILE_LINES {
+            long.push(format!("{} ({lines} lines)", path.display()));
+        }
+    }
+    assert!(long.is_empty(), "files over {MAX_FILE_LINES} lines:\n{}", long.join("\n"));
 }
 
 /// The checker itself finds a back edge and a circle, so the two tests above can fail.
