@@ -352,26 +352,29 @@ fn check_subject(subject: &str) -> Result<(), ApiError> {
         .map_err(|e| ApiError::new(400, format!("invalid subject: {e}")))
 }
 
-/// Authorises an admin call: only the default tenant's users (the operator's) may
-/// manage tenants and users, until ACLs can grant it; then as a publish to its own
-/// `$CANOPY.<op>` subject.
-fn authorize_call(broker: &Broker, call: &ApiCall) -> Result<(), ApiError> {
-    if &*call.principal.tenant != crate::tenancy::DEFAULT_TENANT || call.principal.is_guest() {
+/// The rule of the admin calls (`tenant.*`, `user.*`), the same on every door: only
+/// the default tenant's users (the operator's) may manage tenants and users, until ACLs
+/// can grant it. The caller's right to `$CANOPY.<op>` itself is checked where the call
+/// comes in: by the publish decision for a native call, by [`admit_admin`] for HTTP.
+pub fn admin_only(principal: &Principal, operation: &str) -> Result<(), ApiError> {
+    if &*principal.tenant != crate::tenancy::DEFAULT_TENANT || principal.is_guest() {
         return Err(ApiError::new(
             403,
             format!(
-                "Permissions Violation for Publish to \"{PREFIX}{}\": tenants and users are \
-                 managed from the default tenant",
-                call.operation
+                "Permissions Violation for Publish to \"{PREFIX}{operation}\": tenants and \
+                 users are managed from the default tenant"
             ),
         ));
     }
-    authorize(
-        broker,
-        &call.principal,
-        Action::Publish,
-        &format!("{PREFIX}{}", call.operation),
-    )
+    Ok(())
+}
+
+/// An admin call that comes in by another door than a native publish (HTTP): the
+/// admin rule, then the caller's right to `$CANOPY.<op>`, as the publish decision
+/// checks it for a native call.
+pub fn admit_admin(broker: &Broker, principal: &Principal, operation: &str) -> Result<(), ApiError> {
+    admin_only(principal, operation)?;
+    authorize(broker, principal, Action::Publish, &format!("{PREFIX}{operation}"))
 }
 
 /// Longest custom dead-letter prefix, in bytes and tokens: half the default subject

@@ -12,7 +12,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::api::{ApiError, tenants};
-use crate::tenancy::{Action, DEFAULT_TENANT, Principal};
+use crate::tenancy::Principal;
 
 use super::HttpState;
 use super::caller::Caller;
@@ -41,20 +41,7 @@ pub(super) fn tenant_admin(
     principal: &Principal,
     op: &str,
 ) -> Result<Arc<crate::store::Store>, ApiError> {
-    if &*principal.tenant != DEFAULT_TENANT || principal.is_guest() {
-        return Err(ApiError {
-            code: 403,
-            description: "tenants are managed from the default tenant".into(),
-        });
-    }
-    state
-        .broker
-        .authorizer()
-        .authorize(principal, Action::Publish, &format!("$CANOPY.tenant.{op}"))
-        .map_err(|denied| ApiError {
-            code: 403,
-            description: denied.to_string(),
-        })?;
+    crate::api::admit_admin(&state.broker, principal, &format!("tenant.{op}"))?;
     state.broker.store().cloned().ok_or(ApiError {
         code: 503,
         description: "the store is not open".into(),
