@@ -372,9 +372,18 @@ pub fn admin_only(principal: &Principal, operation: &str) -> Result<(), ApiError
 /// An admin call that comes in by another door than a native publish (HTTP): the
 /// admin rule, then the caller's right to `$CANOPY.<op>`, as the publish decision
 /// checks it for a native call.
-pub fn admit_admin(broker: &Broker, principal: &Principal, operation: &str) -> Result<(), ApiError> {
+pub fn admit_admin(
+    broker: &Broker,
+    principal: &Principal,
+    operation: &str,
+) -> Result<(), ApiError> {
     admin_only(principal, operation)?;
-    authorize(broker, principal, Action::Publish, &format!("{PREFIX}{operation}"))
+    authorize(
+        broker,
+        principal,
+        Action::Publish,
+        &format!("{PREFIX}{operation}"),
+    )
 }
 
 /// Longest custom dead-letter prefix, in bytes and tokens: half the default subject

@@ -111,6 +111,8 @@ pub struct StoreRequest {
     pub awaiting: Option<Arc<Await>>,
     /// The client sent a `Canopy-Schema` header, which only the server may set.
     pub schema_header: bool,
+    /// `Nats-Expected-Stream`: the stream (the tenant) the publisher expects.
+    pub expected_stream: Option<Box<str>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -152,16 +154,43 @@ impl StoreRequest {
                     request.msg_id = Some(value.trim().into());
                     request.jetstream = true;
                 }
-                "Nats-Expected-Last-Subject-Sequence" => {
-                    request.expect = Some(Expectation::LastOffset(number(name, value)?));
+                "Nats-Expected-Last-Subject-Sequence" | "Nats-Expected-Last-Sequence" => {
+                    let n = number(name, value)?;
+                    let expect = if name == "Nats-Expected-Last-Sequence" {
+                        Expectation::StreamOffset(n)
+                    } else {
+                        Expectation::LastOffset(n)
+                    };
+                    if request.expect.replace(expect).is_some_and(|e| e != expect) {
+                        return Err(BadStoreHeader(
+                            "Nats-Expected-Last-Sequence and Nats-Expected-Last-Subject-Sequence \
+                             cannot be asked together"
+                                .into(),
+                        ));
+                    }
                     request.jetstream = true;
+                }
+                "Nats-Expected-Stream" => {
+                    request.expected_stream = Some(value.trim().into());
+                    request.jetstream = true;
+                }
+                "Nats-Expected-Last-Msg-Id" => {
+                    // Refused rather than ignored: a precondition the store would not
+                    // hold must not look held.
+                    return Err(BadStoreHeader(
+                        "Nats-Expected-Last-Msg-Id is not supported: use \
+                         Nats-Expected-Last-Subject-Sequence or Nats-Expected-Last-Sequence"
+                            .into(),
+                    ));
                 }
                 "Canopy-Await" => await_groups = Some(value.as_str()),
                 other if other.eq_ignore_ascii_case(crate::schemas::SCHEMA_HEADER) => {
                     request.schema_header = true;
                 }
                 "Canopy-Await-Timeout" => await_timeout = Some(value.as_str()),
-                other if other.starts_with("Nats-Expected-") => request.jetstream = true,
+                other if other.starts_with("Nats-Expected-") => {
+                    return Err(BadStoreHeader(format!("{other} is not supported")));
+                }
                 _ => {}
             }
         }
@@ -443,7 +472,7 @@ pub fn ack_body(tenant: &str, outcome: &AppendOutcome, jetstream: bool) -> Bytes
             current_version,
             current_offset,
         } => match (expected, jetstream) {
-            (Expectation::LastOffset(_), _) | (_, true) => json!({
+            (Expectation::LastOffset(_) | Expectation::StreamOffset(_), _) | (_, true) => json!({
                 "error": {"code": 400, "err_code": 10071, "description": format!("wrong last sequence: {current_offset}")},
                 "stream": tenant,
                 "subject": &**subject,

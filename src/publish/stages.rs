@@ -254,6 +254,14 @@ impl Publisher {
         } else {
             StoreRequest::default()
         };
+        if let Some(stream) = &request.expected_stream
+            && **stream != *self.routes.name
+        {
+            return Err(Refusal::BadHeader(format!(
+                "expected stream {stream} does not match: this stream is {}",
+                self.routes.name
+            )));
+        }
         if let Some(awaiting) = &mut request.awaiting {
             use crate::groups::awaiting::{Await, Caller};
             let authz = Arc::clone(self.broker.authorizer());

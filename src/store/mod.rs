@@ -114,6 +114,9 @@ pub enum Expectation {
     /// The offset of the subject's last message must be exactly this (0 = none):
     /// JetStream's `Nats-Expected-Last-Subject-Sequence`.
     LastOffset(u64),
+    /// The offset of the tenant's last message (its stream's last sequence) must be
+    /// exactly this (0 = none): JetStream's `Nats-Expected-Last-Sequence`.
+    StreamOffset(u64),
 }
 
 /// Where an ack goes; opaque to the store, handed back with the outcome.

@@ -126,3 +126,83 @@ async fn a_request_a_queue_group_answers_gets_only_the_service_answer() {
     }
     server.stop().await;
 }
+
+/// JetStream's publish preconditions are held or refused, never ignored: the stream's
+/// last sequence (`Nats-Expected-Last-Sequence`, the tenant's last offset), the stream's
+/// name (`Nats-Expected-Stream`, the tenant), and `Nats-Expected-Last-Msg-Id`, which
+/// Canopy does not keep, is refused with a reason.
+#[tokio::test]
+async fn jetstream_expectations_are_held_or_refused() {
+    use crate::common::{header, store_request};
+    let server = start_default().await;
+    let client = connect(&server).await;
+    let js = async_nats::jetstream::new(client.clone());
+    let first = js_publish(&js, "orders.1", "a").await;
+
+    let last = first.sequence.to_string();
+    let ok = store_request(
+        &client,
+        "orders.2",
+        header("Nats-Expected-Last-Sequence", &last),
+        "b",
+    )
+    .await;
+    assert_eq!(ok["seq"], first.sequence + 1, "{ok}");
+    // orders.2 moved the stream on: the same expectation is stale now.
+    let stale = store_request(
+        &client,
+        "orders.3",
+        header("Nats-Expected-Last-Sequence", &last),
+        "c",
+    )
+    .await;
+    assert_eq!(stale["error"]["err_code"], 10071, "{stale}");
+    let text = stale["error"]["description"].as_str().unwrap_or_default();
+    assert!(
+        text.contains(&format!("wrong last sequence: {}", first.sequence + 1)),
+        "{stale}"
+    );
+
+    let ours = store_request(
+        &client,
+        "orders.4",
+        header("Nats-Expected-Stream", "default"),
+        "d",
+    )
+    .await;
+    assert!(
+        ours["error"].is_null() && ours["stream"] == "default",
+        "{ours}"
+    );
+    let other = store_request(
+        &client,
+        "orders.5",
+        header("Nats-Expected-Stream", "ORDERS"),
+        "e",
+    )
+    .await;
+    let text = other["error"]["description"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("expected stream ORDERS does not match"),
+        "{other}"
+    );
+
+    let msg_id = store_request(
+        &client,
+        "orders.6",
+        header("Nats-Expected-Last-Msg-Id", "x"),
+        "f",
+    )
+    .await;
+    let text = msg_id["error"]["description"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("Nats-Expected-Last-Msg-Id is not supported"),
+        "{msg_id}"
+    );
+
+    // Nothing refused was stored.
+    for subject in ["orders.3", "orders.5", "orders.6"] {
+        assert!(replay_texts(&client, subject).await.is_empty(), "{subject}");
+    }
+    server.stop().await;
+}

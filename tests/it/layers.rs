@@ -84,16 +84,26 @@ fn no_library_file_is_over_800_lines() {
     walk(&root, &mut paths);
     let mut long = Vec::new();
     for path in paths {
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
         if name == "tests.rs" || path.components().any(|c| c.as_os_str() == "tests") {
             continue;
         }
-        let lines = std::fs::read_to_string(&path).expect("readable").lines().count();
+        let lines = std::fs::read_to_string(&path)
+            .expect("readable")
+            .lines()
+            .count();
         if lines > MAX_FILE_LINES {
             long.push(format!("{} ({lines} lines)", path.display()));
         }
     }
-    assert!(long.is_empty(), "files over {MAX_FILE_LINES} lines:\n{}", long.join("\n"));
+    assert!(
+        long.is_empty(),
+        "files over {MAX_FILE_LINES} lines:\n{}",
+        long.join("\n")
+    );
 }
 
 /// The checker itself finds a back edge and a circle, so the two tests above can fail.

@@ -127,16 +127,20 @@ impl Sequencer {
                 .copied()
                 .unwrap_or_default();
             if let Some(expected) = request.expect {
-                let holds = match expected {
-                    Expectation::Version(v) => v == head.version,
-                    Expectation::LastOffset(o) => o == head.offset,
+                // What the tenant's offsets reached so far, this round's earlier
+                // appends included: they were decided before this one.
+                let stream_last = state.next_offset.unwrap_or(1).saturating_sub(1);
+                let (holds, current_offset) = match expected {
+                    Expectation::Version(v) => (v == head.version, head.offset),
+                    Expectation::LastOffset(o) => (o == head.offset, head.offset),
+                    Expectation::StreamOffset(o) => (o == stream_last, stream_last),
                 };
                 if !holds {
                     let outcome = AppendOutcome::Conflict {
                         subject: Arc::clone(&request.subject),
                         expected,
                         current_version: head.version,
-                        current_offset: head.offset,
+                        current_offset,
                     };
                     if let Some(ack) = &request.ack {
                         immediate.push((Arc::clone(&request.tenant), ack.clone(), outcome));

@@ -440,7 +440,9 @@ impl Connection {
                     ..
                 } => {
                     let expected = match expected {
-                        Expectation::Version(v) | Expectation::LastOffset(v) => *v,
+                        Expectation::Version(v)
+                        | Expectation::LastOffset(v)
+                        | Expectation::StreamOffset(v) => *v,
                     };
                     (
                         reason::IMPLEMENTATION_SPECIFIC_ERROR,
