@@ -369,21 +369,26 @@ pub fn admin_only(principal: &Principal, operation: &str) -> Result<(), ApiError
     Ok(())
 }
 
-/// An admin call that comes in by another door than a native publish (HTTP): the
-/// admin rule, then the caller's right to `$CANOPY.<op>`, as the publish decision
-/// checks it for a native call.
-pub fn admit_admin(
-    broker: &Broker,
-    principal: &Principal,
-    operation: &str,
-) -> Result<(), ApiError> {
-    admin_only(principal, operation)?;
+/// A call that comes in by another door than a native publish (HTTP): the caller's
+/// right to `$CANOPY.<op>`, as the publish decision checks it for a native call.
+pub fn admit(broker: &Broker, principal: &Principal, operation: &str) -> Result<(), ApiError> {
     authorize(
         broker,
         principal,
         Action::Publish,
         &format!("{PREFIX}{operation}"),
     )
+}
+
+/// An admin call that comes in by another door than a native publish (HTTP): the
+/// admin rule, then [`admit`].
+pub fn admit_admin(
+    broker: &Broker,
+    principal: &Principal,
+    operation: &str,
+) -> Result<(), ApiError> {
+    admin_only(principal, operation)?;
+    admit(broker, principal, operation)
 }
 
 /// Longest custom dead-letter prefix, in bytes and tokens: half the default subject

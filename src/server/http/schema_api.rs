@@ -24,7 +24,7 @@ use crate::api::ApiError;
 use crate::api::schemas::{self, AsyncApiOf, ErrorsOf, Put, Which};
 use crate::schemas::OnInvalid;
 use crate::store::Store;
-use crate::tenancy::{Action, Principal};
+use crate::tenancy::Principal;
 
 use super::HttpState;
 use super::caller::Caller;
@@ -32,14 +32,7 @@ use super::tenant_api::{api_answer, json_body};
 
 /// The store and the caller's right to `$CANOPY.schema.<op>`.
 fn allowed(state: &HttpState, principal: &Principal, op: &str) -> Result<Arc<Store>, ApiError> {
-    state
-        .broker
-        .authorizer()
-        .authorize(principal, Action::Publish, &format!("$CANOPY.schema.{op}"))
-        .map_err(|denied| ApiError {
-            code: 403,
-            description: denied.to_string(),
-        })?;
+    crate::api::admit(&state.broker, principal, &format!("schema.{op}"))?;
     state.broker.store().cloned().ok_or(ApiError {
         code: 503,
         description: "the store is not open".into(),
@@ -212,14 +205,7 @@ pub(super) async fn asyncapi_document(
     Caller(principal): Caller,
     Query(of): Query<AsyncApiOf>,
 ) -> Response {
-    let result = state
-        .broker
-        .authorizer()
-        .authorize(&principal, Action::Publish, "$CANOPY.asyncapi")
-        .map_err(|denied| ApiError {
-            code: 403,
-            description: denied.to_string(),
-        })
+    let result = crate::api::admit(&state.broker, &principal, "asyncapi")
         .and_then(|()| schemas::asyncapi(&state.broker, &principal, of));
     api_answer(result)
 }
