@@ -140,20 +140,15 @@ impl GroupTask {
         delivery: &Delivery,
         message: &crate::store::StoredMessage,
     ) {
-        let mut headers = HeaderMap::parse(&message.headers).unwrap_or_default();
-        // A pull's own answers say these; a message carrying them must not end or
-        // fail the pull it is in.
-        for control in ["Canopy-Done", "Canopy-Count", "Canopy-Status"] {
-            headers.remove(control);
-        }
-        headers.insert("Canopy-Subject", message.subject.clone());
-        headers.insert("Canopy-Version", message.version.to_string());
-        headers.insert("Canopy-Offset", message.offset.to_string());
-        headers.insert("Canopy-Time", message.time_ms.to_string());
-        headers.insert("Canopy-Group", self.spec.name.clone());
-        headers.insert("Canopy-Attempt", delivery.attempt.to_string());
-        let mut block = BytesMut::new();
-        headers.encode(&mut block);
+        let added = [
+            ("Canopy-Subject", message.subject.clone()),
+            ("Canopy-Version", message.version.to_string()),
+            ("Canopy-Offset", message.offset.to_string()),
+            ("Canopy-Time", message.time_ms.to_string()),
+            ("Canopy-Group", self.spec.name.clone()),
+            ("Canopy-Attempt", delivery.attempt.to_string()),
+        ];
+        let block = delivery_headers(&message.headers, &added);
         let ack = format!(
             "{ACK_PREFIX}{}.{}.{}.{}",
             self.spec.name, delivery.version, delivery.attempt, delivery.subject
@@ -403,4 +398,90 @@ pub(super) fn route_one(broker: &Broker, routes: &TenantRoutes, message: &Messag
     let mut scratch = RouteScratch::default();
     let mut wakes = Wakes::default();
     broker.route(routes, None, message, &mut scratch, &mut wakes);
+}
+
+/// A Canopy pull's delivery header block: the message's own headers with `added`. A
+/// block with no `Canopy-` header at all (most) is extended as it is, without parsing
+/// and encoding it again; one with any is parsed, so a stored `Canopy-*` value of the
+/// same name is replaced rather than doubled (the server's `Canopy-Schema` stays), and
+/// the pull's own answers (`Canopy-Done`, `Canopy-Count`, `Canopy-Status`) are dropped:
+/// a message carrying them must not end or fail the pull it is in.
+pub(super) fn delivery_headers(own: &[u8], added: &[(&str, String)]) -> BytesMut {
+    let mut block = BytesMut::with_capacity(own.len() + 160);
+    let canopy = own.windows(7).any(|w| w.eq_ignore_ascii_case(b"canopy-"));
+    if own.is_empty() || (!canopy && own.starts_with(b"NATS/1.0") && own.ends_with(b"\r\n\r\n")) {
+        if own.is_empty() {
+            block.extend_from_slice(b"NATS/1.0\r\n");
+        } else {
+            block.extend_from_slice(&own[..own.len() - 2]);
+        }
+        for (name, value) in added {
+            block.extend_from_slice(name.as_bytes());
+            block.extend_from_slice(b": ");
+            block.extend_from_slice(value.as_bytes());
+            block.extend_from_slice(b"\r\n");
+        }
+        block.extend_from_slice(b"\r\n");
+        return block;
+    }
+    let mut headers = HeaderMap::parse(own).unwrap_or_default();
+    for control in ["Canopy-Done", "Canopy-Count", "Canopy-Status"] {
+        headers.remove(control);
+    }
+    for (name, value) in added {
+        headers.insert(*name, value.clone());
+    }
+    headers.encode(&mut block);
+    block
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(block: &[u8]) -> HeaderMap {
+        HeaderMap::parse(block).expect("a header block")
+    }
+
+    #[test]
+    fn a_delivery_block_adds_canopys_headers_and_keeps_the_messages() {
+        let added = [
+            ("Canopy-Subject", "a.1".to_string()),
+            ("Canopy-Version", "7".to_string()),
+        ];
+        let none = parsed(&delivery_headers(b"", &added));
+        assert_eq!(none.get("Canopy-Subject"), Some("a.1"));
+        assert_eq!(none.get("Canopy-Version"), Some("7"));
+
+        let own = b"NATS/1.0\r\nX-Trace: t1\r\n\r\n";
+        let block = delivery_headers(own, &added);
+        assert!(
+            block.starts_with(b"NATS/1.0\r\nX-Trace: t1\r\n"),
+            "extended as it was"
+        );
+        let extended = parsed(&block);
+        assert_eq!(extended.get("X-Trace"), Some("t1"));
+        assert_eq!(extended.get("Canopy-Subject"), Some("a.1"));
+    }
+
+    #[test]
+    fn a_client_set_canopy_header_is_replaced_and_control_headers_dropped() {
+        let added = [("Canopy-Subject", "a.1".to_string())];
+        let own = b"NATS/1.0\r\nCanopy-Subject: forged\r\nCanopy-Done: 1\r\nCanopy-Schema: s@1\r\nX-A: b\r\n\r\n";
+        let headers = parsed(&delivery_headers(own, &added));
+        let subjects: Vec<_> = headers
+            .entries
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("canopy-subject"))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(subjects, ["a.1"]);
+        assert_eq!(headers.get("Canopy-Done"), None);
+        assert_eq!(
+            headers.get("Canopy-Schema"),
+            Some("s@1"),
+            "the server's stamp stays"
+        );
+        assert_eq!(headers.get("X-A"), Some("b"));
+    }
 }
