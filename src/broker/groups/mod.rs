@@ -423,120 +423,11 @@ impl GroupTask {
             Input::Observed(subject, version, message) => {
                 self.observed.push((subject, version, message));
             }
-            Input::Pull(pull) => {
-                if !self.members.contains_key(&pull.member) && self.members.len() >= MAX_MEMBERS {
-                    self.refuse(
-                        &pull,
-                        &format!("the group has {MAX_MEMBERS} members already; retry later"),
-                    );
-                    return;
-                }
-                // Messages routed before the pull came are its to take: a publish
-                // acked before a fetch is in the fetch, as in JetStream.
-                self.take_observed().await;
-                let (sent, bytes) = self.answer(&pull, pull.max).await;
-                let jetstream = match &pull.style {
-                    PullStyle::JetStream { terms, .. } => Some(terms.clone()),
-                    PullStyle::Canopy => None,
-                };
-                let filled = sent >= pull.max
-                    || jetstream
-                        .as_ref()
-                        .is_some_and(|t| t.max_bytes > 0 && bytes >= t.max_bytes);
-                // A Canopy pull, and a JetStream one with `no_wait`, waits only for its
-                // first messages (a `no_wait` one without `expires` not at all); any
-                // other JetStream pull waits until it is filled.
-                let waits = match &jetstream {
-                    None => sent == 0 && !pull.wait.is_zero(),
-                    Some(terms) if terms.no_wait => sent == 0 && !pull.wait.is_zero(),
-                    Some(_) => !filled && !pull.wait.is_zero(),
-                };
-                if !waits {
-                    let end = match (&jetstream, filled) {
-                        (None, _) => EndOfPull::Done,
-                        (Some(_), true) => EndOfPull::Filled,
-                        (Some(terms), false) if terms.no_wait => EndOfPull::NoMessages,
-                        (Some(_), false) => EndOfPull::TimedOut,
-                    };
-                    self.end(&pull, sent, end);
-                } else if self.waiting.len() >= WAITING_PULLS {
-                    match jetstream {
-                        // It sent nothing (it would not wait otherwise): refused.
-                        None => self.refuse_with(
-                            &pull,
-                            429,
-                            &format!(
-                                "group {} has {WAITING_PULLS} pulls waiting already; retry \
-                                 later, or pull without waiting",
-                                self.spec.name
-                            ),
-                        ),
-                        Some(_) => self.end(&pull, sent, EndOfPull::TooManyWaiting),
-                    }
-                } else {
-                    let now = tokio::time::Instant::now();
-                    let next_heartbeat =
-                        jetstream.and_then(|t| t.heartbeat).map(|every| now + every);
-                    self.waiting.push_back(Waiting {
-                        until: now + pull.wait,
-                        pull,
-                        sent,
-                        bytes,
-                        next_heartbeat,
-                    });
-                }
-            }
+            Input::Pull(pull) => self.take_pull(pull).await,
             Input::Info { answer, laggiest } => {
-                let stats = self.dispatcher.stats();
-                let laggiest = if laggiest {
-                    self.dispatcher.laggiest(INFO_SUBJECTS)
-                } else {
-                    Vec::new()
-                };
-                let laggiest: Vec<_> = laggiest
-                    .into_iter()
-                    .map(|(subject, pending)| serde_json::json!({"subject": &*subject, "pending": pending}))
-                    .collect();
-                let dead: Vec<_> = self
-                    .dispatcher
-                    .recent_dead_letters()
-                    .rev()
-                    .take(INFO_SUBJECTS)
-                    .map(|d| {
-                        serde_json::json!({"subject": &*d.subject, "version": d.version,
-                            "attempts": d.attempts, "reason": d.reason.as_str()})
-                    })
-                    .collect();
-                let _ = answer.send(serde_json::json!({
-                    "members": stats.members,
-                    "tracked_subjects": stats.subjects,
-                    "pending": stats.pending,
-                    "in_flight": stats.in_flight,
-                    "redelivered": stats.redelivered,
-                    "dead_lettered": stats.dead_lettered,
-                    "laggiest": laggiest,
-                    "dead_letters": dead,
-                    "waiting_pulls": self.waiting.len(),
-                    "consumer_seq": self.sequences.last(),
-                    "last_offset": self.last_offset,
-                }));
+                let _ = answer.send(self.info(laggiest));
             }
-            Input::Await(waiter) => {
-                let passed = self
-                    .dispatcher
-                    .cursor(&waiter.subject)
-                    .is_some_and(|cursor| cursor >= waiter.version);
-                if passed {
-                    waiter.answer(Ok(()));
-                } else if self.members.is_empty() {
-                    waiter.answer(Err(Missed::NoMembers));
-                } else {
-                    self.awaits
-                        .entry(Arc::clone(&waiter.subject))
-                        .or_default()
-                        .push(waiter);
-                }
-            }
+            Input::Await(waiter) => self.take_waiter(waiter),
             Input::Reply(reply) => {
                 let delivery = Delivery {
                     subject: Arc::clone(&reply.subject),
@@ -545,26 +436,149 @@ impl GroupTask {
                 };
                 self.settle(&delivery, reply.kind, reply.confirm, now).await;
             }
-            Input::JetStreamReply(reply) => {
-                let Some(delivery) = self.sequences.get(reply.consumer_seq).cloned() else {
-                    if let Some((to, routes)) = &reply.confirm
-                        && let Some(broker) = self.broker.upgrade()
-                    {
-                        broker.refuse(
-                            routes,
-                            to,
-                            409,
-                            "the delivery is not outstanding: it was acked, or its ack wait ran out",
-                        );
-                    }
-                    return;
-                };
-                if !matches!(reply.kind, ReplyKind::InProgress) {
-                    self.sequences.settle(reply.consumer_seq);
-                }
-                self.settle(&delivery, reply.kind, reply.confirm, now).await;
-            }
+            Input::JetStreamReply(reply) => self.take_jetstream_reply(reply, now).await,
         }
+    }
+
+    /// A pull: answered now with what is ready, then ended, or kept waiting.
+    async fn take_pull(&mut self, pull: Pull) {
+        if !self.members.contains_key(&pull.member) && self.members.len() >= MAX_MEMBERS {
+            self.refuse(
+                &pull,
+                &format!("the group has {MAX_MEMBERS} members already; retry later"),
+            );
+            return;
+        }
+        // Messages routed before the pull came are its to take: a publish
+        // acked before a fetch is in the fetch, as in JetStream.
+        self.take_observed().await;
+        let (sent, bytes) = self.answer(&pull, pull.max).await;
+        let jetstream = match &pull.style {
+            PullStyle::JetStream { terms, .. } => Some(terms.clone()),
+            PullStyle::Canopy => None,
+        };
+        let filled = sent >= pull.max
+            || jetstream
+                .as_ref()
+                .is_some_and(|t| t.max_bytes > 0 && bytes >= t.max_bytes);
+        // A Canopy pull, and a JetStream one with `no_wait`, waits only for its
+        // first messages (a `no_wait` one without `expires` not at all); any
+        // other JetStream pull waits until it is filled.
+        let waits = match &jetstream {
+            None => sent == 0 && !pull.wait.is_zero(),
+            Some(terms) if terms.no_wait => sent == 0 && !pull.wait.is_zero(),
+            Some(_) => !filled && !pull.wait.is_zero(),
+        };
+        if !waits {
+            let end = match (&jetstream, filled) {
+                (None, _) => EndOfPull::Done,
+                (Some(_), true) => EndOfPull::Filled,
+                (Some(terms), false) if terms.no_wait => EndOfPull::NoMessages,
+                (Some(_), false) => EndOfPull::TimedOut,
+            };
+            self.end(&pull, sent, end);
+        } else if self.waiting.len() >= WAITING_PULLS {
+            match jetstream {
+                // It sent nothing (it would not wait otherwise): refused.
+                None => self.refuse_with(
+                    &pull,
+                    429,
+                    &format!(
+                        "group {} has {WAITING_PULLS} pulls waiting already; retry \
+                         later, or pull without waiting",
+                        self.spec.name
+                    ),
+                ),
+                Some(_) => self.end(&pull, sent, EndOfPull::TooManyWaiting),
+            }
+        } else {
+            let now = tokio::time::Instant::now();
+            let next_heartbeat = jetstream.and_then(|t| t.heartbeat).map(|every| now + every);
+            self.waiting.push_back(Waiting {
+                until: now + pull.wait,
+                pull,
+                sent,
+                bytes,
+                next_heartbeat,
+            });
+        }
+    }
+
+    /// The group's live counts, and with `laggiest` its laggiest subjects.
+    fn info(&self, laggiest: bool) -> serde_json::Value {
+        let stats = self.dispatcher.stats();
+        let laggiest = if laggiest {
+            self.dispatcher.laggiest(INFO_SUBJECTS)
+        } else {
+            Vec::new()
+        };
+        let laggiest: Vec<_> = laggiest
+            .into_iter()
+            .map(|(subject, pending)| serde_json::json!({"subject": &*subject, "pending": pending}))
+            .collect();
+        let dead: Vec<_> = self
+            .dispatcher
+            .recent_dead_letters()
+            .rev()
+            .take(INFO_SUBJECTS)
+            .map(|d| {
+                serde_json::json!({"subject": &*d.subject, "version": d.version,
+                    "attempts": d.attempts, "reason": d.reason.as_str()})
+            })
+            .collect();
+        serde_json::json!({
+            "members": stats.members,
+            "tracked_subjects": stats.subjects,
+            "pending": stats.pending,
+            "in_flight": stats.in_flight,
+            "redelivered": stats.redelivered,
+            "dead_lettered": stats.dead_lettered,
+            "laggiest": laggiest,
+            "dead_letters": dead,
+            "waiting_pulls": self.waiting.len(),
+            "consumer_seq": self.sequences.last(),
+            "last_offset": self.last_offset,
+        })
+    }
+
+    /// A publish waiting for the group to pass a version: answered now when it has (or
+    /// cannot, with no members), else kept with its subject.
+    fn take_waiter(&mut self, waiter: Waiter) {
+        let passed = self
+            .dispatcher
+            .cursor(&waiter.subject)
+            .is_some_and(|cursor| cursor >= waiter.version);
+        if passed {
+            waiter.answer(Ok(()));
+        } else if self.members.is_empty() {
+            waiter.answer(Err(Missed::NoMembers));
+        } else {
+            self.awaits
+                .entry(Arc::clone(&waiter.subject))
+                .or_default()
+                .push(waiter);
+        }
+    }
+
+    /// A JetStream ack, which names only the consumer sequence of its delivery.
+    async fn take_jetstream_reply(&mut self, reply: JetStreamReply, now: u64) {
+        let Some(delivery) = self.sequences.get(reply.consumer_seq).cloned() else {
+            if let Some((to, routes)) = &reply.confirm
+                && let Some(broker) = self.broker.upgrade()
+            {
+                broker.refuse(
+                    routes,
+                    to,
+                    409,
+                    "the delivery is not outstanding: it was acked, or its ack wait ran out",
+                );
+            }
+            return;
+        };
+        if !matches!(reply.kind, ReplyKind::InProgress) {
+            self.sequences.settle(reply.consumer_seq);
+        }
+        self.settle(&delivery, reply.kind, reply.confirm, now).await;
     }
 
     /// Takes an ack, nack, in-progress or term of `delivery`, and confirms it where
