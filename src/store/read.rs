@@ -89,6 +89,18 @@ fn durable_scan() -> ScanOptions {
     ScanOptions::default().with_durability_filter(DurabilityLevel::Remote)
 }
 
+/// The messages of `run` from `version` on.
+fn messages_from(run: runs::Run, subject: &str, version: u64) -> Vec<StoredMessage> {
+    let first = run.first;
+    let skip = usize::try_from(version.saturating_sub(first)).unwrap_or(usize::MAX);
+    run.records
+        .into_iter()
+        .enumerate()
+        .skip(skip)
+        .map(|(i, record)| stored(subject, first + i as u64, record))
+        .collect()
+}
+
 pub(super) fn stored(subject: &str, version: u64, record: Record) -> StoredMessage {
     StoredMessage {
         subject: subject.to_owned(),
@@ -133,15 +145,7 @@ impl Store {
         else {
             return Ok(Vec::new());
         };
-        let skip = usize::try_from(version.saturating_sub(run.first)).unwrap_or(usize::MAX);
-        let first = run.first;
-        Ok(run
-            .records
-            .into_iter()
-            .enumerate()
-            .skip(skip)
-            .map(|(i, record)| stored(subject, first + i as u64, record))
-            .collect())
+        Ok(messages_from(run, subject, version))
     }
 
     /// For each of `wanted` (subject and version pairs, sorted by subject and then
@@ -159,19 +163,7 @@ impl Store {
         Ok(runs
             .into_iter()
             .zip(wanted)
-            .map(|(run, &(subject, version))| {
-                let run = run?;
-                let first = run.first;
-                let skip = usize::try_from(version.saturating_sub(first)).unwrap_or(usize::MAX);
-                Some(
-                    run.records
-                        .into_iter()
-                        .enumerate()
-                        .skip(skip)
-                        .map(|(i, record)| stored(subject, first + i as u64, record))
-                        .collect(),
-                )
-            })
+            .map(|(run, &(subject, version))| Some(messages_from(run?, subject, version)))
             .collect())
     }
 
