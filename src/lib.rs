@@ -11,6 +11,7 @@ pub mod broker;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod follow;
 pub mod groups;
 pub mod metrics;
 pub mod publish;

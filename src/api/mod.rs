@@ -289,7 +289,7 @@ impl Answer {
 
 async fn dispatch(
     broker: &Arc<Broker>,
-    store: &Store,
+    store: &Arc<Store>,
     call: &ApiCall,
     answer: &mut Answer,
 ) -> Result<(), ApiError> {

@@ -4,6 +4,7 @@
 //! Must never: hold more than one page in memory per request, or answer anything the
 //! caller could not subscribe to.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -13,6 +14,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::broker::Broker;
+use crate::follow::{Follower, Target};
 use crate::store::{ReplayFrom, Store};
 use crate::tenancy::Action;
 
@@ -77,7 +79,7 @@ struct ReplayRequest {
 
 pub(super) async fn replay(
     broker: &Broker,
-    store: &Store,
+    store: &Arc<Store>,
     tenant: &str,
     call: &ApiCall,
     answer: &mut Answer,
@@ -110,7 +112,7 @@ pub(super) async fn replay(
         (Some(subject), None) => {
             check_subject(subject)?;
             authorize(broker, &call.principal, Action::Subscribe, subject)?;
-            Target::Subject(subject)
+            Target::Subject(subject.clone())
         }
         (None, Some(pattern)) => {
             let parsed = Pattern::parse_native(pattern)
@@ -134,33 +136,23 @@ pub(super) async fn replay(
     }
     let wait = Duration::from_millis(request.wait_ms.unwrap_or(5000)).min(MAX_WAIT);
     let deadline = tokio::time::Instant::now() + wait;
-    let mut durable = store.durable_watch();
-    let mut page = loop {
-        durable.borrow_and_update();
-        let page = match &target {
-            Target::Subject(subject) => {
-                store
-                    .replay_subject(tenant, subject, from, max, MAX_PAGE_BYTES)
-                    .await?
-            }
-            Target::Pattern(pattern) => {
-                store
-                    .replay_pattern(tenant, pattern, from, max, MAX_PAGE_BYTES)
-                    .await?
-            }
-        };
-        if !page.messages.is_empty() || !request.follow {
-            break page;
+    let mut follower = Follower::new(
+        Arc::clone(store),
+        Arc::clone(&call.routes.name),
+        target,
+        from,
+    )
+    .pages_of(max, MAX_PAGE_BYTES);
+    let mut page = follower.next().await?;
+    if request.follow && page.messages.is_empty() && page.caught_up {
+        // Caught up and following: from now on the log's new messages come to the
+        // follower as they are routed, and it reads the store only across a gap.
+        let mut follower = follower.tapped(&call.routes.taps, MAX_PAGE_BYTES, true);
+        let news = tokio::time::timeout_at(deadline, follower.next());
+        if let Ok(news) = answer.park(news).await {
+            page = news?;
         }
-        // Caught up and following: wait for the next durable write, then look again.
-        match answer
-            .park(tokio::time::timeout_at(deadline, durable.changed()))
-            .await
-        {
-            Ok(Ok(())) => continue,
-            _ => break page,
-        }
-    };
+    }
     // A broad pattern was allowed; the deny list's subjects still never show.
     let authz = broker.authorizer();
     if authz.filters_delivery() {
@@ -179,11 +171,6 @@ pub(super) async fn replay(
     answer.send(Some(&block), &[]);
     answer.wakes.wake_all();
     Ok(())
-}
-
-enum Target<'a> {
-    Subject(&'a str),
-    Pattern(Pattern),
 }
 
 #[derive(Deserialize)]

@@ -272,7 +272,6 @@ impl StoreEvents for StoreRouter {
         let Some(broker) = self.broker.upgrade() else {
             return;
         };
-        broker.table_feeds().offer(batch);
         let mut scratch = RouteScratch::default();
         let mut wakes = Wakes::default();
         let mut routes: Option<Arc<super::TenantRoutes>> = None;
@@ -296,7 +295,7 @@ impl StoreEvents for StoreRouter {
                 version: message.version,
                 offset: message.offset,
             };
-            broker.groups().observe(message);
+            tenant.taps.offer(message);
             let skip = (message.route.flags & FLAG_NO_ECHO != 0).then_some(message.route.origin);
             let delivered = broker.route(tenant, skip, &routed, &mut scratch, &mut wakes);
             msgs += delivered as u64;
@@ -321,7 +320,7 @@ impl StoreEvents for StoreRouter {
 
     fn lost(&self) {
         if let Some(broker) = self.broker.upgrade() {
-            broker.table_feeds().lost();
+            broker.log_lost();
         }
     }
 

@@ -92,6 +92,9 @@ pub struct TenantRoutes {
     pub inboxes: InboxClaims,
     /// The tenant's schema bindings, which its publishes are checked against.
     pub schemas: Arc<crate::schemas::TenantSchemas>,
+    /// The followers of the tenant's log (groups, tables, follows), offered each
+    /// stored message as the sequencer routes it.
+    pub taps: Arc<crate::follow::Taps>,
 }
 
 impl TenantRoutes {
@@ -119,8 +122,6 @@ pub struct Broker {
     groups: groups::Groups,
     /// Every tenant's schema bindings.
     schemas: crate::schemas::Registry,
-    /// The table writers' live feed of stored messages.
-    table_feeds: Arc<crate::tables::feed::Feeds>,
     /// The listeners clients reach, as documents describing the server name them.
     listeners: OnceLock<Vec<crate::schemas::asyncapi::Listener>>,
     /// A tenant's limits where its record names none.
@@ -143,7 +144,6 @@ impl Broker {
             clock: crate::clock::Clock::default(),
             groups: groups::Groups::default(),
             schemas: crate::schemas::Registry::default(),
-            table_feeds: Arc::default(),
             listeners: OnceLock::new(),
             tenant_defaults: crate::tenancy::quota::TenantDefaults::default(),
             max_answer: crate::config::NativeConfig::default().max_payload,
@@ -206,9 +206,11 @@ impl Broker {
         Ok(())
     }
 
-    /// The table writers' live feed of stored messages.
-    pub fn table_feeds(&self) -> &Arc<crate::tables::feed::Feeds> {
-        &self.table_feeds
+    /// Tells the followers of every tenant's log that a store write failed.
+    pub fn log_lost(&self) {
+        for tenant in self.tenants.read().values() {
+            tenant.taps.lost();
+        }
     }
 
     /// The running consumer groups.

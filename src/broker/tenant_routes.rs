@@ -38,6 +38,7 @@ impl Broker {
                 deleted: tokio_util::sync::CancellationToken::new(),
                 inboxes: super::InboxClaims::default(),
                 schemas: self.schemas.tenant(tenant),
+                taps: Arc::default(),
             })
         });
         Arc::clone(routes)

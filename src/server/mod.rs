@@ -313,10 +313,11 @@ impl Server {
                 })
             });
         if let Some(store) = self.broker.store() {
+            let broker = &self.broker;
             crate::tables::writer::start(
                 Arc::clone(store),
                 self.broker.schemas(),
-                self.broker.table_feeds(),
+                &|tenant| Arc::clone(&broker.tenant(tenant).taps),
                 &self.config.tables,
                 &self.config.store,
                 &tracker,

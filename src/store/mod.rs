@@ -28,7 +28,7 @@ mod snapshot;
 pub mod stats;
 mod tenants;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod users;
 
 use std::sync::Arc;

@@ -11,7 +11,6 @@
 //! put a table in a bucket. Must never change what is stored: a
 //! table is a reader of the store like any other.
 
-pub mod feed;
 pub mod object_catalog;
 pub mod object_io;
 pub mod writer;

@@ -16,6 +16,38 @@ pub(super) struct Handle {
     pub(super) stopped: Arc<AtomicBool>,
     /// Acks that found the queue full, in the order they came.
     pub(super) overflow: parking_lot::Mutex<Overflow>,
+    /// The group's place among its tenant's followers of the log, until it stops.
+    pub(super) tap: parking_lot::Mutex<Option<crate::follow::Registration>>,
+}
+
+/// The sequencer offers a group each stored message its pattern matches; a full
+/// queue marks the group lagging, and it rescans its subjects from the store.
+impl crate::follow::Tap for Handle {
+    fn offer(&self, message: &Sequenced<'_>) {
+        let observed = Observed {
+            offset: message.offset,
+            time_ms: message.time_ms,
+            headers: message.headers.clone(),
+            payload: message.payload.clone(),
+        };
+        let input = Input::Observed(Arc::from(message.subject), message.version, observed);
+        if self.tx.try_send(input).is_err() {
+            self.lagging.store(true, Ordering::Release);
+        }
+    }
+
+    fn lost(&self) {
+        // What was offered may not be stored: the walk finds what is.
+        self.lagging.store(true, Ordering::Release);
+    }
+}
+
+impl Handle {
+    /// Takes the group out of its tenant's followers and tells its task it stopped.
+    pub(super) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.tap.lock().take();
+    }
 }
 
 /// Inputs waiting for room in a group's queue, and whether a task is moving them in.

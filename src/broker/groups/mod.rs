@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use canopy_protocols::native::HeaderMap;
-use canopy_subjects::{Pattern, Trie};
+use canopy_subjects::Pattern;
 use parking_lot::RwLock;
 use tokio::sync::mpsc;
 
@@ -687,9 +687,9 @@ mod tests {
         })
     }
 
-    #[tokio::test]
-    async fn acks_past_a_full_queue_arrive_in_order_and_a_bounded_overflow_says_busy() {
-        let (tx, mut rx) = mpsc::channel(2);
+    /// A group's handle over `orders.>` with a queue of `room`, and the queue.
+    fn orders_group(room: usize) -> (Arc<Handle>, mpsc::Receiver<Input>) {
+        let (tx, rx) = mpsc::channel(room);
         let handle = Arc::new(Handle {
             name: "g".into(),
             pattern: Pattern::parse_native("orders.>").unwrap(),
@@ -698,7 +698,57 @@ mod tests {
             lagging: Arc::default(),
             stopped: Arc::default(),
             overflow: parking_lot::Mutex::default(),
+            tap: parking_lot::Mutex::default(),
         });
+        (handle, rx)
+    }
+
+    #[test]
+    fn a_group_follows_its_tenants_log_and_lags_when_its_queue_is_full() {
+        let (handle, mut rx) = orders_group(1);
+        let taps = Arc::new(crate::follow::Taps::default());
+        *handle.tap.lock() = Some(taps.register(
+            &handle.pattern,
+            Arc::clone(&handle) as Arc<dyn crate::follow::Tap>,
+        ));
+        let (headers, payload) = (Bytes::new(), Bytes::from_static(b"x"));
+        let route = RouteTag::default();
+        let message = |subject, offset| Sequenced {
+            tenant: "t",
+            subject,
+            version: 1,
+            offset,
+            time_ms: 0,
+            flags: 0,
+            headers: &headers,
+            payload: &payload,
+            route: &route,
+        };
+        taps.offer(&message("other.1", 1));
+        taps.offer(&message("orders.1", 2));
+        assert!(!handle.lagging.load(Ordering::Acquire));
+        let Ok(Input::Observed(subject, _, observed)) = rx.try_recv() else {
+            panic!("orders.1 was offered");
+        };
+        assert_eq!((&*subject, observed.offset), ("orders.1", 2));
+        taps.offer(&message("orders.2", 3));
+        taps.offer(&message("orders.3", 4));
+        assert!(
+            handle.lagging.swap(false, Ordering::AcqRel),
+            "a full queue: lagging"
+        );
+        taps.lost();
+        assert!(
+            handle.lagging.load(Ordering::Acquire),
+            "a lost write: lagging"
+        );
+        handle.stop();
+        assert!(taps.is_empty(), "a stopped group follows nothing");
+    }
+
+    #[tokio::test]
+    async fn acks_past_a_full_queue_arrive_in_order_and_a_bounded_overflow_says_busy() {
+        let (handle, mut rx) = orders_group(2);
         // Nobody reads yet: two fit the queue, the rest wait in the overflow, and
         // past its bound an ack is refused rather than held without limit.
         let total = 2 + OVERFLOW as u64;

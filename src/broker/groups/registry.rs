@@ -5,18 +5,13 @@
 
 use super::*;
 
-#[derive(Default)]
-pub(super) struct TenantGroups {
-    trie: Trie<usize>,
-    list: Vec<Arc<Handle>>,
-}
+/// A tenant's running groups, replaced whole on a change so readers take no lock.
+type TenantGroups = Arc<Vec<Arc<Handle>>>;
 
 /// Every running group, by tenant.
 #[derive(Default)]
 pub struct Groups {
-    tenants: RwLock<HashMap<Arc<str>, Arc<TenantGroups>>>,
-    /// Whether any tenant has a running group: every stored message asks.
-    any: AtomicBool,
+    tenants: RwLock<HashMap<Arc<str>, TenantGroups>>,
     /// Publishes waiting for groups, per tenant (bounded by [`MAX_WAITING`]).
     waiting: parking_lot::Mutex<HashMap<Arc<str>, Arc<AtomicUsize>>>,
     /// The same, per caller (bounded by [`CALLER_WAITING`]); a caller without waits
@@ -73,43 +68,9 @@ impl Drop for WaitingPlace {
 }
 
 impl Groups {
-    /// Offers a stored message to the tenant's groups whose pattern matches it. Never
-    /// waits: a group whose queue is full is marked lagging and rescans the store.
-    pub fn observe(&self, message: &Sequenced<'_>) {
-        if !self.any.load(Ordering::Acquire) {
-            return;
-        }
-        let (tenant, subject, version) = (message.tenant, message.subject, message.version);
-        let Some(groups) = self.tenants.read().get(tenant).cloned() else {
-            return;
-        };
-        let mut subject_arc: Option<Arc<str>> = None;
-        groups.trie.for_each_match(subject, &mut |plain, _| {
-            for &i in plain {
-                let Some(handle) = groups.list.get(i) else {
-                    continue;
-                };
-                let name = Arc::clone(subject_arc.get_or_insert_with(|| Arc::from(subject)));
-                let observed = Observed {
-                    offset: message.offset,
-                    time_ms: message.time_ms,
-                    headers: message.headers.clone(),
-                    payload: message.payload.clone(),
-                };
-                if handle
-                    .tx
-                    .try_send(Input::Observed(name, version, observed))
-                    .is_err()
-                {
-                    handle.lagging.store(true, Ordering::Release);
-                }
-            }
-        });
-    }
-
     fn handle(&self, tenant: &str, group: &str) -> Option<Arc<Handle>> {
         let groups = self.tenants.read().get(tenant).cloned()?;
-        groups.list.iter().find(|h| h.name == group).cloned()
+        groups.iter().find(|h| h.name == group).cloned()
     }
 
     /// Queues `input` for a running group; false when it is not running.
@@ -348,7 +309,9 @@ impl Groups {
             lagging: Arc::clone(&lagging),
             stopped: Arc::clone(&stopped),
             overflow: parking_lot::Mutex::default(),
+            tap: parking_lot::Mutex::default(),
         });
+        let taps = Arc::clone(&broker.tenant(tenant).taps);
         let task = GroupTask {
             tenant: Arc::from(tenant),
             dispatcher: Dispatcher::new(spec.limits(), spec.start == StartAt::All),
@@ -374,8 +337,12 @@ impl Groups {
         };
         self.edit(tenant, |list| {
             stop_named(list, &handle.name);
-            list.push(handle);
+            list.push(Arc::clone(&handle));
         });
+        *handle.tap.lock() = Some(taps.register(
+            &handle.pattern,
+            Arc::clone(&handle) as Arc<dyn crate::follow::Tap>,
+        ));
         tokio::spawn(task.run(rx));
     }
 
@@ -389,30 +356,24 @@ impl Groups {
         self.waiting.lock().remove(tenant);
         self.edit(tenant, |list| {
             for handle in list.drain(..) {
-                handle.stopped.store(true, Ordering::Release);
+                handle.stop();
             }
         });
     }
 
-    /// Rebuilds a tenant's match trie after `change` to its list of groups.
+    /// Replaces a tenant's list of groups with `change` made to it.
     fn edit(&self, tenant: &str, change: impl FnOnce(&mut Vec<Arc<Handle>>)) {
         let mut tenants = self.tenants.write();
         let mut list = tenants
             .get(tenant)
-            .map(|g| g.list.clone())
+            .map(|g| g.as_ref().clone())
             .unwrap_or_default();
         change(&mut list);
         if list.is_empty() {
             tenants.remove(tenant);
-            self.any.store(!tenants.is_empty(), Ordering::Release);
-            return;
+        } else {
+            tenants.insert(Arc::from(tenant), Arc::new(list));
         }
-        let mut trie = Trie::new();
-        for (i, handle) in list.iter().enumerate() {
-            trie.insert(&handle.pattern, None, i);
-        }
-        tenants.insert(Arc::from(tenant), Arc::new(TenantGroups { trie, list }));
-        self.any.store(true, Ordering::Release);
     }
 }
 
@@ -421,7 +382,7 @@ pub(super) fn stop_named(list: &mut Vec<Arc<Handle>>, name: &str) {
     list.retain(|h| {
         let keep = h.name != name;
         if !keep {
-            h.stopped.store(true, Ordering::Release);
+            h.stop();
         }
         keep
     });

@@ -58,14 +58,9 @@ impl Connection {
         let Ok(store) = self.store() else {
             return;
         };
-        // Everything routed before the subscription went live is durable after this,
-        // so the history read next misses nothing; live messages wait meanwhile.
-        let _ = store.durable_barrier().await;
+        let tenant = Arc::clone(&self.session.routes().name);
         if from_snapshot {
-            match store
-                .snapshot(&self.session.routes().name, &native, None)
-                .await
-            {
+            match store.snapshot(&tenant, &native, None).await {
                 Ok(Some(snapshot)) => {
                     self.push(|out| ws::encode_snapshot_first(out, sid, &snapshot_body(&snapshot)));
                     from = Some(ReplayFrom::Version(snapshot.version + 1));
@@ -84,14 +79,19 @@ impl Connection {
             return;
         };
         let target = if literal {
-            History::Subject(native)
+            crate::follow::Target::Subject(native)
         } else {
-            History::Pattern(pattern)
+            crate::follow::Target::Pattern(pattern)
         };
+        // Live messages wait while the history is read; the follower's first read
+        // passes a durability barrier, so it misses nothing routed before the
+        // subscription went live.
+        let follower = crate::follow::Follower::new(store, tenant, target, from)
+            .pages_of(CATCH_UP_PAGE, REPLAY_BYTES)
+            .behind_live_subscription();
         self.catchups.push_back(CatchUp {
             sid,
-            target,
-            from,
+            follower,
             high: 0,
         });
     }
@@ -100,29 +100,12 @@ impl Connection {
     /// it is done, the live messages held for it follow (those it already sent are
     /// dropped by offset). False when there is nothing to catch up.
     pub(super) async fn catch_up(&mut self) -> bool {
-        let Some(catchup) = self.catchups.front() else {
+        let Some(catchup) = self.catchups.front_mut() else {
             return false;
-        };
-        let Ok(store) = self.store() else {
-            self.catchups.clear();
-            return false;
-        };
-        let tenant = Arc::clone(&self.session.routes().name);
-        let page = match &catchup.target {
-            History::Subject(subject) => {
-                store
-                    .replay_subject(&tenant, subject, catchup.from, CATCH_UP_PAGE, REPLAY_BYTES)
-                    .await
-            }
-            History::Pattern(pattern) => {
-                store
-                    .replay_pattern(&tenant, pattern, catchup.from, CATCH_UP_PAGE, REPLAY_BYTES)
-                    .await
-            }
         };
         let sid = catchup.sid;
-        let subject_history = matches!(catchup.target, History::Subject(_));
-        let (next, done) = match page {
+        let page = catchup.follower.next().await;
+        let done = match page {
             Ok(page) => {
                 let mut high = 0;
                 for message in &page.messages {
@@ -143,7 +126,7 @@ impl Connection {
                 if let Some(catchup) = self.catchups.front_mut() {
                     catchup.high = catchup.high.max(high);
                 }
-                (page.next, page.caught_up)
+                page.caught_up
             }
             Err(error) => {
                 self.reply_error(
@@ -153,16 +136,9 @@ impl Connection {
                         format!("history of subscription {sid}: {error}"),
                     ),
                 );
-                (0, true)
+                true
             }
         };
-        if let Some(catchup) = self.catchups.front_mut() {
-            catchup.from = if subject_history {
-                ReplayFrom::Version(next)
-            } else {
-                ReplayFrom::Offset(next)
-            };
-        }
         if done && let Some(finished) = self.catchups.pop_front() {
             for envelope in self.held.remove(&finished.sid).unwrap_or_default() {
                 self.held_bytes = self.held_bytes.saturating_sub(envelope_size(&envelope));

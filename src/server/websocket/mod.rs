@@ -81,16 +81,11 @@ const CATCH_UP_PAGE: usize = crate::store::PAGE_MESSAGES;
 const _: () = assert!(canopy_protocols::ws::MAX_PAGE == CATCH_UP_PAGE);
 
 /// Whose history a catching-up subscription reads.
-enum History {
-    Subject(String),
-    Pattern(Pattern),
-}
-
 /// A subscription sending its history before its live messages.
 struct CatchUp {
     sid: u32,
-    target: History,
-    from: ReplayFrom,
+    /// Its history, read behind the live subscription.
+    follower: crate::follow::Follower,
     /// The highest offset sent from history: live messages at or below it are repeats.
     high: u64,
 }

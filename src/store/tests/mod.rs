@@ -41,7 +41,7 @@ impl StoreEvents for Recorder {
     }
 }
 
-fn settings(object_store: Arc<dyn ObjectStore>) -> StoreSettings {
+pub(crate) fn settings(object_store: Arc<dyn ObjectStore>) -> StoreSettings {
     StoreSettings {
         url: StoreUrl::Memory,
         flush_interval: Duration::from_millis(1),
@@ -58,7 +58,7 @@ fn settings(object_store: Arc<dyn ObjectStore>) -> StoreSettings {
     }
 }
 
-fn request(subject: &str, payload: &str, n: u32) -> AppendRequest {
+pub(crate) fn request(subject: &str, payload: &str, n: u32) -> AppendRequest {
     AppendRequest {
         tenant: Arc::from("t"),
         subject: Arc::from(subject),

@@ -1,16 +1,15 @@
 //! One task per `[[tables]]` entry: follows the pattern's stored messages in offset
 //! order and appends them to the table in commits, each recording the last offset it
 //! holds in its snapshot summary ([`COMMITTED_OFFSET`]). It reads them from the store
-//! to catch up (at start, after a failure, or when it fell behind), then takes them
-//! from the live feed ([`super::feed`]) for as long as the feed misses nothing.
+//! through a durable [`Follower`] of the tenant's log: from the store to catch up (at
+//! start, after a failure, or when it fell behind), then live from the sequencer.
 //!
 //! Exactly once: a commit is one catalog swap, and a restart (or a failed commit)
 //! reads the committed offset from the table and goes on after it; data files a
-//! crash left unreferenced are never read. A commit of messages from the feed first
-//! passes a durability barrier and then takes the feed's gap, so it holds only
-//! stored messages, with none missing. Memory is bounded by about four times
-//! `commit_mib` (twice waiting, and the running commit's messages and their rows)
-//! plus one replay page and the feed's queue. Must never write to the store.
+//! crash left unreferenced are never read. The follower hands out only stored
+//! messages, in offset order, with none missing. Memory is bounded by about four
+//! times `commit_mib` (twice waiting, and the running commit's messages and their
+//! rows) plus one page and the follower's queue. Must never write to the store.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -35,22 +34,23 @@ use super::object_io::ObjectIo;
 use parquet::file::properties::WriterProperties;
 use tokio_util::sync::CancellationToken;
 
-use super::feed::{Fed, Feed, Feeds};
 use super::{
     COMMITTED_OFFSET, Column, batch, columns, columns_of_table, day_of, iceberg_schema,
     partition_spec,
 };
 use crate::config::TableConfig;
+use crate::follow::{Follower, Taps, Target};
 use crate::store::{ReplayFrom, Store, StoreError, StoredMessage};
+
+/// Payload and header bytes a table's follower queues at most.
+pub const QUEUE_BYTES: usize = 64 << 20;
 
 /// The catalog's name, as readers must give it too (pyiceberg's `SqlCatalog("canopy", …)`).
 pub const CATALOG_NAME: &str = "canopy";
-/// Messages read from the store per page.
-const PAGE: usize = 1_000;
+/// Messages the follower gives at a time.
+const PAGE: usize = 4_096;
 /// Wait between attempts after a failure.
 const RETRY: Duration = Duration::from_secs(1);
-/// Messages taken from the feed before the writer looks at its commit's size.
-const FEED_BATCH: usize = 4_096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
@@ -141,69 +141,27 @@ pub async fn open_catalog(folder: &Path) -> Result<SqlCatalog, TableError> {
     Ok(catalog)
 }
 
-/// Where a writer takes the messages from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// About to read the store: the feed's gap and queue are to be set aside first.
-    Start,
-    /// Reading the store, until caught up.
-    Reading,
-    /// Taking the feed.
-    Live,
-}
-
-/// The messages a writer holds and has not committed: every one of the pattern's
-/// messages from after the committed offset up to `next`, in offset order.
+/// The messages a writer holds and has not committed, in offset order.
+#[derive(Default)]
 struct Held {
     waiting: Vec<StoredMessage>,
     bytes: usize,
-    next: u64,
-    /// The last offset handed to a commit (running or done).
-    committed: u64,
     /// Since when the oldest of `waiting` has waited.
-    since: Instant,
+    since: Option<Instant>,
 }
 
 impl Held {
-    fn after(committed: u64) -> Held {
-        Held {
-            waiting: Vec::new(),
-            bytes: 0,
-            next: committed + 1,
-            committed,
-            since: Instant::now(),
-        }
-    }
-
     fn push(&mut self, message: StoredMessage) {
-        if self.waiting.is_empty() {
-            self.since = Instant::now();
-        }
+        self.since.get_or_insert_with(Instant::now);
         self.bytes += size(&message);
         self.waiting.push(message);
     }
 
-    /// Takes a message from the feed, unless it was queued before the writer last
-    /// read the store (`epoch`) or is one the writer holds already.
-    fn take(&mut self, feed: &Feed, fed: Fed, epoch: u64) {
-        feed.taken(&fed);
-        self.take_counted(fed, epoch);
-    }
-
-    /// [`Held::take`] of a message already counted off the queue.
-    fn take_counted(&mut self, fed: Fed, epoch: u64) {
-        if fed.epoch != epoch || fed.message.offset < self.next {
-            return;
-        }
-        self.next = fed.message.offset + 1;
-        self.push(fed.message);
-    }
-
-    /// Drops what may follow a missed message (offset `gap`), to be read again.
-    fn forget_from(&mut self, gap: u64) {
-        self.waiting.retain(|m| m.offset < gap);
-        self.bytes = self.waiting.iter().map(size).sum();
-        self.next = self.next.min(gap).max(self.committed + 1);
+    /// Everything held, for a commit.
+    fn take(&mut self) -> Vec<StoredMessage> {
+        self.bytes = 0;
+        self.since = None;
+        std::mem::take(&mut self.waiting)
     }
 }
 
@@ -233,7 +191,7 @@ struct Writer {
 pub fn start(
     store: Arc<Store>,
     schemas: &crate::schemas::Registry,
-    feeds: &Feeds,
+    taps_of: &dyn Fn(&str) -> Arc<Taps>,
     tables: &[TableConfig],
     store_config: &crate::config::StoreConfig,
     tracker: &tokio_util::task::TaskTracker,
@@ -245,8 +203,6 @@ pub fn start(
         let store = Arc::clone(&store);
         let config = config.clone();
         let shutdown = shutdown.clone();
-        // Registered now, before the writer's first read of the store, so nothing
-        // routed from then on is missed.
         let place = match place {
             Ok(place) => place,
             Err(error) => {
@@ -254,8 +210,9 @@ pub fn start(
                 continue;
             }
         };
-        let feed = match Pattern::parse_native(&config.pattern) {
-            Ok(pattern) => feeds.register(&config.tenant, &pattern),
+        let taps = taps_of(&config.tenant);
+        match Pattern::parse_native(&config.pattern) {
+            Ok(_) => {}
             Err(error) => {
                 tracing::error!(table = %config.table, %error, "table not written: its pattern");
                 continue;
@@ -263,7 +220,7 @@ pub fn start(
         };
         // Tracked with the connections, so the store closes after the last commit.
         tracker.spawn(async move {
-            run(store, config, place, schemas, feed, shutdown).await;
+            run(store, config, place, schemas, taps, shutdown).await;
         });
     }
 }
@@ -273,7 +230,7 @@ async fn run(
     config: TableConfig,
     place: Place,
     schemas: Arc<crate::schemas::TenantSchemas>,
-    (feed, mut fed): (Arc<Feed>, tokio::sync::mpsc::Receiver<Fed>),
+    taps: Arc<Taps>,
     shutdown: CancellationToken,
 ) {
     let mut writer = loop {
@@ -290,7 +247,7 @@ async fn run(
     };
     tracing::info!(table = %config.table, at = %place, "writing table");
     loop {
-        match writer.follow(&store, &feed, &mut fed, &shutdown).await {
+        match writer.follow(&store, &taps, &shutdown).await {
             Ok(()) => return,
             Err(error) => {
                 tracing::warn!(table = %config.table, %error, "a table commit failed; going on from the last committed offset");
@@ -457,21 +414,28 @@ impl Writer {
     }
 
     /// Follows the pattern's messages after the committed offset and commits them,
-    /// until shutdown: from the store until caught up, then from the feed until it
-    /// has a gap, then from the store again. One commit at a time runs beside the
-    /// following, so the feed is drained while a commit writes its files; whatever
-    /// ends the following waits for that commit first, so a retry starts from what
-    /// the table then holds.
+    /// until shutdown. One commit at a time runs beside the following, so the
+    /// follower's queue is drained while a commit writes its files; whatever ends the
+    /// following waits for that commit first, so a retry starts from what the table
+    /// then holds.
     async fn follow(
         &mut self,
-        store: &Store,
-        feed: &Feed,
-        fed: &mut tokio::sync::mpsc::Receiver<Fed>,
+        store: &Arc<Store>,
+        taps: &Arc<Taps>,
         shutdown: &CancellationToken,
     ) -> Result<(), TableError> {
+        let from = ReplayFrom::Offset(self.committed() + 1);
+        let mut follower = Follower::new(
+            Arc::clone(store),
+            Arc::from(self.tenant.as_str()),
+            Target::Pattern(self.pattern.clone()),
+            from,
+        )
+        .pages_of(PAGE, crate::store::PAGE_BYTES)
+        .tapped(taps, QUEUE_BYTES, true);
         let mut running = None;
         let result = self
-            .follow_with(store, feed, fed, shutdown, &mut running)
+            .follow_with(&mut follower, shutdown, &mut running)
             .await;
         if let Some(commit) = running.take() {
             let finished = self.finished(commit.await);
@@ -484,20 +448,14 @@ impl Writer {
 
     async fn follow_with(
         &mut self,
-        store: &Store,
-        feed: &Feed,
-        fed: &mut tokio::sync::mpsc::Receiver<Fed>,
+        follower: &mut Follower,
         shutdown: &CancellationToken,
         running: &mut Option<Running>,
     ) -> Result<(), TableError> {
         let max_bytes =
             usize::try_from(self.config.commit_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         let every = Duration::from_secs(self.config.commit_secs);
-        let mut held = Held::after(self.committed());
-        let mut mode = Mode::Start;
-        let mut epoch = 0;
-        // The first message of the current epoch, taken while dropping stale ones.
-        let mut first: Option<Fed> = None;
+        let mut held = Held::default();
         loop {
             if running.as_ref().is_some_and(|r| r.is_finished())
                 && let Some(commit) = running.take()
@@ -508,85 +466,37 @@ impl Writer {
                 if let Some(commit) = running.take() {
                     self.finished(commit.await)?;
                 }
-                if let Some(messages) = self.cut(store, feed, &mut held, &mut mode).await? {
+                if !held.waiting.is_empty() {
                     let job = self.job().await?;
-                    self.table = Some(job.run(messages).await?);
+                    self.table = Some(job.run(held.take()).await?);
                 }
                 return Ok(());
             }
-            match mode {
-                Mode::Start => {
-                    // What the feed missed is read again; what it queued before now
-                    // is read from the store, which holds it once the barrier passes.
-                    if let Some(gap) = feed.take_gap() {
-                        held.forget_from(gap);
-                    }
-                    epoch = feed.next_epoch();
-                    // Stale items come first (the queue is in order): free their room
-                    // now, so the queue can hold what comes while the store is read.
-                    while let Ok(next) = fed.try_recv() {
-                        feed.taken(&next);
-                        if next.epoch == epoch {
-                            first = Some(next);
-                            break;
-                        }
-                    }
-                    store.durable_barrier().await?;
-                    mode = Mode::Reading;
-                }
-                Mode::Reading => {
-                    let page = store
-                        .replay_pattern(
-                            &self.tenant,
-                            &self.pattern,
-                            ReplayFrom::Offset(held.next),
-                            PAGE,
-                            crate::store::PAGE_BYTES,
-                        )
-                        .await?;
-                    held.next = page.next.max(held.next);
-                    for message in page.messages {
+            let due = held.since.map(|since| since + every);
+            tokio::select! {
+                page = follower.next() => {
+                    for message in page?.messages {
                         held.push(message);
                     }
-                    if page.caught_up {
-                        mode = Mode::Live;
-                    }
                 }
-                Mode::Live => {
-                    if let Some(kept) = first.take() {
-                        held.take_counted(kept, epoch);
+                joined = async {
+                    match running.as_mut() {
+                        Some(commit) => commit.await,
+                        None => std::future::pending().await,
                     }
-                    let due = held.since + every;
-                    tokio::select! {
-                        first = fed.recv() => {
-                            let Some(first) = first else {
-                                return Err(TableError::Setup("the live feed closed".into()));
-                            };
-                            held.take(feed, first, epoch);
-                            for _ in 1..FEED_BATCH {
-                                let Ok(next) = fed.try_recv() else { break };
-                                held.take(feed, next, epoch);
-                            }
-                        }
-                        joined = async {
-                            match running.as_mut() {
-                                Some(commit) => commit.await,
-                                None => std::future::pending().await,
-                            }
-                        }, if running.is_some() => {
-                            *running = None;
-                            self.finished(joined)?;
-                        }
-                        () = tokio::time::sleep_until(due.into()),
-                            if !held.waiting.is_empty() && running.is_none() => {}
-                        () = shutdown.cancelled() => {}
-                    }
-                    if feed.has_gap() {
-                        mode = Mode::Start;
-                    }
+                }, if running.is_some() => {
+                    *running = None;
+                    self.finished(joined)?;
                 }
+                () = async {
+                    match due {
+                        Some(due) => tokio::time::sleep_until(due.into()).await,
+                        None => std::future::pending().await,
+                    }
+                }, if running.is_none() => {}
+                () = shutdown.cancelled() => {}
             }
-            let due = !held.waiting.is_empty() && held.since.elapsed() >= every;
+            let due = held.since.is_some_and(|since| since.elapsed() >= every);
             if held.bytes >= max_bytes || due {
                 // Twice a commit's worth waiting: no more until the running one ends.
                 if held.bytes >= max_bytes.saturating_mul(2)
@@ -594,15 +504,10 @@ impl Writer {
                 {
                     self.finished(commit.await)?;
                 }
-                if running.is_none()
-                    && let Some(messages) = self.cut(store, feed, &mut held, &mut mode).await?
-                {
+                if running.is_none() && !held.waiting.is_empty() {
                     let job = self.job().await?;
-                    *running = Some(tokio::spawn(job.run(messages)));
+                    *running = Some(tokio::spawn(job.run(held.take())));
                 }
-            }
-            if held.waiting.is_empty() {
-                held.since = Instant::now();
             }
         }
     }
@@ -615,37 +520,6 @@ impl Writer {
         let table = joined.map_err(|e| TableError::Setup(format!("a commit task: {e}")))??;
         self.table = Some(table);
         Ok(())
-    }
-
-    /// What of the held messages the store vouches for, taken out for a commit:
-    /// after a durability barrier, the feed's gap says what of it may not be stored,
-    /// or follows a missed message, and only what came before the barrier and the
-    /// gap is taken.
-    async fn cut(
-        &mut self,
-        store: &Store,
-        feed: &Feed,
-        held: &mut Held,
-        mode: &mut Mode,
-    ) -> Result<Option<Vec<StoredMessage>>, TableError> {
-        if held.waiting.is_empty() {
-            return Ok(None);
-        }
-        let cut = held.waiting.len();
-        store.durable_barrier().await?;
-        if let Some(gap) = feed.take_gap() {
-            held.forget_from(gap);
-            *mode = Mode::Start;
-        }
-        let cut = cut.min(held.waiting.len());
-        let messages: Vec<StoredMessage> = held.waiting.drain(..cut).collect();
-        held.bytes = held.waiting.iter().map(size).sum();
-        held.since = Instant::now();
-        let Some(last) = messages.last() else {
-            return Ok(None);
-        };
-        held.committed = last.offset;
-        Ok(Some(messages))
     }
 
     /// What a commit needs of the writer (making the table at the first, and adding

@@ -1,10 +1,6 @@
 //! The table writer's unit tests.
 
 use super::*;
-use crate::store::{RouteTag, Sequenced};
-
-static EMPTY: bytes::Bytes = bytes::Bytes::new();
-static OBJECT: bytes::Bytes = bytes::Bytes::from_static(b"{}");
 
 fn message(offset: u64) -> StoredMessage {
     StoredMessage {
@@ -19,45 +15,16 @@ fn message(offset: u64) -> StoredMessage {
 }
 
 #[test]
-fn held_messages_follow_the_feed_and_forget_what_follows_a_gap() {
-    let feeds = Feeds::default();
-    let (feed, mut rx) = feeds.register("t", &Pattern::parse_native("a.*").expect("pattern"));
-    let route = RouteTag::default();
-    let offer = |offset| {
-        feeds.offer(&[Sequenced {
-            tenant: "t",
-            subject: "a.1",
-            version: offset,
-            offset,
-            time_ms: 0,
-            flags: 0,
-            headers: &EMPTY,
-            payload: &OBJECT,
-            route: &route,
-        }]);
-    };
-    let mut held = Held::after(2);
+fn held_messages_are_counted_and_taken_whole() {
+    let mut held = Held::default();
+    assert!(held.since.is_none(), "nothing waits yet");
     held.push(message(3));
-    held.next = 4;
-    offer(2); // queued before the writer's epoch: stale
-    let epoch = feed.next_epoch();
-    offer(3); // held already
-    offer(4);
-    offer(6);
-    while let Ok(fed) = rx.try_recv() {
-        held.take(&feed, fed, epoch);
-    }
-    let offsets: Vec<u64> = held.waiting.iter().map(|m| m.offset).collect();
-    assert_eq!(offsets, [3, 4, 6]);
-    assert_eq!((held.next, held.bytes), (7, 6));
-
-    // A message at 5 was missed: 6 goes, and reading resumes at 5.
-    held.forget_from(5);
-    let offsets: Vec<u64> = held.waiting.iter().map(|m| m.offset).collect();
-    assert_eq!(offsets, [3, 4]);
-    assert_eq!(held.next, 5);
-    // A lost write: all of it, from after the commit.
-    held.forget_from(0);
-    assert!(held.waiting.is_empty());
-    assert_eq!((held.next, held.bytes), (3, 0));
+    held.push(message(4));
+    assert_eq!(held.bytes, 4);
+    let since = held.since.expect("the oldest waits since its push");
+    held.push(message(5));
+    assert_eq!(held.since, Some(since), "the oldest's time stays");
+    let taken: Vec<u64> = held.take().iter().map(|m| m.offset).collect();
+    assert_eq!(taken, [3, 4, 5]);
+    assert_eq!((held.bytes, held.since.is_none()), (0, true));
 }

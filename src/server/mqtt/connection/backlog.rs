@@ -80,10 +80,17 @@ impl Connection {
                             "mqtt session backlog over its bounds: the oldest messages are skipped"
                         );
                     }
-                    self.backlog = Some(Backlog {
-                        next: start,
+                    let follower = crate::follow::Follower::new(
+                        Arc::clone(&store),
+                        Arc::clone(&self.session.routes().name),
+                        crate::follow::Target::Filters,
+                        ReplayFrom::Offset(start),
+                    )
+                    .pages_of(STORE_PAGE, STORE_PAGE_BYTES);
+                    self.backlog = Some(Box::new(Backlog {
+                        follower,
                         done: false,
-                    });
+                    }));
                 }
                 Err(error) => {
                     tracing::warn!(%error, client = %self.key.1, "cannot read the session backlog");
@@ -180,21 +187,16 @@ impl Connection {
                     }
                 }
                 self.session.outbox.wake();
-            } else if let Some(backlog) = self.backlog.as_ref().filter(|b| !b.done) {
-                let from = backlog.next;
+            } else if self.backlog.as_ref().is_some_and(|b| !b.done) {
+                // The filters as they are now: subscriptions may change between pages.
                 let matcher = self.matcher();
                 let authz = Arc::clone(self.broker.authorizer());
                 let matches =
                     |subject: &str| matcher.matches(subject) && authz.may_deliver(subject);
-                let page = store
-                    .replay_matching(
-                        &self.session.routes().name,
-                        &matches,
-                        ReplayFrom::Offset(from),
-                        STORE_PAGE,
-                        STORE_PAGE_BYTES,
-                    )
-                    .await;
+                let page = match self.backlog.as_mut() {
+                    Some(backlog) => backlog.follower.next_matching(&matches).await,
+                    None => Ok(crate::follow::Page::default()),
+                };
                 match page {
                     Ok(page) => {
                         let now = self.broker.clock().now_ms();
@@ -230,7 +232,6 @@ impl Connection {
                         self.high_offset = self.high_offset.max(page.next.saturating_sub(1));
                         self.backlog_high = self.backlog_high.max(page.next.saturating_sub(1));
                         if let Some(backlog) = &mut self.backlog {
-                            backlog.next = page.next;
                             backlog.done = page.caught_up;
                         }
                     }
@@ -267,7 +268,7 @@ impl Connection {
             cursor = cursor.min(oldest);
         }
         if let Some(backlog) = self.backlog.as_ref().filter(|b| !b.done) {
-            cursor = cursor.min(backlog.next);
+            cursor = cursor.min(backlog.follower.position());
         }
         SessionRecord {
             version: RECORD_VERSION,

@@ -310,8 +310,8 @@ struct RetainedJob {
 
 /// The offline backlog being read from the store.
 struct Backlog {
-    next: u64,
-    /// Read up to here; live deliveries at or below it were already sent.
+    /// The session's log from its cursor on, read through its filters.
+    follower: crate::follow::Follower,
     done: bool,
 }
 
@@ -345,7 +345,8 @@ struct Connection {
     queue: VecDeque<Delivery>,
     queued_bytes: usize,
     retained_jobs: VecDeque<RetainedJob>,
-    backlog: Option<Backlog>,
+    /// Boxed: a connection without a backlog (most) keeps its task small.
+    backlog: Option<Box<Backlog>>,
     /// The highest offset handed to the client (or skipped by the backlog bounds).
     high_offset: u64,
     /// The last offset the backlog read covered: live envelopes up to it are
