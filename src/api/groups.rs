@@ -10,47 +10,25 @@
 //! and a tenant's count of groups holds. This module must never decide deliveries:
 //! that is `crate::groups`'.
 
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::sync::Mutex;
 
 use super::{Answer, ApiCall, ApiError, PREFIX, authorize, parse};
 use crate::broker::groups::{ACK_PREFIX, Handed, Pull, PullStyle, Reply, ReplyKind};
-use crate::broker::{Broker, TenantRoutes};
+use crate::broker::{Broker, Tenant};
 use crate::groups::awaiting::{Await, Caller, DEFAULT_AWAIT, MAX_AWAIT, Missed};
 use crate::groups::{GroupSpec, StoredGroup as Stored, check_member};
 use crate::store::Store;
 use crate::tenancy::{Action, Principal};
 
-/// Each tenant's lock over its group creates and deletes, held here only while some
-/// call holds it (an entry whose lock nobody holds is dropped on the next lookup), so
-/// the map never grows past the tenants changing groups at once.
-static CHANGES: LazyLock<parking_lot::Mutex<ChangeLocks>> = LazyLock::new(Default::default);
-
-/// Tenants' locks over their group changes, while held (see [`changes_of`]).
-type ChangeLocks = HashMap<Arc<str>, Weak<Mutex<()>>>;
-
-/// The lock that serialises `tenant`'s group creates and deletes (JetStream's too).
-pub(crate) fn changes_of(tenant: &str) -> Arc<Mutex<()>> {
-    let mut changes = CHANGES.lock();
-    if let Some(lock) = changes.get(tenant).and_then(Weak::upgrade) {
-        return lock;
-    }
-    changes.retain(|_, lock| lock.strong_count() > 0);
-    let lock = Arc::new(Mutex::new(()));
-    changes.insert(Arc::from(tenant), Arc::downgrade(&lock));
-    lock
-}
-
 /// The tenant's limit on groups when `routes`' tenant keeps as many as it may (read
-/// under its [`changes_of`] lock, so two creates cannot both take the last place).
+/// under its `Tenant::group_changes` lock, so two creates cannot both take the last place).
 pub(crate) async fn groups_full(
     store: &Store,
-    routes: &TenantRoutes,
+    routes: &Tenant,
 ) -> Result<Option<u64>, crate::store::StoreError> {
     let limit = routes.quota.max_groups();
     let kept = store.groups(&routes.name).await?.len();
@@ -167,8 +145,7 @@ pub(super) async fn dispatch(
             if let Some(prefix) = &spec.dead_letter {
                 super::check_dead_letter(broker, &call.principal, prefix)?;
             }
-            let lock = changes_of(tenant);
-            let _change = lock.lock().await;
+            let _change = call.routes.group_changes.lock().await;
             if store.group(tenant, &spec.name).await?.is_some() {
                 return Err(ApiError::new(
                     409,
@@ -195,7 +172,7 @@ pub(super) async fn dispatch(
                 .await?;
             let body = group_json(&stored);
             if let Some(store) = broker.store() {
-                broker.groups().start(broker, store, tenant, stored);
+                broker.groups().start(broker, store, &call.routes, stored);
             }
             body
         }
@@ -232,17 +209,16 @@ pub(super) async fn dispatch(
             // The group's task answers between its own work: no working place is
             // held meanwhile.
             info["live"] = answer
-                .park(broker.groups().info(tenant, &name, true))
+                .park(broker.groups().info(&call.routes, &name, true))
                 .await
                 .unwrap_or(Value::Null);
             info
         }
         "group.delete" => {
             let GroupRef { name } = parse(&call.body)?;
-            let lock = changes_of(tenant);
-            let _change = lock.lock().await;
+            let _change = call.routes.group_changes.lock().await;
             readable(broker, store, call, &name).await?;
-            broker.groups().stop(tenant, &name);
+            broker.groups().stop(&call.routes, &name);
             store.delete_group(tenant, &name).await?;
             json!({"name": name, "deleted": true})
         }
@@ -285,7 +261,7 @@ pub(super) async fn dispatch(
                 style: PullStyle::Canopy,
                 place,
             };
-            if !broker.groups().pull(tenant, &next.group, pull).await {
+            if !broker.groups().pull(&call.routes, &next.group, pull).await {
                 return Err(ApiError::new(
                     503,
                     format!("group {} is not running", next.group),
@@ -321,7 +297,7 @@ pub(super) async fn dispatch(
             };
             let mut later = Answer::new(Arc::clone(broker), Arc::clone(&call.routes), reply);
             broker.groups().await_passing(
-                tenant,
+                &call.routes,
                 Arc::from(wait.subject.as_str()),
                 wait.version,
                 &awaiting,
@@ -439,7 +415,7 @@ pub(super) fn reply(broker: &Arc<Broker>, call: &ApiCall) {
         confirm: call.reply.clone().map(|to| (to, Arc::clone(&call.routes))),
     };
     let may = |pattern: &str| may_read(broker, &call.principal, pattern);
-    match broker.groups().reply(&call.routes.name, group, may, reply) {
+    match broker.groups().reply(&call.routes, group, may, reply) {
         Handed::Queued => {}
         Handed::NotRunning => refuse(404, &format!("group {group} is not running")),
         Handed::Busy => refuse(503, &format!("group {group} is too far behind; ack again")),
@@ -450,25 +426,6 @@ pub(super) fn reply(broker: &Arc<Broker>, call: &ApiCall) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn group_changes_wait_only_for_their_own_tenants_and_unused_locks_go() {
-        let a = changes_of("t-a");
-        let held = a.try_lock().expect("free");
-        assert!(
-            changes_of("t-a").try_lock().is_err(),
-            "one tenant's changes are serialised"
-        );
-        assert!(
-            changes_of("t-b").try_lock().is_ok(),
-            "another tenant's do not wait for them"
-        );
-        drop(held);
-        drop(a);
-        // A lookup drops the locks nobody holds: the map does not grow with tenants.
-        let _c = changes_of("t-c");
-        assert!(!CHANGES.lock().contains_key("t-a"));
-    }
 
     #[test]
     fn a_page_stops_at_its_limit_or_its_bytes_and_always_moves_on() {

@@ -37,7 +37,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::broker::{Broker, Message, RouteScratch, TenantRoutes, Wakes};
+use crate::broker::{Broker, Message, RouteScratch, Tenant, Wakes};
 use crate::store::{Snapshot, Store, StoreError, StoredMessage};
 use crate::tenancy::quota::ApiCallSlot;
 use crate::tenancy::{Action, Principal};
@@ -79,7 +79,7 @@ impl Work {
 /// One API call as a front end received it.
 pub struct ApiCall {
     pub principal: Principal,
-    pub routes: Arc<TenantRoutes>,
+    pub routes: Arc<Tenant>,
     /// The calling connection's limits: what an append's messages are held to.
     pub limits: Arc<crate::publish::SessionLimits>,
     /// The calling connection (a JetStream pull's member).
@@ -170,7 +170,7 @@ impl From<StoreError> for ApiError {
 /// Sends messages to the caller's reply subject.
 pub(crate) struct Answer {
     broker: Arc<Broker>,
-    routes: Arc<TenantRoutes>,
+    routes: Arc<Tenant>,
     reply: String,
     scratch: RouteScratch,
     wakes: Wakes,
@@ -179,7 +179,7 @@ pub(crate) struct Answer {
 }
 
 impl Answer {
-    pub(crate) fn new(broker: Arc<Broker>, routes: Arc<TenantRoutes>, reply: String) -> Self {
+    pub(crate) fn new(broker: Arc<Broker>, routes: Arc<Tenant>, reply: String) -> Self {
         Self {
             broker,
             routes,

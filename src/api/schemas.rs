@@ -20,7 +20,6 @@ use std::sync::Arc;
 use canopy_subjects::{Pattern, validate_native_subject};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::sync::Mutex;
 
 use super::{Answer, ApiCall, ApiError, PREFIX, authorize, check_dead_letter, parse};
 use crate::broker::Broker;
@@ -32,16 +31,6 @@ use crate::schemas::{
 };
 use crate::store::{SchemaRecord, Store};
 use crate::tenancy::{Action, Principal};
-
-/// Serialises puts and deletes of each tenant's bindings (one tenant's never wait
-/// for another's store write).
-static CHANGES: std::sync::LazyLock<
-    parking_lot::Mutex<std::collections::HashMap<String, Arc<Mutex<()>>>>,
-> = std::sync::LazyLock::new(Default::default);
-
-fn changes_of(tenant: &str) -> Arc<Mutex<()>> {
-    Arc::clone(CHANGES.lock().entry(tenant.to_owned()).or_default())
-}
 
 /// A new version of a binding.
 #[derive(Debug, Deserialize)]
@@ -158,7 +147,7 @@ pub fn asyncapi(
             return Err(ApiError::new(404, format!("no tenant {tenant}")));
         }
     }
-    let bindings = broker.schemas().tenant(tenant).current();
+    let bindings = broker.tenant(tenant).schemas.current();
     let shown: Vec<Arc<Binding>> = bindings
         .all()
         .iter()
@@ -267,8 +256,9 @@ pub async fn put(
     // Held through the check, so a tenant has at most one put waiting for or holding
     // a checker: its puts queue behind each other, and another tenant's wait for
     // at most one of its checks.
-    let changes = changes_of(tenant);
-    let _change = changes.lock().await;
+    let owner = broker.tenant(tenant);
+    // One tenant's changes never wait for another's store write.
+    let _change = owner.schema_changes.lock().await;
     let versions = store.schema_versions(tenant, &pattern).await?;
     let now_ms = broker.clock().now_ms();
     let (binding, record) =
@@ -276,7 +266,7 @@ pub async fn put(
             Prepared::Unchanged(value) => return Ok(value),
             Prepared::New { binding, record } => (binding, record),
         };
-    let schemas = broker.schemas().tenant(tenant);
+    let schemas = &owner.schemas;
     let bindings = schemas.current();
     if bindings.get(&pattern).is_none() && bindings.len() >= MAX_BINDINGS {
         return Err(ApiError::new(
@@ -488,7 +478,7 @@ pub async fn get(
     tenant: &str,
     which: Which,
 ) -> Result<Value, ApiError> {
-    let bindings = broker.schemas().tenant(tenant).current();
+    let bindings = broker.tenant(tenant).schemas.current();
     let pattern = match (&which.pattern, &which.subject) {
         (Some(pattern), None) => {
             authorize(broker, principal, Action::Subscribe, pattern)?;
@@ -528,7 +518,7 @@ pub async fn get(
 
 /// The tenant's bindings in force, without their schemas.
 pub fn list(broker: &Broker, principal: &Principal, tenant: &str) -> Value {
-    let bindings = broker.schemas().tenant(tenant).current();
+    let bindings = broker.tenant(tenant).schemas.current();
     let all: Vec<Value> = bindings
         .all()
         .iter()
@@ -585,9 +575,9 @@ pub async fn delete(
 ) -> Result<Value, ApiError> {
     parse_pattern(pattern)?;
     may_change(broker, principal, pattern)?;
-    let changes = changes_of(tenant);
-    let _change = changes.lock().await;
-    let schemas = broker.schemas().tenant(tenant);
+    let owner = broker.tenant(tenant);
+    let _change = owner.schema_changes.lock().await;
+    let schemas = &owner.schemas;
     let bindings = schemas.current();
     let Some(current) = bindings.get(pattern) else {
         return Err(ApiError::new(
@@ -625,7 +615,7 @@ pub fn errors(
     of: ErrorsOf,
 ) -> Result<Value, ApiError> {
     let pattern = of.pattern.as_deref().map(parse_pattern).transpose()?;
-    let schemas = broker.schemas().tenant(tenant);
+    let schemas = Arc::clone(&broker.tenant(tenant).schemas);
     // An error quotes the refused payload: only for those who may read the subject.
     let kept = schemas.recent_errors(|subject| {
         authorize(broker, principal, Action::Subscribe, subject).is_ok()

@@ -213,7 +213,7 @@ pub async fn delete(broker: &Broker, store: &Store, name: &str) -> Result<Value,
     store.put_tenant(&record).await?;
     broker.tenant_records().remove(&record.name);
     // Its clients go before its data: nothing they send can outlive the purge.
-    broker.evict_tenant(&record.name);
+    broker.close_tenant(&record.name);
     match broker.store() {
         Some(store) => spawn_purge(Arc::clone(store), record.name.clone()),
         None => tracing::warn!(tenant = record.name, "no store to purge from"),

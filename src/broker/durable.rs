@@ -274,7 +274,7 @@ impl StoreEvents for StoreRouter {
         };
         let mut scratch = RouteScratch::default();
         let mut wakes = Wakes::default();
-        let mut routes: Option<Arc<super::TenantRoutes>> = None;
+        let mut routes: Option<Arc<super::Tenant>> = None;
         let (mut msgs, mut bytes) = (0u64, 0u64);
         for message in batch {
             if routes.as_ref().is_none_or(|r| *r.name != *message.tenant) {
@@ -339,7 +339,7 @@ impl StoreEvents for StoreRouter {
                 let answer_to = Arc::clone(&broker);
                 let tenant_name = Arc::clone(&tenant);
                 broker.groups().await_passing(
-                    &tenant,
+                    &broker.tenant(&tenant),
                     subject,
                     version,
                     &awaiting,

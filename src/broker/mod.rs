@@ -18,13 +18,14 @@ pub mod outbox;
 
 mod routing;
 mod subscription;
-mod tenant_routes;
+mod tenant;
+
+pub use tenant::Tenant;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use canopy_subjects::SharedTrie;
 use parking_lot::RwLock;
 
 pub use crate::metrics::{Metrics, MetricsSnapshot};
@@ -80,31 +81,8 @@ struct QueuePick {
     chosen: Arc<Subscription>,
 }
 
-/// The routes of one tenant.
-pub struct TenantRoutes {
-    pub name: Arc<str>,
-    trie: SharedTrie<Arc<Subscription>>,
-    /// The tenant's live quotas, shared by its connections.
-    pub quota: Arc<crate::tenancy::quota::Quota>,
-    /// Cancelled when the tenant is deleted: its connections close.
-    pub deleted: tokio_util::sync::CancellationToken,
-    /// Which connection holds each reply inbox.
-    pub inboxes: InboxClaims,
-    /// The tenant's schema bindings, which its publishes are checked against.
-    pub schemas: Arc<crate::schemas::TenantSchemas>,
-    /// The followers of the tenant's log (groups, tables, follows), offered each
-    /// stored message as the sequencer routes it.
-    pub taps: Arc<crate::follow::Taps>,
-}
-
-impl TenantRoutes {
-    pub fn subscription_count(&self) -> usize {
-        self.trie.len()
-    }
-}
-
 pub struct Broker {
-    tenants: RwLock<HashMap<Arc<str>, Arc<TenantRoutes>>>,
+    tenants: RwLock<HashMap<Arc<str>, Arc<Tenant>>>,
     metrics: Arc<Metrics>,
     authz: Arc<Authorizer>,
     next_id: AtomicU64,
@@ -120,8 +98,6 @@ pub struct Broker {
     clock: crate::clock::Clock,
     /// The running consumer groups.
     groups: groups::Groups,
-    /// Every tenant's schema bindings.
-    schemas: crate::schemas::Registry,
     /// The listeners clients reach, as documents describing the server name them.
     listeners: OnceLock<Vec<crate::schemas::asyncapi::Listener>>,
     /// A tenant's limits where its record names none.
@@ -143,7 +119,6 @@ impl Broker {
             tenant_records: crate::tenancy::Tenants::default(),
             clock: crate::clock::Clock::default(),
             groups: groups::Groups::default(),
-            schemas: crate::schemas::Registry::default(),
             listeners: OnceLock::new(),
             tenant_defaults: crate::tenancy::quota::TenantDefaults::default(),
             max_answer: crate::config::NativeConfig::default().max_payload,
@@ -177,64 +152,9 @@ impl Broker {
         self.listeners.get().map_or(&[], Vec::as_slice)
     }
 
-    /// Every tenant's schema bindings.
-    pub fn schemas(&self) -> &crate::schemas::Registry {
-        &self.schemas
-    }
-
-    /// Loads every tenant's current schema bindings from the store; for the server's
-    /// start, once the store is attached. A version that no longer compiles is
-    /// skipped with a warning, and its subjects go unchecked.
-    pub async fn load_schemas(&self) -> Result<(), crate::store::StoreError> {
-        let Some(store) = self.store().cloned() else {
-            return Ok(());
-        };
-        for tenant in self.tenant_records.list() {
-            let records = store.newest_schemas(&tenant.name).await?;
-            let bindings = crate::schemas::current_bindings(
-                records
-                    .iter()
-                    .map(|r| (r.pattern.as_str(), r.version, &r.record[..])),
-                |pattern, error| {
-                    tracing::warn!(tenant = %tenant.name, pattern, %error, "a stored schema cannot be used; its subjects are refused until it is put again");
-                },
-            );
-            if !bindings.is_empty() {
-                self.schemas.tenant(&tenant.name).set(bindings);
-            }
-        }
-        Ok(())
-    }
-
-    /// Tells the followers of every tenant's log that a store write failed.
-    pub fn log_lost(&self) {
-        for tenant in self.tenants.read().values() {
-            tenant.taps.lost();
-        }
-    }
-
     /// The running consumer groups.
     pub fn groups(&self) -> &groups::Groups {
         &self.groups
-    }
-
-    /// Starts every stored consumer group of every tenant; for the server's start,
-    /// once the store is attached.
-    pub async fn start_groups(self: &Arc<Self>) -> Result<(), crate::store::StoreError> {
-        let Some(store) = self.store().cloned() else {
-            return Ok(());
-        };
-        for tenant in self.tenant_records.list() {
-            for record in store.groups(&tenant.name).await? {
-                match serde_json::from_slice::<crate::groups::StoredGroup>(&record) {
-                    Ok(group) => self.groups.start(self, &store, &tenant.name, group),
-                    Err(error) => {
-                        tracing::warn!(tenant = %tenant.name, %error, "a stored group is unreadable; not started");
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 
     /// The tenants' records (who exists, with which limits).
@@ -271,15 +191,6 @@ impl Broker {
 
     pub fn authorizer(&self) -> &Arc<Authorizer> {
         &self.authz
-    }
-
-    /// Live subscriptions of every tenant.
-    pub fn subscription_count(&self) -> usize {
-        self.tenants
-            .read()
-            .values()
-            .map(|t| t.subscription_count())
-            .sum()
     }
 
     /// Every tenant that has had a connection: its name, live quota and subscriptions.

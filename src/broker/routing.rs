@@ -13,7 +13,7 @@ use canopy_protocols::native::{encode_hmsg, encode_msg};
 use canopy_subjects::QueueGroup;
 
 use super::{
-    Broker, Message, Outbox, QueuePick, RouteScratch, Subscription, TenantRoutes, Wakes, envelope,
+    Broker, Message, Outbox, QueuePick, RouteScratch, Subscription, Tenant, Wakes, envelope,
 };
 
 /// The one form of a refused call's answer, the API's and a consumer group's alike: a
@@ -29,7 +29,7 @@ pub fn refusal(code: u16, description: &str) -> (Vec<u8>, Vec<u8>) {
 
 impl Broker {
     /// Answers `reply` with a [`refusal`], waking its subscriber at once.
-    pub fn refuse(&self, routes: &TenantRoutes, reply: &str, code: u16, description: &str) {
+    pub fn refuse(&self, routes: &Tenant, reply: &str, code: u16, description: &str) {
         let (block, body) = refusal(code, description);
         let message = Message {
             subject: reply,
@@ -52,7 +52,7 @@ impl Broker {
     /// many received it. `from` is the publisher's outbox (for `echo: false`).
     pub fn publish(
         &self,
-        routes: &TenantRoutes,
+        routes: &Tenant,
         from: &Outbox,
         msg: &Message<'_>,
         scratch: &mut RouteScratch,
@@ -66,7 +66,7 @@ impl Broker {
     /// `skip_conn`, and returns how many received it.
     pub fn route(
         &self,
-        routes: &TenantRoutes,
+        routes: &Tenant,
         skip_conn: Option<u64>,
         msg: &Message<'_>,
         scratch: &mut RouteScratch,
@@ -117,7 +117,7 @@ impl Broker {
     /// routed now and one the sequencer routes.
     pub fn tell_no_responders(
         &self,
-        routes: &TenantRoutes,
+        routes: &Tenant,
         conn: u64,
         reply: &[u8],
         scratch: &mut RouteScratch,
@@ -151,7 +151,7 @@ impl Broker {
 
     /// Whether any subscription matches `subject` (a JetStream pull's inbox: a pull
     /// whose client stopped listening is dropped, not sent messages nobody reads).
-    pub fn has_interest(&self, routes: &TenantRoutes, subject: &str) -> bool {
+    pub fn has_interest(&self, routes: &Tenant, subject: &str) -> bool {
         let mut found = false;
         routes.trie.for_each_match(subject, &mut |plain, groups| {
             found = found || !plain.is_empty() || groups.iter().any(|g| !g.members.is_empty());
@@ -164,12 +164,7 @@ impl Broker {
     /// subscribe one or the other). A wildcard subscription outside any queue group
     /// watches subjects; it does not answer them. `skip_conn` is a publisher that
     /// does not see its own messages.
-    pub fn has_responder(
-        &self,
-        routes: &TenantRoutes,
-        subject: &str,
-        skip_conn: Option<u64>,
-    ) -> bool {
+    pub fn has_responder(&self, routes: &Tenant, subject: &str, skip_conn: Option<u64>) -> bool {
         let mut found = false;
         let other = |sub: &Arc<Subscription>| Some(sub.outbox.conn_id) != skip_conn;
         routes.trie.for_each_match(subject, &mut |plain, groups| {

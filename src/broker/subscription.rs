@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use canopy_subjects::Pattern;
 
-use super::{Broker, Outbox, TenantRoutes, envelope};
+use super::{Broker, Outbox, Tenant, envelope};
 
 /// One subscription of one connection.
 pub struct Subscription {
@@ -84,7 +84,7 @@ impl Subscription {
 impl Broker {
     pub fn subscribe(
         &self,
-        routes: &TenantRoutes,
+        routes: &Tenant,
         outbox: &Arc<Outbox>,
         sid: Bytes,
         pattern: Pattern,
@@ -96,7 +96,7 @@ impl Broker {
     /// [`Broker::subscribe`] for any front end: `mqtt` makes deliveries envelopes.
     pub fn subscribe_as(
         &self,
-        routes: &TenantRoutes,
+        routes: &Tenant,
         outbox: &Arc<Outbox>,
         sid: Bytes,
         pattern: Pattern,
@@ -121,12 +121,12 @@ impl Broker {
     }
 
     /// Removes a subscription; false when it was already gone.
-    pub fn unsubscribe(&self, routes: &TenantRoutes, sub: &Arc<Subscription>) -> bool {
+    pub fn unsubscribe(&self, routes: &Tenant, sub: &Arc<Subscription>) -> bool {
         routes.trie.remove(&sub.pattern, sub.queue.as_deref(), sub)
     }
 
     /// Removes many subscriptions (a closing connection's) in one trie write.
-    pub fn unsubscribe_all(&self, routes: &TenantRoutes, subs: &[Arc<Subscription>]) {
+    pub fn unsubscribe_all(&self, routes: &Tenant, subs: &[Arc<Subscription>]) {
         if subs.is_empty() {
             return;
         }
@@ -143,7 +143,7 @@ impl Broker {
         routes.trie.remove_many(&items);
     }
 
-    pub(super) fn remove_spent(&self, routes: &TenantRoutes, spent: &mut Vec<Arc<Subscription>>) {
+    pub(super) fn remove_spent(&self, routes: &Tenant, spent: &mut Vec<Arc<Subscription>>) {
         for sub in spent.drain(..) {
             self.unsubscribe(routes, &sub);
         }

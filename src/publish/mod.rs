@@ -29,7 +29,7 @@ use bytes::Bytes;
 use canopy_subjects::Limits;
 
 use crate::broker::durable::StoreRequest;
-use crate::broker::{Broker, TenantRoutes};
+use crate::broker::{Broker, Tenant};
 use crate::config::StorePolicy;
 use crate::schemas::{Binding, Violation};
 use crate::store::AckTo;
@@ -216,7 +216,7 @@ pub enum Published {
 #[derive(Clone)]
 pub struct Publisher {
     pub broker: Arc<Broker>,
-    pub routes: Arc<TenantRoutes>,
+    pub routes: Arc<Tenant>,
     pub principal: Principal,
     pub limits: Arc<SessionLimits>,
     /// The publishing connection (for no-local and no-echo).
@@ -226,7 +226,7 @@ pub struct Publisher {
 impl Publisher {
     pub fn new(
         broker: Arc<Broker>,
-        routes: Arc<TenantRoutes>,
+        routes: Arc<Tenant>,
         principal: Principal,
         limits: Arc<SessionLimits>,
         origin: u64,

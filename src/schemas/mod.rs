@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use compat::Mode;
-pub use registry::{Registry, TenantSchemas};
+pub use registry::TenantSchemas;
 
 /// The header every stored message checked against a schema carries:
 /// `<pattern>@<version>`. A client's own header of this name is dropped.

@@ -1,12 +1,12 @@
-//! Every tenant's bindings as the publish path reads them, and the validation errors
-//! each tenant saw last.
+//! A tenant's bindings as the publish path reads them, and the validation errors it
+//! saw last.
 //!
-//! A tenant's [`TenantSchemas`] is shared by its routes, so a publish finds it without
-//! a lookup; a tenant without bindings pays one relaxed load. Changes swap the whole
+//! A tenant's [`TenantSchemas`] is held by its tenant object, so a publish finds it
+//! without a lookup; a tenant without bindings pays one relaxed load. Changes swap the whole
 //! [`Bindings`] under a short write lock, after the store has them. Must never touch
 //! the store itself: the API writes there first, then here.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -83,44 +83,6 @@ impl TenantSchemas {
             .iter()
             .filter(|e| keep(&e.subject))
             .cloned()
-            .collect()
-    }
-}
-
-/// Every tenant's [`TenantSchemas`].
-#[derive(Default)]
-pub struct Registry {
-    tenants: RwLock<HashMap<Arc<str>, Arc<TenantSchemas>>>,
-}
-
-impl Registry {
-    /// The schemas of `tenant`, made empty on first use.
-    pub fn tenant(&self, tenant: &str) -> Arc<TenantSchemas> {
-        if let Some(found) = self.tenants.read().get(tenant) {
-            return Arc::clone(found);
-        }
-        Arc::clone(self.tenants.write().entry(Arc::from(tenant)).or_default())
-    }
-
-    /// Forgets a deleted tenant's bindings (its stored versions go with its data).
-    pub fn evict(&self, tenant: &str) {
-        if let Some(gone) = self.tenants.write().remove(tenant) {
-            gone.set(Bindings::default());
-        }
-    }
-
-    /// Per tenant known here: messages refused, and kept as dead letters.
-    pub fn tallies(&self) -> Vec<(Arc<str>, u64, u64)> {
-        self.tenants
-            .read()
-            .iter()
-            .map(|(name, schemas)| {
-                (
-                    Arc::clone(name),
-                    schemas.refused.load(Ordering::Relaxed),
-                    schemas.dead_lettered.load(Ordering::Relaxed),
-                )
-            })
             .collect()
     }
 }

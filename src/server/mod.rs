@@ -228,9 +228,7 @@ impl Server {
             });
         }
         broker.advertise(listeners);
-        broker.apply_stored_limits().await?;
-        broker.load_schemas().await?;
-        broker.start_groups().await?;
+        broker.open_tenants().await?;
         Ok(Server {
             config: Arc::new(config),
             broker,
@@ -316,8 +314,10 @@ impl Server {
             let broker = &self.broker;
             crate::tables::writer::start(
                 Arc::clone(store),
-                self.broker.schemas(),
-                &|tenant| Arc::clone(&broker.tenant(tenant).taps),
+                &|name| {
+                    let tenant = broker.tenant(name);
+                    (Arc::clone(&tenant.schemas), Arc::clone(&tenant.taps))
+                },
                 &self.config.tables,
                 &self.config.store,
                 &tracker,

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use canopy_subjects::Pattern;
 
 use crate::broker::envelope::MqttOptions;
-use crate::broker::{Broker, Outbox, RouteScratch, Subscription, TenantRoutes, Wakes};
+use crate::broker::{Broker, Outbox, RouteScratch, Subscription, Tenant, Wakes};
 use crate::store::AppendRequest;
 use crate::tenancy::quota::{ConnectionSlot, Exceeded};
 use crate::tenancy::{Action, Denied, Principal};
@@ -79,7 +79,7 @@ pub struct Session {
 impl Session {
     pub fn new(
         broker: Arc<Broker>,
-        routes: Arc<TenantRoutes>,
+        routes: Arc<Tenant>,
         principal: Principal,
         outbox: Arc<Outbox>,
         limits: Arc<SessionLimits>,
@@ -109,7 +109,7 @@ impl Session {
         self.outbox.conn_id
     }
 
-    pub fn routes(&self) -> &Arc<TenantRoutes> {
+    pub fn routes(&self) -> &Arc<Tenant> {
         &self.publisher.routes
     }
 

@@ -24,7 +24,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{JsError, authorize_reading, time};
-use crate::api::groups::{changes_of, groups_full, may_read, page};
+use crate::api::groups::{groups_full, may_read, page};
 use crate::api::{Answer, ApiCall};
 use crate::broker::Broker;
 use crate::broker::groups::jetstream::{JetStreamPull, status_block};
@@ -250,8 +250,7 @@ pub(super) async fn create(
     }
     let action = request.get("action").and_then(Value::as_str).unwrap_or("");
     let tenant = &*call.routes.name;
-    let lock = changes_of(tenant);
-    let _change = lock.lock().await;
+    let _change = call.routes.group_changes.lock().await;
     match stored(store, tenant, name).await? {
         Some(existing) if existing.spec == spec => {}
         Some(_) if action == "create" => {
@@ -286,7 +285,7 @@ pub(super) async fn create(
             let record = serde_json::to_vec(&group)
                 .map_err(|e| JsError::new(500, 10012, format!("consumer record: {e}")))?;
             store.create_group(tenant, name, &record).await?;
-            broker.groups().start(broker, store, tenant, group);
+            broker.groups().start(broker, store, &call.routes, group);
         }
     }
     info(broker, store, stream, name).await
@@ -335,7 +334,7 @@ pub(super) async fn info(
         .ok_or_else(JsError::consumer_not_found)?;
     let live = broker
         .groups()
-        .info(stream, name, false)
+        .info(&broker.tenant(stream), name, false)
         .await
         .unwrap_or(Value::Null);
     let count = |key: &str| live.get(key).and_then(Value::as_u64).unwrap_or_default();
@@ -365,10 +364,9 @@ pub(super) async fn delete(
     name: &str,
 ) -> Result<Value, JsError> {
     let tenant = &*call.routes.name;
-    let lock = changes_of(tenant);
-    let _change = lock.lock().await;
+    let _change = call.routes.group_changes.lock().await;
     readable(broker, store, call, name).await?;
-    broker.groups().stop(tenant, name);
+    broker.groups().stop(&call.routes, name);
     store.delete_group(tenant, name).await?;
     Ok(json!({"type": "io.nats.jetstream.api.v1.consumer_delete_response", "success": true}))
 }
@@ -530,7 +528,7 @@ pub(super) async fn next(
         },
         place,
     };
-    if !broker.groups().pull(stream, name, pull).await {
+    if !broker.groups().pull(&call.routes, name, pull).await {
         answer.status(no_responders_block());
     }
 }

@@ -112,7 +112,7 @@ pub(super) fn ack(broker: &Arc<Broker>, call: &ApiCall) {
     let may = |pattern: &str| crate::api::groups::may_read(broker, &call.principal, pattern);
     let handed = broker
         .groups()
-        .jetstream_reply(&call.routes.name, target.consumer, may, reply);
+        .jetstream_reply(&call.routes, target.consumer, may, reply);
     if handed == Handed::Denied
         && let Some(to) = call.reply.clone()
     {

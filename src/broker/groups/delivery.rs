@@ -377,7 +377,7 @@ impl GroupTask {
 
 pub(super) fn send(
     broker: &Broker,
-    routes: &TenantRoutes,
+    routes: &Tenant,
     subject: &str,
     reply: Option<&[u8]>,
     headers: Option<&[u8]>,
@@ -394,7 +394,7 @@ pub(super) fn send(
 }
 
 /// Routes one message the group sends (its subscribers are woken when `Wakes` drops).
-pub(super) fn route_one(broker: &Broker, routes: &TenantRoutes, message: &Message<'_>) {
+pub(super) fn route_one(broker: &Broker, routes: &Tenant, message: &Message<'_>) {
     let mut scratch = RouteScratch::default();
     let mut wakes = Wakes::default();
     broker.route(routes, None, message, &mut scratch, &mut wakes);

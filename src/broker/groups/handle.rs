@@ -67,8 +67,7 @@ pub(super) const OVERFLOW_BYTES: usize = 8 << 20;
 
 /// The bytes an input in the overflow holds beyond its fixed size.
 pub(super) fn weight(input: &Input) -> usize {
-    let confirm =
-        |c: &Option<(String, Arc<TenantRoutes>)>| c.as_ref().map_or(0, |(to, _)| to.len());
+    let confirm = |c: &Option<(String, Arc<Tenant>)>| c.as_ref().map_or(0, |(to, _)| to.len());
     match input {
         Input::Reply(reply) => reply.subject.len() + confirm(&reply.confirm),
         Input::JetStreamReply(reply) => confirm(&reply.confirm),

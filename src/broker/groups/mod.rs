@@ -36,12 +36,12 @@ mod registry;
 use delivery::send;
 pub use handle::Handed;
 use handle::Handle;
-pub use registry::Groups;
 use registry::Pace;
+pub use registry::{Groups, TenantGroups};
 
 use self::jetstream::{JetStreamPull, Sequences};
 use self::kept::{Kept, KeptMessage};
-use super::{Broker, Message, RouteScratch, TenantRoutes, Wakes};
+use super::{Broker, Message, RouteScratch, Tenant, Wakes};
 use crate::groups::awaiting::{Await, AwaitOutcome, CallerKey, Missed};
 use crate::groups::dispatch::{DeadLetter, Delivery, Dispatcher, MemberId};
 use crate::groups::{GroupSpec, StartAt, StoredGroup};
@@ -96,7 +96,7 @@ pub struct Pull {
     pub max: usize,
     pub wait: Duration,
     pub reply: String,
-    pub routes: Arc<TenantRoutes>,
+    pub routes: Arc<Tenant>,
     pub style: PullStyle,
     /// The pull's place among its connection's waiting pulls, given back when the
     /// pull ends (see [`Groups::pull_place`]).
@@ -140,7 +140,7 @@ pub enum PullStyle {
 pub struct JetStreamReply {
     pub consumer_seq: u64,
     pub kind: ReplyKind,
-    pub confirm: Option<(String, Arc<TenantRoutes>)>,
+    pub confirm: Option<(String, Arc<Tenant>)>,
 }
 
 /// A pull that waits for messages.
@@ -169,7 +169,7 @@ pub struct Reply {
     pub kind: ReplyKind,
     /// Where to confirm it once the group has taken it (JetStream's synchronous ack):
     /// an empty message, or an error when the delivery was not outstanding.
-    pub confirm: Option<(String, Arc<TenantRoutes>)>,
+    pub confirm: Option<(String, Arc<Tenant>)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -587,7 +587,7 @@ impl GroupTask {
         &mut self,
         delivery: &Delivery,
         kind: ReplyKind,
-        confirm: Option<(String, Arc<TenantRoutes>)>,
+        confirm: Option<(String, Arc<Tenant>)>,
         now: u64,
     ) {
         if !self.awaits.is_empty() {

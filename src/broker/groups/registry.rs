@@ -1,28 +1,73 @@
-//! The server's running groups, by tenant: starting and stopping their tasks, the trie
-//! of their patterns that the sequencer's routing offers stored messages to, handing
-//! pulls, acks and info calls to the right task, and waits for groups to pass a
-//! message (`Canopy-Await`). Must never run a group's work on the caller's task.
+//! Running groups: each tenant's (kept in its [`Tenant`]: the handles, its waits'
+//! count and its place in the catch-up line) and the server's bounds across tenants
+//! (waits per caller, pulls per connection). Starting and stopping group tasks,
+//! handing pulls, acks and info calls to the right task, and waits for groups to pass
+//! a message (`Canopy-Await`). Must never run a group's work on the caller's task.
 
 use super::*;
 
-/// A tenant's running groups, replaced whole on a change so readers take no lock.
-type TenantGroups = Arc<Vec<Arc<Handle>>>;
+/// One tenant's running groups and what they share.
+pub struct TenantGroups {
+    /// Replaced whole on a change, so a lookup holds the lock only to clone it.
+    list: RwLock<Arc<Vec<Arc<Handle>>>>,
+    /// Publishes waiting for the tenant's groups (bounded by [`MAX_WAITING`]).
+    waiting: Arc<AtomicUsize>,
+    /// The tenant's one place in the server's catch-up line (see [`Pace`]).
+    pace: Arc<tokio::sync::Semaphore>,
+}
 
-/// Every running group, by tenant.
+impl Default for TenantGroups {
+    fn default() -> Self {
+        Self {
+            list: RwLock::default(),
+            waiting: Arc::default(),
+            pace: Arc::new(tokio::sync::Semaphore::new(1)),
+        }
+    }
+}
+
+impl TenantGroups {
+    fn find(&self, group: &str) -> Option<Arc<Handle>> {
+        self.list.read().iter().find(|h| h.name == group).cloned()
+    }
+
+    /// Replaces the list with `change` made to it.
+    fn edit(&self, change: impl FnOnce(&mut Vec<Arc<Handle>>)) {
+        let mut list = self.list.write();
+        let mut changed = list.as_ref().clone();
+        change(&mut changed);
+        *list = Arc::new(changed);
+    }
+
+    /// Stops every group of a tenant that is closing.
+    pub fn stop_all(&self) {
+        self.edit(|list| {
+            for handle in list.drain(..) {
+                handle.stop();
+            }
+        });
+    }
+
+    /// How many groups run.
+    pub fn len(&self) -> usize {
+        self.list.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The server's bounds on groups across tenants; each tenant's groups are in its
+/// [`Tenant`].
 #[derive(Default)]
 pub struct Groups {
-    tenants: RwLock<HashMap<Arc<str>, TenantGroups>>,
-    /// Publishes waiting for groups, per tenant (bounded by [`MAX_WAITING`]).
-    waiting: parking_lot::Mutex<HashMap<Arc<str>, Arc<AtomicUsize>>>,
-    /// The same, per caller (bounded by [`CALLER_WAITING`]); a caller without waits
+    /// Publishes waiting for groups, per caller (bounded by [`CALLER_WAITING`]); a caller without waits
     /// has no entry.
     callers: Arc<parking_lot::Mutex<HashMap<CallerKey, usize>>>,
     /// Pulls handed to groups and not yet ended, per connection (bounded by
     /// [`CONNECTION_PULLS`]); a connection without any has no entry.
     pulls: Arc<parking_lot::Mutex<HashMap<u64, usize>>>,
-    /// Each tenant's one place in the server's catch-up line (see [`Pace`]), while
-    /// some of its groups hold it.
-    paces: parking_lot::Mutex<HashMap<Arc<str>, std::sync::Weak<tokio::sync::Semaphore>>>,
 }
 
 /// A group's turn at catching up: first its tenant's one place, then one of the
@@ -68,21 +113,16 @@ impl Drop for WaitingPlace {
 }
 
 impl Groups {
-    fn handle(&self, tenant: &str, group: &str) -> Option<Arc<Handle>> {
-        let groups = self.tenants.read().get(tenant).cloned()?;
-        groups.iter().find(|h| h.name == group).cloned()
-    }
-
     /// Queues `input` for a running group; false when it is not running.
-    async fn send_to(&self, tenant: &str, group: &str, input: Input) -> bool {
-        match self.handle(tenant, group) {
+    async fn send_to(&self, tenant: &Tenant, group: &str, input: Input) -> bool {
+        match tenant.groups.find(group) {
             Some(handle) => handle.tx.send(input).await.is_ok(),
             None => false,
         }
     }
 
     /// Hands a pull to its group; false when the group is not running.
-    pub async fn pull(&self, tenant: &str, group: &str, pull: Pull) -> bool {
+    pub async fn pull(&self, tenant: &Tenant, group: &str, pull: Pull) -> bool {
         self.send_to(tenant, group, Input::Pull(pull)).await
     }
 
@@ -105,7 +145,7 @@ impl Groups {
     /// letters, the last dead letters and, with `laggiest`, the laggiest subjects.
     pub async fn info(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         group: &str,
         laggiest: bool,
     ) -> Option<serde_json::Value> {
@@ -128,12 +168,12 @@ impl Groups {
     /// pull needs, checked here, on the group it goes to, without reading the store.
     fn hand(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         group: &str,
         may_read: impl FnOnce(&str) -> bool,
         input: Input,
     ) -> Handed {
-        match self.handle(tenant, group) {
+        match tenant.groups.find(group) {
             Some(handle) if !may_read(&handle.text) => Handed::Denied,
             Some(handle) => handle.offer(input),
             None => Handed::NotRunning,
@@ -144,7 +184,7 @@ impl Groups {
     /// the group's pattern.
     pub fn reply(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         group: &str,
         may_read: impl FnOnce(&str) -> bool,
         reply: Reply,
@@ -155,7 +195,7 @@ impl Groups {
     /// Hands a JetStream ack to its group, if `may_read` allows the group's pattern.
     pub fn jetstream_reply(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         group: &str,
         may_read: impl FnOnce(&str) -> bool,
         reply: JetStreamReply,
@@ -171,7 +211,7 @@ impl Groups {
     /// against its tenant's places and its caller's.
     pub fn await_passing(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         subject: Arc<str>,
         version: u64,
         awaiting: &Await,
@@ -182,8 +222,9 @@ impl Groups {
         let mut targets = Vec::new();
         let caller = awaiting.caller.as_ref();
         for name in &awaiting.groups {
-            let readable = self
-                .handle(tenant, name)
+            let readable = tenant
+                .groups
+                .find(name)
                 .filter(|handle| caller.is_some_and(|c| c.may_read(&handle.text)));
             let result = match readable {
                 None => Some(Err(Missed::NoSuchGroup)),
@@ -251,8 +292,8 @@ impl Groups {
 
     /// A place for one more wait of `caller` in `tenant`, or `None` when either has
     /// all it may.
-    fn waiting_place(&self, tenant: &str, caller: CallerKey) -> Option<WaitingPlace> {
-        let count = Arc::clone(self.waiting.lock().entry(Arc::from(tenant)).or_default());
+    fn waiting_place(&self, tenant: &Tenant, caller: CallerKey) -> Option<WaitingPlace> {
+        let count = Arc::clone(&tenant.groups.waiting);
         if count.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING {
             count.fetch_sub(1, Ordering::AcqRel);
             return None;
@@ -273,29 +314,17 @@ impl Groups {
         })
     }
 
-    /// The tenant's place in the catch-up line, shared by its groups.
-    fn pace(&self, tenant: &str) -> Pace {
-        let mut paces = self.paces.lock();
-        if let Some(tenant) = paces.get(tenant).and_then(std::sync::Weak::upgrade) {
-            return Pace { tenant };
-        }
-        paces.retain(|_, pace| pace.strong_count() > 0);
-        let pace = Arc::new(tokio::sync::Semaphore::new(1));
-        paces.insert(Arc::from(tenant), Arc::downgrade(&pace));
-        Pace { tenant: pace }
-    }
-
     /// Starts a group's task (a group of that name already running is stopped first).
     pub fn start(
         &self,
         broker: &Arc<Broker>,
         store: &Arc<Store>,
-        tenant: &str,
+        tenant: &Tenant,
         group: StoredGroup,
     ) {
         let StoredGroup { spec, created_ms } = group;
         let Ok(pattern) = Pattern::parse_native(&spec.pattern) else {
-            tracing::warn!(tenant, group = %spec.name, "a stored group has a bad pattern; not started");
+            tracing::warn!(tenant = %tenant.name, group = %spec.name, "a stored group has a bad pattern; not started");
             return;
         };
         let (tx, rx) = mpsc::channel(QUEUE);
@@ -311,9 +340,9 @@ impl Groups {
             overflow: parking_lot::Mutex::default(),
             tap: parking_lot::Mutex::default(),
         });
-        let taps = Arc::clone(&broker.tenant(tenant).taps);
+
         let task = GroupTask {
-            tenant: Arc::from(tenant),
+            tenant: Arc::clone(&tenant.name),
             dispatcher: Dispatcher::new(spec.limits(), spec.start == StartAt::All),
             spec,
             created_ms,
@@ -333,13 +362,15 @@ impl Groups {
             touched: Vec::new(),
             clock: broker.clock().clone(),
             scan: Scan::Wanted,
-            pace: self.pace(tenant),
+            pace: Pace {
+                tenant: Arc::clone(&tenant.groups.pace),
+            },
         };
-        self.edit(tenant, |list| {
+        tenant.groups.edit(|list| {
             stop_named(list, &handle.name);
             list.push(Arc::clone(&handle));
         });
-        *handle.tap.lock() = Some(taps.register(
+        *handle.tap.lock() = Some(tenant.taps.register(
             &handle.pattern,
             Arc::clone(&handle) as Arc<dyn crate::follow::Tap>,
         ));
@@ -347,33 +378,8 @@ impl Groups {
     }
 
     /// Stops a group's task: its queue closes and the task ends.
-    pub fn stop(&self, tenant: &str, group: &str) {
-        self.edit(tenant, |list| stop_named(list, group));
-    }
-
-    /// Stops every group of a tenant that is being deleted.
-    pub fn stop_tenant(&self, tenant: &str) {
-        self.waiting.lock().remove(tenant);
-        self.edit(tenant, |list| {
-            for handle in list.drain(..) {
-                handle.stop();
-            }
-        });
-    }
-
-    /// Replaces a tenant's list of groups with `change` made to it.
-    fn edit(&self, tenant: &str, change: impl FnOnce(&mut Vec<Arc<Handle>>)) {
-        let mut tenants = self.tenants.write();
-        let mut list = tenants
-            .get(tenant)
-            .map(|g| g.as_ref().clone())
-            .unwrap_or_default();
-        change(&mut list);
-        if list.is_empty() {
-            tenants.remove(tenant);
-        } else {
-            tenants.insert(Arc::from(tenant), Arc::new(list));
-        }
+    pub fn stop(&self, tenant: &Tenant, group: &str) {
+        tenant.groups.edit(|list| stop_named(list, group));
     }
 }
 

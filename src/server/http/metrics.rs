@@ -252,10 +252,19 @@ fn render_tenants(out: &mut String, state: &HttpState, only: Option<&str>, subje
     );
     let tallies: Vec<_> = state
         .broker
-        .schemas()
-        .tallies()
+        .tenants()
         .into_iter()
-        .filter(|(name, ..)| only.is_none_or(|only| **name == *only))
+        .filter(|tenant| only.is_none_or(|only| *tenant.name == *only))
+        .map(|tenant| {
+            let schemas = &tenant.schemas;
+            (
+                Arc::clone(&tenant.name),
+                schemas.refused.load(std::sync::atomic::Ordering::Relaxed),
+                schemas
+                    .dead_lettered
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            )
+        })
         .collect();
     let schema_lines = |pick: &dyn Fn(u64, u64) -> u64| {
         tallies

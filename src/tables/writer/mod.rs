@@ -186,19 +186,22 @@ struct Writer {
     file_prefix: String,
 }
 
+/// What a writer takes of its tenant: its schema bindings, and the taps its
+/// follower registers with.
+pub type TenantParts = (Arc<crate::schemas::TenantSchemas>, Arc<Taps>);
+
 /// Starts the writer of every configured table; each logs and retries its own
 /// failures, so a table that cannot be written never stops the server.
 pub fn start(
     store: Arc<Store>,
-    schemas: &crate::schemas::Registry,
-    taps_of: &dyn Fn(&str) -> Arc<Taps>,
+    tenant_of: &dyn Fn(&str) -> TenantParts,
     tables: &[TableConfig],
     store_config: &crate::config::StoreConfig,
     tracker: &tokio_util::task::TaskTracker,
     shutdown: CancellationToken,
 ) {
     for config in tables {
-        let schemas = schemas.tenant(&config.tenant);
+        let (schemas, taps) = tenant_of(&config.tenant);
         let place = Place::of(config, store_config);
         let store = Arc::clone(&store);
         let config = config.clone();
@@ -210,7 +213,6 @@ pub fn start(
                 continue;
             }
         };
-        let taps = taps_of(&config.tenant);
         match Pattern::parse_native(&config.pattern) {
             Ok(_) => {}
             Err(error) => {

@@ -1,0 +1,182 @@
+//! A tenant as one object: everything that is one tenant's and lives in memory (its
+//! route trie, live quotas, inbox claims, schema bindings, the followers of its log,
+//! its running consumer groups and the locks over its definition changes), opened
+//! from the store, served, and closed as a whole. This is the unit a node owns, and
+//! will fence and hand over when several nodes share one object store. What is a
+//! tenant's in the store (messages, retained messages, saved MQTT sessions, records)
+//! stays under its key prefix there.
+//!
+//! Must never: route a message, or keep a closed tenant reachable (a tenant made again
+//! under the same name starts with a new object).
+
+use std::sync::Arc;
+
+use canopy_subjects::SharedTrie;
+
+use super::{Broker, InboxClaims, Subscription};
+use crate::store::StoreError;
+
+/// One tenant's live state on this node.
+pub struct Tenant {
+    pub name: Arc<str>,
+    pub(super) trie: SharedTrie<Arc<Subscription>>,
+    /// The tenant's live quotas, shared by its connections.
+    pub quota: Arc<crate::tenancy::quota::Quota>,
+    /// Cancelled when the tenant is closed: its connections close.
+    pub deleted: tokio_util::sync::CancellationToken,
+    /// Which connection holds each reply inbox.
+    pub inboxes: InboxClaims,
+    /// The tenant's schema bindings, which its publishes are checked against.
+    pub schemas: Arc<crate::schemas::TenantSchemas>,
+    /// The followers of the tenant's log (groups, tables, follows), offered each
+    /// stored message as the sequencer routes it.
+    pub taps: Arc<crate::follow::Taps>,
+    /// The tenant's running consumer groups.
+    pub groups: super::groups::TenantGroups,
+    /// Serialises the tenant's group creates and deletes (JetStream's too).
+    pub group_changes: tokio::sync::Mutex<()>,
+    /// Serialises the tenant's schema puts and deletes.
+    pub schema_changes: tokio::sync::Mutex<()>,
+}
+
+impl Tenant {
+    pub fn subscription_count(&self) -> usize {
+        self.trie.len()
+    }
+}
+
+pub(super) fn stored_limits(limits: &crate::store::TenantLimits) -> crate::store::StoredLimits {
+    crate::store::StoredLimits {
+        max_subjects: limits.max_subjects,
+        max_bytes: limits.max_stored_bytes,
+        max_age_ms: limits.max_age_secs.map(|s| s.saturating_mul(1000)),
+    }
+}
+
+impl Broker {
+    /// The tenant called `tenant`, made (empty) on first use. Connections look this up
+    /// once and keep it.
+    pub fn tenant(&self, tenant: &str) -> Arc<Tenant> {
+        if let Some(found) = self.tenants.read().get(tenant) {
+            return Arc::clone(found);
+        }
+        let record = self.tenant_records.get(tenant);
+        let mut tenants = self.tenants.write();
+        let found = tenants.entry(Arc::from(tenant)).or_insert_with(|| {
+            Arc::new(Tenant {
+                name: Arc::from(tenant),
+                trie: SharedTrie::new(),
+                quota: Arc::new(crate::tenancy::quota::Quota::new(
+                    tenant,
+                    record.as_deref().map(|r| &r.limits),
+                    self.tenant_defaults,
+                )),
+                deleted: tokio_util::sync::CancellationToken::new(),
+                inboxes: InboxClaims::default(),
+                schemas: Arc::default(),
+                taps: Arc::default(),
+                groups: super::groups::TenantGroups::default(),
+                group_changes: tokio::sync::Mutex::new(()),
+                schema_changes: tokio::sync::Mutex::new(()),
+            })
+        });
+        Arc::clone(found)
+    }
+
+    /// Every tenant this node has open.
+    pub fn tenants(&self) -> Vec<Arc<Tenant>> {
+        let mut all: Vec<_> = self.tenants.read().values().cloned().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// Opens a tenant from the store for serving: its stored limits go to the store,
+    /// its schema bindings are loaded and its consumer groups started. A stored schema
+    /// that no longer compiles, or a group that cannot be read, is skipped with a
+    /// warning.
+    pub async fn open_tenant(self: &Arc<Self>, name: &str) -> Result<Arc<Tenant>, StoreError> {
+        let tenant = self.tenant(name);
+        let Some(store) = self.store().cloned() else {
+            return Ok(tenant);
+        };
+        if let Some(record) = self.tenant_records.get(name) {
+            let limits = stored_limits(&record.limits);
+            if limits != crate::store::StoredLimits::default() {
+                store.set_limits(name, limits).await?;
+            }
+        }
+        let records = store.newest_schemas(name).await?;
+        let bindings = crate::schemas::current_bindings(
+            records
+                .iter()
+                .map(|r| (r.pattern.as_str(), r.version, &r.record[..])),
+            |pattern, error| {
+                tracing::warn!(tenant = name, pattern, %error, "a stored schema cannot be used; its subjects are refused until it is put again");
+            },
+        );
+        if !bindings.is_empty() {
+            tenant.schemas.set(bindings);
+        }
+        for record in store.groups(name).await? {
+            match serde_json::from_slice::<crate::groups::StoredGroup>(&record) {
+                Ok(group) => self.groups.start(self, &store, &tenant, group),
+                Err(error) => {
+                    tracing::warn!(tenant = name, %error, "a stored group is unreadable; not started");
+                }
+            }
+        }
+        Ok(tenant)
+    }
+
+    /// Opens every tenant the records name; for the server's start, once the store is
+    /// attached and the records loaded.
+    pub async fn open_tenants(self: &Arc<Self>) -> Result<(), StoreError> {
+        for record in self.tenant_records.list() {
+            self.open_tenant(&record.name).await?;
+        }
+        Ok(())
+    }
+
+    /// Makes a tenant's record current: the registry, the live quotas of its
+    /// connections, and the store's limits.
+    pub async fn set_tenant(&self, record: crate::store::TenantRecord) -> Result<(), StoreError> {
+        if let Some(store) = self.store() {
+            store
+                .set_limits(&record.name, stored_limits(&record.limits))
+                .await?;
+        }
+        if let Some(tenant) = self.tenants.read().get(record.name.as_str()) {
+            tenant.quota.set_limits(&record.limits);
+        }
+        self.tenant_records.set(record);
+        Ok(())
+    }
+
+    /// Closes a tenant: its connections close, its groups stop (their cursors go with
+    /// the tenant's data when it is deleted), its followers and bindings are dropped,
+    /// and a tenant made again under its name starts with a new object.
+    pub fn close_tenant(&self, name: &str) {
+        let Some(tenant) = self.tenants.write().remove(name) else {
+            return;
+        };
+        tenant.deleted.cancel();
+        tenant.groups.stop_all();
+        tenant.schemas.set(crate::schemas::Bindings::default());
+    }
+
+    /// Tells the followers of every tenant's log that a store write failed.
+    pub fn log_lost(&self) {
+        for tenant in self.tenants.read().values() {
+            tenant.taps.lost();
+        }
+    }
+
+    /// Live subscriptions of every tenant.
+    pub fn subscription_count(&self) -> usize {
+        self.tenants
+            .read()
+            .values()
+            .map(|t| t.subscription_count())
+            .sum()
+    }
+}
