@@ -412,39 +412,7 @@ fn prepare(
             ),
         )
     };
-    // The earlier versions compared, newest first: the current one, and for a
-    // transitive mode each before it back to the last deletion, each read only
-    // while what is compared stays within the bound.
-    let directions = new.mode.directions();
-    let mut earlier: Vec<(u64, Value)> = Vec::new();
-    let mut compared = 0;
-    if let Some((record, current)) = current
-        && directions > 0
-    {
-        compared += (record.record.len() + size) * directions;
-        earlier.extend(current.schema.map(|schema| (record.version, schema)));
-        if new.mode.transitive() {
-            for record in older {
-                budget
-                    .check_time()
-                    .map_err(|over| too_costly(over.to_string()))?;
-                let Some(schema) = stored_of(record)?.schema else {
-                    break;
-                };
-                compared += (record.record.len() + size) * directions;
-                if compared > compat::MAX_COMPARED_BYTES {
-                    return Err(too_costly(format!(
-                        "comparing it with the versions back to {} would compare more than \
-                         {} bytes of schemas, the most one put may",
-                        record.version,
-                        compat::MAX_COMPARED_BYTES
-                    )));
-                }
-                earlier.push((record.version, schema));
-            }
-        }
-    }
-    earlier.reverse();
+    let earlier = earlier_versions(current, older, new.mode, size, &mut budget, &too_costly)?;
     let earlier: Vec<(u64, &Value)> = earlier.iter().map(|(n, s)| (*n, s)).collect();
     if let Some(schema) = &new.schema {
         compat::check_numbered(new.mode, &earlier, version.into(), schema, &mut budget).map_err(
@@ -467,6 +435,51 @@ fn prepare(
         binding: Box::new(binding),
         record,
     })
+}
+
+/// The earlier versions a new version in `mode` is compared with, oldest first: the
+/// current one, and for a transitive mode each before it back to the last deletion,
+/// each read only while what is compared stays within the bound. `older` goes back
+/// from the version before the current one.
+fn earlier_versions<'a>(
+    current: Option<(&SchemaRecord, StoredVersion)>,
+    older: impl Iterator<Item = &'a SchemaRecord>,
+    mode: Mode,
+    size: usize,
+    budget: &mut compat::Budget,
+    too_costly: &dyn Fn(String) -> ApiError,
+) -> Result<Vec<(u64, Value)>, ApiError> {
+    let directions = mode.directions();
+    let mut earlier: Vec<(u64, Value)> = Vec::new();
+    let mut compared = 0;
+    if let Some((record, current)) = current
+        && directions > 0
+    {
+        compared += (record.record.len() + size) * directions;
+        earlier.extend(current.schema.map(|schema| (record.version, schema)));
+        if mode.transitive() {
+            for record in older {
+                budget
+                    .check_time()
+                    .map_err(|over| too_costly(over.to_string()))?;
+                let Some(schema) = stored_of(record)?.schema else {
+                    break;
+                };
+                compared += (record.record.len() + size) * directions;
+                if compared > compat::MAX_COMPARED_BYTES {
+                    return Err(too_costly(format!(
+                        "comparing it with the versions back to {} would compare more than \
+                         {} bytes of schemas, the most one put may",
+                        record.version,
+                        compat::MAX_COMPARED_BYTES
+                    )));
+                }
+                earlier.push((record.version, schema));
+            }
+        }
+    }
+    earlier.reverse();
+    Ok(earlier)
 }
 
 /// One binding's current version (by pattern or by a subject it covers), or a given

@@ -164,6 +164,67 @@ fn read_schema(file: &str) -> Result<Value> {
     serde_json::from_str(&text).with_context(|| format!("{file} is not JSON"))
 }
 
+/// The body of a `schema.put` request, with the schema read from `file`.
+fn put_request(
+    pattern: String,
+    file: &str,
+    mode: Option<Mode>,
+    on_invalid: Option<OnInvalid>,
+    dead_letter: Option<String>,
+) -> Result<Value> {
+    let mut body = json!({"pattern": pattern, "schema": read_schema(file)?});
+    if let Some(mode) = mode {
+        body["mode"] = json!(mode.name());
+    }
+    if let Some(on_invalid) = on_invalid {
+        body["on_invalid"] = json!(match on_invalid {
+            OnInvalid::Reject => "reject",
+            OnInvalid::DeadLetter => "dead_letter",
+        });
+    }
+    if let Some(prefix) = dead_letter {
+        body["dead_letter"] = json!(prefix);
+    }
+    Ok(body)
+}
+
+/// Connects and calls one `$CANOPY.schema.*` subject.
+async fn call(connect: &ConnectArgs, subject: &str, body: &Value) -> Result<Value> {
+    let (mut client, timeout) = connect.connect("canopy schema").await?;
+    call_json(&mut client, subject, body, timeout).await
+}
+
+/// Prints each item of a listing, as JSON or as `text` makes it.
+fn print_each(items: &Value, json: bool, text: fn(&Value) -> String) {
+    for item in items.as_array().into_iter().flatten() {
+        if json {
+            println!("{item}");
+        } else {
+            println!("{}", text(item));
+        }
+    }
+}
+
+/// One line for a message a schema refused.
+fn error_line(error: &Value) -> String {
+    let text = |key: &str| error[key].as_str().unwrap_or("?").to_owned();
+    format!(
+        "{}  {}  at {}: {}{}",
+        text("subject"),
+        text("schema"),
+        match text("path") {
+            path if path.is_empty() => "/".to_owned(),
+            path => path,
+        },
+        text("message"),
+        if error["dead_lettered"] == json!(true) {
+            "  (dead-lettered)"
+        } else {
+            ""
+        }
+    )
+}
+
 /// Runs a `canopy schema` subcommand.
 pub async fn run(command: SchemaCommand) -> Result<()> {
     match command {
@@ -176,27 +237,13 @@ pub async fn run(command: SchemaCommand) -> Result<()> {
             json,
             connect,
         } => {
-            let mut body = json!({"pattern": pattern, "schema": read_schema(&file)?});
-            if let Some(mode) = mode {
-                body["mode"] = json!(mode.name());
-            }
-            if let Some(on_invalid) = on_invalid {
-                body["on_invalid"] = json!(match on_invalid {
-                    OnInvalid::Reject => "reject",
-                    OnInvalid::DeadLetter => "dead_letter",
-                });
-            }
-            if let Some(prefix) = dead_letter {
-                body["dead_letter"] = json!(prefix);
-            }
-            let (mut client, timeout) = connect.connect("canopy schema").await?;
-            let answer = call_json(&mut client, "$CANOPY.schema.put", &body, timeout).await?;
+            let body = put_request(pattern, &file, mode, on_invalid, dead_letter)?;
+            let answer = call(&connect, "$CANOPY.schema.put", &body).await?;
             if json {
                 println!("{answer}");
             } else {
                 println!("{}", line(&answer));
             }
-            Ok(())
         }
         SchemaCommand::Get {
             pattern,
@@ -213,8 +260,7 @@ pub async fn run(command: SchemaCommand) -> Result<()> {
             if let Some(version) = version {
                 body["version"] = json!(version);
             }
-            let (mut client, timeout) = connect.connect("canopy schema").await?;
-            let answer = call_json(&mut client, "$CANOPY.schema.get", &body, timeout).await?;
+            let answer = call(&connect, "$CANOPY.schema.get", &body).await?;
             if json {
                 println!("{answer}");
             } else {
@@ -224,41 +270,19 @@ pub async fn run(command: SchemaCommand) -> Result<()> {
                     None => bail!("version {} is a deletion", answer["version"]),
                 }
             }
-            Ok(())
         }
         SchemaCommand::List { json, connect } => {
-            let (mut client, timeout) = connect.connect("canopy schema").await?;
-            let answer = call_json(&mut client, "$CANOPY.schema.list", &json!({}), timeout).await?;
-            for binding in answer["schemas"].as_array().into_iter().flatten() {
-                if json {
-                    println!("{binding}");
-                } else {
-                    println!("{}", line(binding));
-                }
-            }
-            Ok(())
+            let answer = call(&connect, "$CANOPY.schema.list", &json!({})).await?;
+            print_each(&answer["schemas"], json, line);
         }
         SchemaCommand::History {
             pattern,
             json,
             connect,
         } => {
-            let (mut client, timeout) = connect.connect("canopy schema").await?;
-            let answer = call_json(
-                &mut client,
-                "$CANOPY.schema.history",
-                &json!({"pattern": pattern}),
-                timeout,
-            )
-            .await?;
-            for version in answer["versions"].as_array().into_iter().flatten() {
-                if json {
-                    println!("{version}");
-                } else {
-                    println!("{}", line(version));
-                }
-            }
-            Ok(())
+            let body = json!({"pattern": pattern});
+            let answer = call(&connect, "$CANOPY.schema.history", &body).await?;
+            print_each(&answer["versions"], json, line);
         }
         SchemaCommand::Errors {
             subject,
@@ -273,48 +297,19 @@ pub async fn run(command: SchemaCommand) -> Result<()> {
             if let Some(pattern) = pattern {
                 body["pattern"] = json!(pattern);
             }
-            let (mut client, timeout) = connect.connect("canopy schema").await?;
-            let answer = call_json(&mut client, "$CANOPY.schema.errors", &body, timeout).await?;
-            for error in answer["errors"].as_array().into_iter().flatten() {
-                if json {
-                    println!("{error}");
-                } else {
-                    let text = |key: &str| error[key].as_str().unwrap_or("?").to_owned();
-                    println!(
-                        "{}  {}  at {}: {}{}",
-                        text("subject"),
-                        text("schema"),
-                        match text("path") {
-                            path if path.is_empty() => "/".to_owned(),
-                            path => path,
-                        },
-                        text("message"),
-                        if error["dead_lettered"] == json!(true) {
-                            "  (dead-lettered)"
-                        } else {
-                            ""
-                        }
-                    );
-                }
-            }
-            Ok(())
+            let answer = call(&connect, "$CANOPY.schema.errors", &body).await?;
+            print_each(&answer["errors"], json, error_line);
         }
         SchemaCommand::Delete { pattern, connect } => {
-            let (mut client, timeout) = connect.connect("canopy schema").await?;
-            let answer = call_json(
-                &mut client,
-                "$CANOPY.schema.delete",
-                &json!({"pattern": pattern}),
-                timeout,
-            )
-            .await?;
+            let body = json!({"pattern": pattern});
+            let answer = call(&connect, "$CANOPY.schema.delete", &body).await?;
             println!(
                 "{pattern} unbound (version {})",
                 answer["version"].as_u64().unwrap_or(0)
             );
-            Ok(())
         }
     }
+    Ok(())
 }
 
 #[derive(Args)]

@@ -100,6 +100,27 @@ impl Config {
 
     /// Checks the relations between fields that serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_tables()?;
+        self.validate_tls()?;
+        if self.limits.tenant_api_calls == 0 {
+            return Err(ConfigError::Invalid(
+                "limits.tenant_api_calls must be at least 1".into(),
+            ));
+        }
+        self.validate_native()?;
+        self.validate_websocket()?;
+        self.validate_mqtt()?;
+        self.validate_store()?;
+        if self.limits.max_subject_len == 0 || self.limits.max_subject_tokens == 0 {
+            return Err(ConfigError::Invalid(
+                "limits.max_subject_len and limits.max_subject_tokens must be above 0".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Each table checks itself, and no table is configured twice.
+    fn validate_tables(&self) -> Result<(), ConfigError> {
         let mut names = std::collections::HashSet::new();
         for table in &self.tables {
             table.check().map_err(ConfigError::Invalid)?;
@@ -110,6 +131,12 @@ impl Config {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// TLS settings that make a whole: a certificate with its key, listeners that
+    /// exist, and the CA that required client certificates are checked against.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
         let t = &self.tls;
         if t.cert_file.is_some() != t.key_file.is_some() {
             return Err(ConfigError::Invalid(
@@ -130,11 +157,11 @@ impl Config {
                 "tls.require_client_cert needs tls.client_ca_file".into(),
             ));
         }
-        if self.limits.tenant_api_calls == 0 {
-            return Err(ConfigError::Invalid(
-                "limits.tenant_api_calls must be at least 1".into(),
-            ));
-        }
+        Ok(())
+    }
+
+    /// Native limits that leave room for the protocol and a full-size message.
+    fn validate_native(&self) -> Result<(), ConfigError> {
         let n = &self.native;
         if n.max_payload == 0 {
             return Err(ConfigError::Invalid(
@@ -158,6 +185,12 @@ impl Config {
                 "native.ping_interval_secs and native.max_pings_outstanding must be above 0".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// The /ws limits, within the native ones: both carry the same messages.
+    fn validate_websocket(&self) -> Result<(), ConfigError> {
+        let n = &self.native;
         let w = &self.websocket;
         if w.max_payload > n.max_payload {
             return Err(ConfigError::Invalid(format!(
@@ -179,6 +212,11 @@ impl Config {
                 "websocket.write_deadline_secs must be above 0".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// MQTT limits within the protocol's, with room for a full-size message.
+    fn validate_mqtt(&self) -> Result<(), ConfigError> {
         let m = &self.mqtt;
         if m.max_packet_size < 64 || m.max_packet_size > 268_435_460 {
             return Err(ConfigError::Invalid(
@@ -197,6 +235,12 @@ impl Config {
                     .into(),
             ));
         }
+        Ok(())
+    }
+
+    /// A store URL and policy patterns the server understands, and a sequencer
+    /// that can take appends.
+    fn validate_store(&self) -> Result<(), ConfigError> {
         if self.store.url.parse::<crate::store::StoreUrl>().is_err() {
             return Err(ConfigError::Invalid(format!(
                 "store.url `{}` is not understood: use file://PATH, s3://BUCKET/PREFIX or memory://",
@@ -214,11 +258,6 @@ impl Config {
         if self.store.max_batch == 0 || self.store.queue_depth == 0 {
             return Err(ConfigError::Invalid(
                 "store.max_batch and store.queue_depth must be above 0".into(),
-            ));
-        }
-        if self.limits.max_subject_len == 0 || self.limits.max_subject_tokens == 0 {
-            return Err(ConfigError::Invalid(
-                "limits.max_subject_len and limits.max_subject_tokens must be above 0".into(),
             ));
         }
         Ok(())

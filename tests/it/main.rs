@@ -39,6 +39,7 @@ mod quotas;
 mod refusals;
 mod replies;
 mod response_topics;
+mod rooms;
 mod s3;
 mod schema_costs;
 mod schemas;

@@ -59,96 +59,10 @@ const DEAD_LETTER_KEY: &str = "canopy.dead_letter";
 
 /// The group a JetStream consumer config describes.
 pub(super) fn spec_of(name: &str, config: &Value) -> Result<GroupSpec, JsError> {
-    let text = |key: &str| config.get(key).and_then(Value::as_str).unwrap_or_default();
     let int = |key: &str| config.get(key).and_then(Value::as_i64).unwrap_or_default();
-    for key in ["durable_name", "name"] {
-        let given = text(key);
-        if !given.is_empty() && given != name {
-            return Err(JsError::new(
-                400,
-                10017,
-                format!("consumer name in subject does not match {key} in request ({given})"),
-            ));
-        }
-    }
-    if !text("deliver_subject").is_empty() {
-        return Err(JsError::bad_request(
-            "Canopy serves pull consumers only: leave deliver_subject empty and fetch",
-        ));
-    }
-    if !matches!(text("ack_policy"), "" | "explicit") {
-        return Err(JsError::bad_request(
-            "Canopy's consumers ack each message: ack_policy must be explicit",
-        ));
-    }
-    if config.get("headers_only").and_then(Value::as_bool) == Some(true) {
-        return Err(JsError::bad_request(
-            "headers_only consumers are not offered",
-        ));
-    }
-    if text("description").len() > MAX_DESCRIPTION {
-        return Err(JsError::new(
-            400,
-            10107,
-            format!("consumer description is too long, maximum allowed is {MAX_DESCRIPTION}"),
-        ));
-    }
-    let metadata_bytes: usize = config
-        .get("metadata")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
-                .sum()
-        })
-        .unwrap_or(0);
-    if metadata_bytes > MAX_METADATA {
-        return Err(JsError::new(
-            400,
-            10135,
-            format!("consumer metadata exceeds maximum size of {MAX_METADATA} bytes"),
-        ));
-    }
-    if config
-        .get("backoff")
-        .and_then(Value::as_array)
-        .is_some_and(|b| !b.is_empty())
-    {
-        return Err(JsError::bad_request(
-            "backoff is not offered: a message goes again after ack_wait (or a nak's delay)",
-        ));
-    }
-    let filters: Vec<&str> = match config.get("filter_subjects").and_then(Value::as_array) {
-        Some(list) => list.iter().filter_map(Value::as_str).collect(),
-        None => Vec::new(),
-    };
-    let pattern = match (text("filter_subject"), filters.as_slice()) {
-        ("", []) => ">".to_owned(),
-        ("", [one]) => (*one).to_owned(),
-        (one, []) => one.to_owned(),
-        _ => {
-            return Err(JsError::bad_request(
-                "a Canopy consumer reads one pattern: give one filter subject",
-            ));
-        }
-    };
-    let start = match text("deliver_policy") {
-        "" | "all" => StartAt::All,
-        "new" => StartAt::New,
-        "by_start_time" => {
-            let at = time::parse(text("opt_start_time")).ok_or_else(|| {
-                JsError::bad_request(
-                    "deliver_policy by_start_time needs an RFC 3339 opt_start_time",
-                )
-            })?;
-            StartAt::Time(at)
-        }
-        other => {
-            return Err(JsError::bad_request(format!(
-                "deliver_policy {other} is not offered: use all, new or by_start_time"
-            )));
-        }
-    };
+    refuse_unoffered(name, config)?;
+    let pattern = pattern_of(config)?;
+    let start = start_of(config)?;
     let defaults = Limits::default();
     let ack_wait_ms = match u64::try_from(int("ack_wait")).unwrap_or_default() {
         0 => defaults.ack_wait_ms,
@@ -186,6 +100,109 @@ pub(super) fn spec_of(name: &str, config: &Value) -> Result<GroupSpec, JsError> 
     spec.check()
         .map_err(|e| JsError::bad_request(e.to_string()))?;
     Ok(spec)
+}
+
+/// A string field of a consumer's config, empty when it has none.
+fn text<'a>(config: &'a Value, key: &str) -> &'a str {
+    config.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+/// Refuses what a consumer's config asks for that Canopy does not offer, or that
+/// breaks nats-server's limits, with the error nats-server gives where it has one.
+fn refuse_unoffered(name: &str, config: &Value) -> Result<(), JsError> {
+    for key in ["durable_name", "name"] {
+        let given = text(config, key);
+        if !given.is_empty() && given != name {
+            return Err(JsError::new(
+                400,
+                10017,
+                format!("consumer name in subject does not match {key} in request ({given})"),
+            ));
+        }
+    }
+    if !text(config, "deliver_subject").is_empty() {
+        return Err(JsError::bad_request(
+            "Canopy serves pull consumers only: leave deliver_subject empty and fetch",
+        ));
+    }
+    if !matches!(text(config, "ack_policy"), "" | "explicit") {
+        return Err(JsError::bad_request(
+            "Canopy's consumers ack each message: ack_policy must be explicit",
+        ));
+    }
+    if config.get("headers_only").and_then(Value::as_bool) == Some(true) {
+        return Err(JsError::bad_request(
+            "headers_only consumers are not offered",
+        ));
+    }
+    if text(config, "description").len() > MAX_DESCRIPTION {
+        return Err(JsError::new(
+            400,
+            10107,
+            format!("consumer description is too long, maximum allowed is {MAX_DESCRIPTION}"),
+        ));
+    }
+    let metadata_bytes: usize = config
+        .get("metadata")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
+                .sum()
+        })
+        .unwrap_or(0);
+    if metadata_bytes > MAX_METADATA {
+        return Err(JsError::new(
+            400,
+            10135,
+            format!("consumer metadata exceeds maximum size of {MAX_METADATA} bytes"),
+        ));
+    }
+    if config
+        .get("backoff")
+        .and_then(Value::as_array)
+        .is_some_and(|b| !b.is_empty())
+    {
+        return Err(JsError::bad_request(
+            "backoff is not offered: a message goes again after ack_wait (or a nak's delay)",
+        ));
+    }
+    Ok(())
+}
+
+/// The group's pattern: the consumer's one filter subject, or `>` when it has none.
+fn pattern_of(config: &Value) -> Result<String, JsError> {
+    let filters: Vec<&str> = match config.get("filter_subjects").and_then(Value::as_array) {
+        Some(list) => list.iter().filter_map(Value::as_str).collect(),
+        None => Vec::new(),
+    };
+    match (text(config, "filter_subject"), filters.as_slice()) {
+        ("", []) => Ok(">".to_owned()),
+        ("", [one]) => Ok((*one).to_owned()),
+        (one, []) => Ok(one.to_owned()),
+        _ => Err(JsError::bad_request(
+            "a Canopy consumer reads one pattern: give one filter subject",
+        )),
+    }
+}
+
+/// Where the group starts, from the consumer's deliver policy.
+fn start_of(config: &Value) -> Result<StartAt, JsError> {
+    match text(config, "deliver_policy") {
+        "" | "all" => Ok(StartAt::All),
+        "new" => Ok(StartAt::New),
+        "by_start_time" => {
+            let at = time::parse(text(config, "opt_start_time")).ok_or_else(|| {
+                JsError::bad_request(
+                    "deliver_policy by_start_time needs an RFC 3339 opt_start_time",
+                )
+            })?;
+            Ok(StartAt::Time(at))
+        }
+        other => Err(JsError::bad_request(format!(
+            "deliver_policy {other} is not offered: use all, new or by_start_time"
+        ))),
+    }
 }
 
 /// A group's definition as a JetStream consumer config.

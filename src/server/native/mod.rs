@@ -347,12 +347,47 @@ impl Connection {
             .metrics()
             .connection_opened(crate::metrics::Protocol::Native);
         tracing::debug!(conn = self.id, peer = %self.peer, "connected");
-        let info = self.context.info(self.id, self.peer);
         let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
+        let admitted = self
+            .admit(info_sent, &mut reader, &mut writer, &mut rbuf, &shutdown)
+            .await;
+        if !admitted {
+            self.session.outbox.close();
+            self.broker
+                .metrics()
+                .connection_closed(crate::metrics::Protocol::Native);
+            return;
+        }
+        let mut out = Unwritten::default();
+        let close = self
+            .traffic(
+                &mut reader,
+                &mut writer,
+                rbuf,
+                &mut out,
+                info_sent,
+                &shutdown,
+            )
+            .await;
+        self.close(close, out, &mut writer).await;
+    }
+
+    /// Logs the client in, or greets it with INFO when logins are not required, and
+    /// takes its place in the tenant's connection quota. False when it was refused,
+    /// once it was told why.
+    async fn admit(
+        &mut self,
+        info_sent: bool,
+        reader: &mut (impl AsyncRead + Unpin),
+        writer: &mut (impl AsyncWrite + Unpin),
+        rbuf: &mut BytesMut,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let info = self.context.info(self.id, self.peer);
         if info.auth_required {
             let login = tokio::select! {
                 _ = shutdown.cancelled() => Err("Authorization Timeout"),
-                login = self.log_in(&info, info_sent, &mut reader, &mut writer, &mut rbuf) => login,
+                login = self.log_in(&info, info_sent, reader, writer, rbuf) => login,
             };
             if let Err(reason) = login {
                 let mut refusal = BytesMut::new();
@@ -360,11 +395,7 @@ impl Connection {
                 let _ = writer.write_all(&refusal).await;
                 let _ = writer.shutdown().await;
                 tracing::info!(conn = self.id, peer = %self.peer, reason, "login refused");
-                self.session.outbox.close();
-                self.broker
-                    .metrics()
-                    .connection_closed(crate::metrics::Protocol::Native);
-                return;
+                return false;
             }
         } else if !info_sent {
             self.session
@@ -372,7 +403,7 @@ impl Connection {
                 .push_control(|out| encode_info(out, &info));
         }
         match self.session.take_slot() {
-            Ok(()) => {}
+            Ok(()) => true,
             Err(exceeded) => {
                 let mut refusal = BytesMut::new();
                 if !info.auth_required && !info_sent {
@@ -382,97 +413,110 @@ impl Connection {
                 let _ = writer.write_all(&refusal).await;
                 let _ = writer.shutdown().await;
                 tracing::info!(conn = self.id, peer = %self.peer, %exceeded, "connection refused");
-                self.session.outbox.close();
-                self.broker
-                    .metrics()
-                    .connection_closed(crate::metrics::Protocol::Native);
-                return;
+                false
             }
         }
+    }
 
+    /// Serves the admitted connection's traffic, the frames that came with CONNECT
+    /// first, until it must close; says why.
+    async fn traffic(
+        &mut self,
+        reader: &mut (impl AsyncRead + Unpin),
+        writer: &mut (impl AsyncWrite + Unpin),
+        mut rbuf: BytesMut,
+        out: &mut Unwritten,
+        info_sent: bool,
+        shutdown: &CancellationToken,
+    ) -> Close {
         let interval = self.context.config.native.ping_interval();
         let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut out = Unwritten::default();
         let deadline = self.context.config.native.write_deadline();
         // Written but maybe not yet on the wire (only a TLS stream buffers).
         let mut unflushed = false;
 
-        // Frames that came with CONNECT, now that the connection is admitted.
-        let buffered = if rbuf.is_empty() {
-            Ok(())
-        } else {
-            match self.process(&mut rbuf) {
+        if !rbuf.is_empty() {
+            let buffered = match self.process(&mut rbuf) {
                 Ok(()) => self.catch_up(&mut rbuf).await,
                 Err(close) => Err(close),
+            };
+            if let Err(close) = buffered {
+                return close;
             }
-        };
-        let close = if let Err(close) = buffered {
-            close
-        } else {
-            loop {
-                if out.is_done() {
-                    if self.session.outbox.is_slow() {
-                        break Close::SlowConsumer;
-                    }
-                    out.refill(&self.session.outbox);
+        }
+        loop {
+            if out.is_done() {
+                if self.session.outbox.is_slow() {
+                    return Close::SlowConsumer;
                 }
-                let writing = !out.is_done();
-                // Reading goes on while a write is pending, so a client that publishes to
-                // its own subscriptions faster than it reads cannot deadlock with us. Every
-                // arm is cancel-safe: `cancelled` and `woken` keep no state when dropped (a
-                // wake that lands meanwhile stays as a permit), `write` and `read_buf` move
-                // no bytes unless they complete, and `tick` does not lose ticks.
-                let step = tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => Err(Close::Shutdown),
-                    written = super::tls::write_or_flush(&mut writer, out.remaining()), if writing || unflushed => match written {
-                        Ok(Some(0)) | Err(_) => Err(Close::Gone),
-                        Ok(Some(n)) => {
-                            out.advance(n);
-                            // TLS may hold what it accepted until flushed.
-                            unflushed = info_sent;
-                            Ok(())
-                        }
-                        Ok(None) => {
-                            unflushed = false;
-                            Ok(())
-                        }
-                    },
-                    _ = tokio::time::sleep_until(out.progress + deadline), if writing => {
-                        self.session.outbox.mark_slow();
-                        Err(Close::WriteTimeout)
-                    }
-                    _ = self.session.outbox.woken(), if !writing => Ok(()),
-                    _ = tokio::time::sleep_until(
-                        self.session.paused_until.unwrap_or_else(tokio::time::Instant::now)
-                    ), if self.session.paused_until.is_some() => {
-                        self.session.paused_until = None;
-                        self.process(&mut rbuf)
-                    }
-                    read = reader.read_buf(&mut rbuf), if self.session.paused_until.is_none() => match read {
-                        Ok(0) | Err(_) => Err(Close::Gone),
-                        Ok(_) => self.process(&mut rbuf),
-                    },
-                    _ = ping.tick() => self.ping(),
-                    _ = self.session.routes().deleted.cancelled() => {
-                        self.session.outbox.push_control(|out| encode_err(out, "Authorization Violation: tenant deleted"));
-                        Err(Close::Fatal("tenant deleted"))
-                    }
-                };
-                if rbuf.capacity() - rbuf.len() < 1024 {
-                    rbuf.reserve(READ_CHUNK);
-                }
-                let step = match step {
-                    Ok(()) => self.catch_up(&mut rbuf).await,
-                    Err(close) => Err(close),
-                };
-                if let Err(close) = step {
-                    break close;
-                }
+                out.refill(&self.session.outbox);
             }
-        };
+            let writing = !out.is_done();
+            // Reading goes on while a write is pending, so a client that publishes to
+            // its own subscriptions faster than it reads cannot deadlock with us. Every
+            // arm is cancel-safe: `cancelled` and `woken` keep no state when dropped (a
+            // wake that lands meanwhile stays as a permit), `write` and `read_buf` move
+            // no bytes unless they complete, and `tick` does not lose ticks.
+            let step = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => Err(Close::Shutdown),
+                written = super::tls::write_or_flush(writer, out.remaining()), if writing || unflushed => match written {
+                    Ok(Some(0)) | Err(_) => Err(Close::Gone),
+                    Ok(Some(n)) => {
+                        out.advance(n);
+                        // TLS may hold what it accepted until flushed.
+                        unflushed = info_sent;
+                        Ok(())
+                    }
+                    Ok(None) => {
+                        unflushed = false;
+                        Ok(())
+                    }
+                },
+                _ = tokio::time::sleep_until(out.progress + deadline), if writing => {
+                    self.session.outbox.mark_slow();
+                    Err(Close::WriteTimeout)
+                }
+                _ = self.session.outbox.woken(), if !writing => Ok(()),
+                _ = tokio::time::sleep_until(
+                    self.session.paused_until.unwrap_or_else(tokio::time::Instant::now)
+                ), if self.session.paused_until.is_some() => {
+                    self.session.paused_until = None;
+                    self.process(&mut rbuf)
+                }
+                read = reader.read_buf(&mut rbuf), if self.session.paused_until.is_none() => match read {
+                    Ok(0) | Err(_) => Err(Close::Gone),
+                    Ok(_) => self.process(&mut rbuf),
+                },
+                _ = ping.tick() => self.ping(),
+                _ = self.session.routes().deleted.cancelled() => {
+                    self.session.outbox.push_control(|out| encode_err(out, "Authorization Violation: tenant deleted"));
+                    Err(Close::Fatal("tenant deleted"))
+                }
+            };
+            if rbuf.capacity() - rbuf.len() < 1024 {
+                rbuf.reserve(READ_CHUNK);
+            }
+            let step = match step {
+                Ok(()) => self.catch_up(&mut rbuf).await,
+                Err(close) => Err(close),
+            };
+            if let Err(close) = step {
+                return close;
+            }
+        }
+    }
 
+    /// Ends the connection: its subscriptions, what it may still be told, and its
+    /// outbox.
+    async fn close(
+        &mut self,
+        close: Close,
+        mut out: Unwritten,
+        writer: &mut (impl AsyncWrite + Unpin),
+    ) {
+        let deadline = self.context.config.native.write_deadline();
         // Unsubscribe before closing the outbox, so routing stops choosing this
         // connection (a queue group's pick would otherwise land on a closed outbox).
         let subs: Vec<Arc<Subscription>> = self.subs.drain().map(|(_, sub)| sub).collect();
@@ -481,8 +525,7 @@ impl Connection {
             // The client is told what was queued for it (an -ERR included) first.
             Close::Fatal(_) | Close::Shutdown => {
                 let _ =
-                    tokio::time::timeout(deadline, out.drain(&self.session.outbox, &mut writer))
-                        .await;
+                    tokio::time::timeout(deadline, out.drain(&self.session.outbox, writer)).await;
                 let _ = writer.shutdown().await;
             }
             Close::SlowConsumer => {

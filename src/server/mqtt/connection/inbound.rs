@@ -151,62 +151,10 @@ impl Connection {
                 "topic is not UTF-8",
             ));
         };
-        let subject = match Subject::parse_mqtt_with(topic_text, &self.context.subject_limits) {
-            Ok(subject) => subject,
-            Err(error) => {
-                return self.refuse_publish(
-                    qos,
-                    packet_id,
-                    reason::TOPIC_NAME_INVALID,
-                    error.to_string(),
-                );
-            }
+        let (subject, mut parts) = match self.translate_publish(topic_text, &publish) {
+            Ok(translated) => translated,
+            Err((code, why)) => return self.refuse_publish(qos, packet_id, code, why),
         };
-        let parts = if self.level == Level::V5 {
-            match translate::inbound(
-                &publish.properties,
-                &publish.payload,
-                &self.context.subject_limits,
-            ) {
-                Ok(parts) => parts,
-                Err(translate::Unmappable::PayloadNotUtf8) => {
-                    return self.refuse_publish(
-                        qos,
-                        packet_id,
-                        reason::PAYLOAD_FORMAT_INVALID,
-                        "the payload format indicator says UTF-8 and the payload is not".into(),
-                    );
-                }
-                Err(translate::Unmappable::ResponseTopic(why)) => {
-                    return self.refuse_publish(
-                        qos,
-                        packet_id,
-                        reason::TOPIC_NAME_INVALID,
-                        format!("response topic: {why}"),
-                    );
-                }
-            }
-        } else {
-            translate::NativeParts::default()
-        };
-        let mut parts = parts;
-        if let Some(response) = parts
-            .reply
-            .as_deref()
-            .and_then(|r| std::str::from_utf8(r).ok())
-        {
-            // Answers are published to the response topic on this client's behalf: it
-            // must be a topic the client could publish to itself.
-            if let Err(refused) = self.session.publisher.check_target(response) {
-                let code = mqtt_code(&refused);
-                return self.refuse_publish(
-                    qos,
-                    packet_id,
-                    code,
-                    format!("response topic: {refused}"),
-                );
-            }
-        }
         if let (Some(reply), Some(correlation)) =
             (&parts.reply, &publish.properties.correlation_data)
         {
@@ -250,6 +198,58 @@ impl Connection {
             // Keep-alive counts from the end of a pause the server chose.
             self.keep_alive.heard(until);
         }
+        self.answer_publish(published, qos, packet_id)
+    }
+
+    /// A publish's subject, and the reply and headers its v5 properties become; or
+    /// the reason code and why it is refused.
+    fn translate_publish(
+        &self,
+        topic: &str,
+        publish: &Publish,
+    ) -> Result<(Subject, translate::NativeParts), (u8, String)> {
+        let subject = Subject::parse_mqtt_with(topic, &self.context.subject_limits)
+            .map_err(|error| (reason::TOPIC_NAME_INVALID, error.to_string()))?;
+        let parts = if self.level == Level::V5 {
+            translate::inbound(
+                &publish.properties,
+                &publish.payload,
+                &self.context.subject_limits,
+            )
+            .map_err(|unmappable| match unmappable {
+                translate::Unmappable::PayloadNotUtf8 => (
+                    reason::PAYLOAD_FORMAT_INVALID,
+                    "the payload format indicator says UTF-8 and the payload is not".into(),
+                ),
+                translate::Unmappable::ResponseTopic(why) => {
+                    (reason::TOPIC_NAME_INVALID, format!("response topic: {why}"))
+                }
+            })?
+        } else {
+            translate::NativeParts::default()
+        };
+        if let Some(response) = parts
+            .reply
+            .as_deref()
+            .and_then(|r| std::str::from_utf8(r).ok())
+        {
+            // Answers are published to the response topic on this client's behalf: it
+            // must be a topic the client could publish to itself.
+            if let Err(refused) = self.session.publisher.check_target(response) {
+                return Err((mqtt_code(&refused), format!("response topic: {refused}")));
+            }
+        }
+        Ok((subject, parts))
+    }
+
+    /// Answers a publish the session took or refused: at once, or once the store
+    /// holds it.
+    fn answer_publish(
+        &mut self,
+        published: Result<session::Published, Refusal>,
+        qos: u8,
+        packet_id: u16,
+    ) -> Result<(), Close> {
         match published {
             // MQTT 3.x cannot refuse: a message its schema refuses is acknowledged
             // and dropped (the console and `schema.errors` show it), since closing

@@ -226,6 +226,72 @@ enum Turn {
     Idle,
 }
 
+/// What a turn of [`Connection::run`] keeps between its steps. Its buffers are taken
+/// only while there is traffic: an idle connection holds neither, which is most of
+/// what a connected device costs.
+struct Traffic {
+    /// Bytes read and not yet processed.
+    rbuf: BytesMut,
+    /// Bytes to write to the client, of which `written` are.
+    out: BytesMut,
+    written: usize,
+    /// When `out` was last filled or written to: the write deadline counts from it.
+    progress: Instant,
+    /// A TLS stream may hold what it took until flushed.
+    unflushed: bool,
+    wake: Wake,
+    /// Bytes to read are read by the loop's first step: park only after it.
+    stepped: bool,
+    /// Since when the turn has had nothing to do, if it has not.
+    idle_since: Option<Instant>,
+    /// The turn read or wrote bytes.
+    moved: bool,
+}
+
+impl Traffic {
+    fn new(rbuf: BytesMut, wake: Wake) -> Traffic {
+        Traffic {
+            rbuf,
+            out: BytesMut::new(),
+            written: 0,
+            progress: Instant::now(),
+            unflushed: false,
+            wake,
+            stepped: wake != Wake::Readable,
+            idle_since: None,
+            moved: false,
+        }
+    }
+
+    /// Counts what a write or flush of `out` did.
+    fn wrote(&mut self, result: std::io::Result<Option<usize>>) -> Result<(), Close> {
+        match result {
+            Ok(Some(0)) | Err(_) => Err(Close::Gone),
+            Ok(Some(n)) => {
+                self.written += n;
+                self.moved = true;
+                self.progress = Instant::now();
+                self.unflushed = true;
+                Ok(())
+            }
+            Ok(None) => {
+                self.unflushed = false;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What the timer of a turn of [`Connection::run`] found when it fired.
+enum Fired {
+    /// A deadline passed: the connection ends.
+    Passed(Close),
+    /// The turn was quiet long enough: it parks.
+    Park,
+    /// Nothing yet: the timer was set for a deadline that has since moved.
+    NothingDue,
+}
+
 /// Why a connection ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Close {
@@ -446,85 +512,29 @@ impl Connection {
         &mut self,
         reader: &mut impl Inbound,
         writer: &mut (impl AsyncWrite + Unpin),
-        mut rbuf: BytesMut,
+        rbuf: BytesMut,
         shutdown: &CancellationToken,
         mut timer: Pin<&mut Sleep>,
         wake: Wake,
     ) -> Turn {
         let deadline = Duration::from_secs(self.context.config.mqtt.write_deadline_secs.max(1));
-        // Buffers are taken only while there is traffic: an idle connection holds
-        // neither, which is most of what a connected device costs.
-        let mut out = BytesMut::new();
-        let mut written = 0usize;
-        let mut progress = Instant::now();
-        let mut unflushed = false;
-        // Bytes to read are read by the loop's first step: park only after it.
-        let mut stepped = wake != Wake::Readable;
-        // Since when the turn has had nothing to do, if it has not.
-        let mut idle_since: Option<Instant> = None;
-        // The turn read or wrote bytes.
-        let mut moved = false;
+        let mut traffic = Traffic::new(rbuf, wake);
         let handoff = Arc::clone(&self.claim.handoff);
-        // Packets that arrived with CONNECT.
-        if !rbuf.is_empty()
-            && let Err(close) = self.process(&mut rbuf)
-        {
-            return Turn::Closed(close);
-        }
-        if rbuf.is_empty() {
-            rbuf = BytesMut::new();
-        }
-        // The wake that ended the park may have been a store ack: the outbox's wake
-        // was taken by `park`, so the acks are looked at here, not after a step.
-        if let Err(close) = self.take_store_acks() {
-            return Turn::Closed(close);
-        }
-        if self.has_store_work()
-            && let Err(close) = Box::pin(self.catch_up()).await
-        {
+        if let Err(close) = self.start_turn(&mut traffic.rbuf).await {
             return Turn::Closed(close);
         }
         loop {
-            if written >= out.len() {
-                if out.capacity() > WRITE_BATCH * 2
-                    || (written > 0 && self.session.outbox.is_empty())
-                {
-                    out = BytesMut::new();
-                } else {
-                    out.clear();
-                }
-                written = 0;
-                if self.session.outbox.is_slow() {
-                    return Turn::Closed(Close::protocol(
-                        reason::QUOTA_EXCEEDED,
-                        "slow consumer: the client does not read its messages fast enough",
-                    ));
-                }
-                self.fill(&mut out);
-                progress = Instant::now();
-                if stepped
-                    && out.is_empty()
-                    && !unflushed
-                    && rbuf.is_empty()
-                    && self.session.paused_until.is_none()
-                    && !self.has_store_work()
-                {
-                    // A device that just connected usually goes quiet, and a wake
-                    // may have found nothing: park at once, so a burst of handshakes
-                    // leaves no turns behind. A turn that moved bytes parks after a
-                    // quiet spell, so that a busy connection does not pay a park and
-                    // a new turn between every two packets.
-                    if wake == Wake::Connected || !moved {
-                        return Turn::Idle;
-                    }
-                    idle_since.get_or_insert(progress);
-                }
+            if traffic.written >= traffic.out.len()
+                && let Some(turn) = self.refill(&mut traffic)
+            {
+                return turn;
             }
-            let writing = written < out.len();
+            let writing = traffic.written < traffic.out.len();
+            let write_due = writing.then_some(traffic.progress + deadline);
             // One timer for the keep-alive, the write deadline and the park, moved
             // earlier only when it must be: registering a timer per loop turn would
             // cost more than the turn itself under load.
-            let due = self.turn_deadline(writing.then_some(progress + deadline), idle_since);
+            let due = self.turn_deadline(write_due, traffic.idle_since);
             if due < timer.deadline() {
                 timer.as_mut().reset(due);
             }
@@ -538,21 +548,7 @@ impl Connection {
                 () = self.session.routes().deleted.cancelled() => {
                     Err(Close::protocol(reason::ADMINISTRATIVE_ACTION, "the tenant was deleted"))
                 }
-                result = crate::server::tls::write_or_flush(writer, out.get(written..).unwrap_or_default()), if writing || unflushed => match result {
-                    Ok(Some(0)) | Err(_) => Err(Close::Gone),
-                    Ok(Some(n)) => {
-                        written += n;
-                        moved = true;
-                        progress = Instant::now();
-                        // A TLS stream may hold what it took until flushed.
-                        unflushed = true;
-                        Ok(())
-                    }
-                    Ok(None) => {
-                        unflushed = false;
-                        Ok(())
-                    }
-                },
+                result = crate::server::tls::write_or_flush(writer, traffic.out.get(traffic.written..).unwrap_or_default()), if writing || traffic.unflushed => traffic.wrote(result),
                 _ = self.session.outbox.woken(), if !writing => Ok(()),
                 _ = tokio::time::sleep_until(
                     self.session.paused_until.unwrap_or_else(Instant::now)
@@ -560,70 +556,148 @@ impl Connection {
                     self.session.paused_until = None;
                     // The client was not silent; we were not reading.
                     self.keep_alive.heard(Instant::now());
-                    self.process(&mut rbuf)
+                    self.process(&mut traffic.rbuf)
                 }
                 ready = reader.ready(), if self.session.paused_until.is_none() => match ready {
                     Err(_) => Err(Close::Gone),
-                    Ok(()) => {
-                        if rbuf.capacity() - rbuf.len() < 1024 {
-                            rbuf.reserve(READ_CHUNK);
-                        }
-                        match reader.try_read(&mut rbuf) {
-                            Ok(0) => Err(Close::Gone),
-                            Ok(_) => {
-                                moved = true;
-                                self.keep_alive.heard(Instant::now());
-                                let result = self.process(&mut rbuf);
-                                if rbuf.is_empty() {
-                                    // Decoded packets hold their own slices of it.
-                                    rbuf = BytesMut::new();
-                                }
-                                result
-                            }
-                            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
-                                // Readiness outlives the read that drained the socket, so
-                                // the next wake finds nothing: the chunk reserved for it
-                                // must not stay with an idle connection.
-                                if rbuf.is_empty() {
-                                    rbuf = BytesMut::new();
-                                }
-                                Ok(())
-                            }
-                            Err(_) => Err(Close::Gone),
-                        }
-                    }
+                    Ok(()) => self.read(reader, &mut traffic),
                 },
-                () = timer.as_mut() => {
-                    let now = Instant::now();
-                    if writing && progress + deadline <= now {
-                        self.session.outbox.mark_slow();
-                        Err(Close::protocol(reason::QUOTA_EXCEEDED, "slow consumer: writes are blocked"))
-                    } else if self.keep_alive_due().is_some_and(|due| due <= now) {
-                        Err(Close::protocol(reason::KEEP_ALIVE_TIMEOUT, "keep alive timeout"))
-                    } else if idle_since.is_some_and(|since| since + PARK_AFTER <= now) {
-                        return Turn::Idle;
-                    } else {
+                () = timer.as_mut() => match self.timer_fired(write_due, traffic.idle_since) {
+                    Fired::Passed(close) => Err(close),
+                    Fired::Park => return Turn::Idle,
+                    Fired::NothingDue => {
                         timed_out = true;
-                        timer.as_mut().reset(self.turn_deadline(writing.then_some(progress + deadline), idle_since));
+                        timer.as_mut().reset(self.turn_deadline(write_due, traffic.idle_since));
                         Ok(())
                     }
                 }
             };
-            stepped = true;
+            traffic.stepped = true;
             if !timed_out {
-                idle_since = None;
+                traffic.idle_since = None;
             }
             if let Err(close) = step {
                 return Turn::Closed(close);
             }
-            if let Err(close) = self.take_store_acks() {
+            if let Err(close) = self.store_work().await {
                 return Turn::Closed(close);
             }
-            if self.has_store_work()
-                && let Err(close) = Box::pin(self.catch_up()).await
-            {
-                return Turn::Closed(close);
+        }
+    }
+
+    /// Starts a turn: processes the packets that arrived with CONNECT, then the store
+    /// work waiting.
+    async fn start_turn(&mut self, rbuf: &mut BytesMut) -> Result<(), Close> {
+        if !rbuf.is_empty() {
+            self.process(rbuf)?;
+        }
+        if rbuf.is_empty() {
+            *rbuf = BytesMut::new();
+        }
+        // The wake that ended the park may have been a store ack: the outbox's wake
+        // was taken by `park`, so the acks are looked at here, not after a step.
+        self.store_work().await
+    }
+
+    /// Answers the store acks that arrived, and reads the retained messages and
+    /// backlog still to send.
+    async fn store_work(&mut self) -> Result<(), Close> {
+        self.take_store_acks()?;
+        if self.has_store_work() {
+            Box::pin(self.catch_up()).await?;
+        }
+        Ok(())
+    }
+
+    /// Fills the write buffer again once all of it is written. Ends the turn when the
+    /// client is too slow, or when there is nothing left to do at all.
+    fn refill(&mut self, traffic: &mut Traffic) -> Option<Turn> {
+        if traffic.out.capacity() > WRITE_BATCH * 2
+            || (traffic.written > 0 && self.session.outbox.is_empty())
+        {
+            traffic.out = BytesMut::new();
+        } else {
+            traffic.out.clear();
+        }
+        traffic.written = 0;
+        if self.session.outbox.is_slow() {
+            return Some(Turn::Closed(Close::protocol(
+                reason::QUOTA_EXCEEDED,
+                "slow consumer: the client does not read its messages fast enough",
+            )));
+        }
+        self.fill(&mut traffic.out);
+        traffic.progress = Instant::now();
+        if traffic.stepped
+            && traffic.out.is_empty()
+            && !traffic.unflushed
+            && traffic.rbuf.is_empty()
+            && self.session.paused_until.is_none()
+            && !self.has_store_work()
+        {
+            // A device that just connected usually goes quiet, and a wake may have
+            // found nothing: park at once, so a burst of handshakes leaves no turns
+            // behind. A turn that moved bytes parks after a quiet spell, so that a
+            // busy connection does not pay a park and a new turn between every two
+            // packets.
+            if traffic.wake == Wake::Connected || !traffic.moved {
+                return Some(Turn::Idle);
             }
+            traffic.idle_since.get_or_insert(traffic.progress);
+        }
+        None
+    }
+
+    /// Reads what the socket holds once it is ready, and processes the packets read.
+    fn read(&mut self, reader: &mut impl Inbound, traffic: &mut Traffic) -> Result<(), Close> {
+        let rbuf = &mut traffic.rbuf;
+        if rbuf.capacity() - rbuf.len() < 1024 {
+            rbuf.reserve(READ_CHUNK);
+        }
+        match reader.try_read(rbuf) {
+            Ok(0) => Err(Close::Gone),
+            Ok(_) => {
+                traffic.moved = true;
+                self.keep_alive.heard(Instant::now());
+                let result = self.process(rbuf);
+                if rbuf.is_empty() {
+                    // Decoded packets hold their own slices of it.
+                    *rbuf = BytesMut::new();
+                }
+                result
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                // Readiness outlives the read that drained the socket, so the next
+                // wake finds nothing: the chunk reserved for it must not stay with an
+                // idle connection.
+                if rbuf.is_empty() {
+                    *rbuf = BytesMut::new();
+                }
+                Ok(())
+            }
+            Err(_) => Err(Close::Gone),
+        }
+    }
+
+    /// What is due when the turn's timer fires: a passed write deadline marks the
+    /// client a slow consumer.
+    fn timer_fired(&self, write_due: Option<Instant>, idle_since: Option<Instant>) -> Fired {
+        let now = Instant::now();
+        if write_due.is_some_and(|due| due <= now) {
+            self.session.outbox.mark_slow();
+            Fired::Passed(Close::protocol(
+                reason::QUOTA_EXCEEDED,
+                "slow consumer: writes are blocked",
+            ))
+        } else if self.keep_alive_due().is_some_and(|due| due <= now) {
+            Fired::Passed(Close::protocol(
+                reason::KEEP_ALIVE_TIMEOUT,
+                "keep alive timeout",
+            ))
+        } else if idle_since.is_some_and(|since| since + PARK_AFTER <= now) {
+            Fired::Park
+        } else {
+            Fired::NothingDue
         }
     }
 
