@@ -135,197 +135,14 @@ pub(super) async fn dispatch(
 ) -> Result<(), ApiError> {
     // The caller's right to `$CANOPY.<op>` was checked by the publish decision, the
     // one door every call comes in by; what each operation reads is checked below.
-    let tenant = &*call.routes.name;
     let body = match call.operation.as_str() {
-        "group.create" => {
-            let spec: GroupSpec = parse(&call.body)?;
-            spec.check()
-                .map_err(|e| ApiError::new(400, e.to_string()))?;
-            authorize(broker, &call.principal, Action::Subscribe, &spec.pattern)?;
-            if let Some(prefix) = &spec.dead_letter {
-                super::check_dead_letter(broker, &call.principal, prefix)?;
-            }
-            let _change = call.routes.group_changes.lock().await;
-            if store.group(tenant, &spec.name).await?.is_some() {
-                return Err(ApiError::new(
-                    409,
-                    format!("a group {} exists already", spec.name),
-                ));
-            }
-            if let Some(limit) = groups_full(store, &call.routes).await? {
-                return Err(ApiError::new(
-                    429,
-                    format!(
-                        "tenant {tenant} keeps at most {limit} groups (JetStream consumers \
-                         included): delete one first"
-                    ),
-                ));
-            }
-            let stored = Stored {
-                spec,
-                created_ms: broker.clock().now_ms(),
-            };
-            let record = serde_json::to_vec(&stored)
-                .map_err(|e| ApiError::new(500, format!("group record: {e}")))?;
-            store
-                .create_group(tenant, &stored.spec.name, &record)
-                .await?;
-            let body = group_json(&stored);
-            if let Some(store) = broker.store() {
-                broker.groups().start(broker, store, &call.routes, stored);
-            }
-            body
-        }
-        "group.list" => {
-            let request: ListRequest = if call.body.iter().all(u8::is_ascii_whitespace) {
-                ListRequest::default()
-            } else {
-                parse(&call.body)?
-            };
-            let readable: Vec<Stored> = store
-                .groups(tenant)
-                .await?
-                .iter()
-                .filter_map(|record| serde_json::from_slice::<Stored>(record).ok())
-                .filter(|stored| may_read(broker, &call.principal, &stored.spec.pattern))
-                .collect();
-            let groups = page(
-                readable.iter().map(group_json),
-                request.offset,
-                LIST_PAGE,
-                broker.max_answer(),
-            );
-            json!({
-                "groups": groups, "total": readable.len(), "offset": request.offset,
-                "limit": LIST_PAGE,
-            })
-        }
-        "group.info" => {
-            let GroupRef { name } = parse(&call.body)?;
-            let stored = readable(broker, store, call, &name).await?;
-            let cursors = store.cursors(tenant, &name).await?;
-            let mut info = group_json(&stored);
-            info["subjects"] = json!(cursors.len());
-            // The group's task answers between its own work: no working place is
-            // held meanwhile.
-            info["live"] = answer
-                .park(broker.groups().info(&call.routes, &name, true))
-                .await
-                .unwrap_or(Value::Null);
-            info
-        }
-        "group.delete" => {
-            let GroupRef { name } = parse(&call.body)?;
-            let _change = call.routes.group_changes.lock().await;
-            readable(broker, store, call, &name).await?;
-            broker.groups().stop(&call.routes, &name);
-            store.delete_group(tenant, &name).await?;
-            json!({"name": name, "deleted": true})
-        }
-        "group.next" => {
-            let next: Next = parse(&call.body)?;
-            if !(1..=MAX_NEXT).contains(&next.max) {
-                return Err(ApiError::new(400, format!("max is 1 to {MAX_NEXT}")));
-            }
-            readable(broker, store, call, &next.group).await?;
-            let reply = call.reply.clone().unwrap_or_default();
-            // A client's inbox prefix (`_INBOX.<id>` of `_INBOX.<id>.<n>`) is one
-            // member; a reply subject of two tokens is its own.
-            let member = next.member.unwrap_or_else(|| match reply.rsplit_once('.') {
-                Some((inbox, _)) if inbox.contains('.') => inbox.to_owned(),
-                _ => reply.clone(),
-            });
-            check_member(&member).map_err(|why| ApiError::new(400, why))?;
-            let wait = Duration::from_millis(next.wait_ms).min(super::MAX_WAIT);
-            // A pull that may wait holds a place among its connection's.
-            let place = if wait.is_zero() {
-                None
-            } else {
-                Some(broker.groups().pull_place(call.origin).ok_or_else(|| {
-                    ApiError::new(
-                        429,
-                        format!(
-                            "this connection has {} pulls waiting already; wait for their \
-                             answers, or pull without waiting",
-                            crate::broker::groups::CONNECTION_PULLS
-                        ),
-                    )
-                })?)
-            };
-            let pull = Pull {
-                member,
-                max: next.max,
-                wait,
-                reply,
-                routes: Arc::clone(&call.routes),
-                style: PullStyle::Canopy,
-                place,
-            };
-            if !broker.groups().pull(&call.routes, &next.group, pull).await {
-                return Err(ApiError::new(
-                    503,
-                    format!("group {} is not running", next.group),
-                ));
-            }
-            // The group answers on the reply subject itself.
-            return Ok(());
-        }
-        "group.wait" => {
-            let wait: Wait = parse(&call.body)?;
-            canopy_subjects::validate_native_subject(&wait.subject, &Default::default())
-                .map_err(|e| ApiError::new(400, format!("invalid subject: {e}")))?;
-            authorize(broker, &call.principal, Action::Subscribe, &wait.subject)?;
-            let timeout = match wait.timeout_ms {
-                None => DEFAULT_AWAIT,
-                Some(0) => return Err(ApiError::new(400, "timeout_ms is at least 1")),
-                Some(ms) => Duration::from_millis(ms).min(MAX_AWAIT),
-            };
-            let awaiting = Await {
-                groups: vec![wait.group.as_str().into()],
-                timeout,
-                // A group the caller may not read is answered as one that does not
-                // exist.
-                caller: Some(Caller::new(
-                    call.principal.clone(),
-                    Arc::clone(broker.authorizer()),
-                    call.origin,
-                )),
-            };
-            // Answered from the wait's end, so a long wait holds no API slot.
-            let Some(reply) = call.reply.clone() else {
-                return Ok(());
-            };
-            let mut later = Answer::new(Arc::clone(broker), Arc::clone(&call.routes), reply);
-            broker.groups().await_passing(
-                &call.routes,
-                Arc::from(wait.subject.as_str()),
-                wait.version,
-                &awaiting,
-                move |outcome| match outcome.pending.first() {
-                    None => later.json(&json!({
-                        "group": wait.group, "subject": wait.subject,
-                        "version": wait.version, "passed": true,
-                    })),
-                    Some((_, why)) => {
-                        let code = match why {
-                            Missed::TimedOut => 408,
-                            Missed::NoSuchGroup => 404,
-                            Missed::TooManyWaiting => 429,
-                            _ => 409,
-                        };
-                        let description = format!(
-                            "group {} has not passed version {} of {}: {}",
-                            wait.group,
-                            wait.version,
-                            wait.subject,
-                            why.as_str()
-                        );
-                        later.error(code, &description);
-                    }
-                },
-            );
-            return Ok(());
-        }
+        "group.create" => create(broker, store, call).await?,
+        "group.list" => list(broker, store, call).await?,
+        "group.info" => info(broker, store, call, answer).await?,
+        "group.delete" => delete(broker, store, call).await?,
+        // These two are answered later: by the group, or when the wait ends.
+        "group.next" => return next(broker, store, call).await,
+        "group.wait" => return wait(broker, call),
         other => {
             return Err(ApiError::new(
                 404,
@@ -337,6 +154,216 @@ pub(super) async fn dispatch(
         }
     };
     answer.json(&body);
+    Ok(())
+}
+
+/// `group.create`: a new group, stored, then started.
+async fn create(broker: &Arc<Broker>, store: &Store, call: &ApiCall) -> Result<Value, ApiError> {
+    let tenant = &*call.routes.name;
+    let spec: GroupSpec = parse(&call.body)?;
+    spec.check()
+        .map_err(|e| ApiError::new(400, e.to_string()))?;
+    authorize(broker, &call.principal, Action::Subscribe, &spec.pattern)?;
+    if let Some(prefix) = &spec.dead_letter {
+        super::check_dead_letter(broker, &call.principal, prefix)?;
+    }
+    let _change = call.routes.group_changes.lock().await;
+    if store.group(tenant, &spec.name).await?.is_some() {
+        return Err(ApiError::new(
+            409,
+            format!("a group {} exists already", spec.name),
+        ));
+    }
+    if let Some(limit) = groups_full(store, &call.routes).await? {
+        return Err(ApiError::new(
+            429,
+            format!(
+                "tenant {tenant} keeps at most {limit} groups (JetStream consumers \
+                     included): delete one first"
+            ),
+        ));
+    }
+    let stored = Stored {
+        spec,
+        created_ms: broker.clock().now_ms(),
+    };
+    let record = serde_json::to_vec(&stored)
+        .map_err(|e| ApiError::new(500, format!("group record: {e}")))?;
+    store
+        .create_group(tenant, &stored.spec.name, &record)
+        .await?;
+    let body = group_json(&stored);
+    if let Some(store) = broker.store() {
+        broker.groups().start(broker, store, &call.routes, stored);
+    }
+    Ok(body)
+}
+
+/// `group.list`: a page of the groups the caller may read.
+async fn list(broker: &Arc<Broker>, store: &Store, call: &ApiCall) -> Result<Value, ApiError> {
+    let tenant = &*call.routes.name;
+    let request: ListRequest = if call.body.iter().all(u8::is_ascii_whitespace) {
+        ListRequest::default()
+    } else {
+        parse(&call.body)?
+    };
+    let readable: Vec<Stored> = store
+        .groups(tenant)
+        .await?
+        .iter()
+        .filter_map(|record| serde_json::from_slice::<Stored>(record).ok())
+        .filter(|stored| may_read(broker, &call.principal, &stored.spec.pattern))
+        .collect();
+    let groups = page(
+        readable.iter().map(group_json),
+        request.offset,
+        LIST_PAGE,
+        broker.max_answer(),
+    );
+    Ok(json!({
+        "groups": groups, "total": readable.len(), "offset": request.offset,
+        "limit": LIST_PAGE,
+    }))
+}
+
+/// `group.info`: a group's definition, its subjects and its live counts.
+async fn info(
+    broker: &Arc<Broker>,
+    store: &Store,
+    call: &ApiCall,
+    answer: &mut Answer,
+) -> Result<Value, ApiError> {
+    let tenant = &*call.routes.name;
+    let GroupRef { name } = parse(&call.body)?;
+    let stored = readable(broker, store, call, &name).await?;
+    let cursors = store.cursors(tenant, &name).await?;
+    let mut info = group_json(&stored);
+    info["subjects"] = json!(cursors.len());
+    // The group's task answers between its own work: no working place is
+    // held meanwhile.
+    info["live"] = answer
+        .park(broker.groups().info(&call.routes, &name, true))
+        .await
+        .unwrap_or(Value::Null);
+    Ok(info)
+}
+
+/// `group.delete`: the group stopped, then deleted with its cursors.
+async fn delete(broker: &Arc<Broker>, store: &Store, call: &ApiCall) -> Result<Value, ApiError> {
+    let tenant = &*call.routes.name;
+    let GroupRef { name } = parse(&call.body)?;
+    let _change = call.routes.group_changes.lock().await;
+    readable(broker, store, call, &name).await?;
+    broker.groups().stop(&call.routes, &name);
+    store.delete_group(tenant, &name).await?;
+    Ok(json!({"name": name, "deleted": true}))
+}
+
+/// `group.next`: a pull, handed to the group, which answers it.
+async fn next(broker: &Arc<Broker>, store: &Store, call: &ApiCall) -> Result<(), ApiError> {
+    let next: Next = parse(&call.body)?;
+    if !(1..=MAX_NEXT).contains(&next.max) {
+        return Err(ApiError::new(400, format!("max is 1 to {MAX_NEXT}")));
+    }
+    readable(broker, store, call, &next.group).await?;
+    let reply = call.reply.clone().unwrap_or_default();
+    // A client's inbox prefix (`_INBOX.<id>` of `_INBOX.<id>.<n>`) is one
+    // member; a reply subject of two tokens is its own.
+    let member = next.member.unwrap_or_else(|| match reply.rsplit_once('.') {
+        Some((inbox, _)) if inbox.contains('.') => inbox.to_owned(),
+        _ => reply.clone(),
+    });
+    check_member(&member).map_err(|why| ApiError::new(400, why))?;
+    let wait = Duration::from_millis(next.wait_ms).min(super::MAX_WAIT);
+    // A pull that may wait holds a place among its connection's.
+    let place = if wait.is_zero() {
+        None
+    } else {
+        Some(broker.groups().pull_place(call.origin).ok_or_else(|| {
+            ApiError::new(
+                429,
+                format!(
+                    "this connection has {} pulls waiting already; wait for their \
+                         answers, or pull without waiting",
+                    crate::broker::groups::CONNECTION_PULLS
+                ),
+            )
+        })?)
+    };
+    let pull = Pull {
+        member,
+        max: next.max,
+        wait,
+        reply,
+        routes: Arc::clone(&call.routes),
+        style: PullStyle::Canopy,
+        place,
+    };
+    if !broker.groups().pull(&call.routes, &next.group, pull).await {
+        return Err(ApiError::new(
+            503,
+            format!("group {} is not running", next.group),
+        ));
+    }
+    // The group answers on the reply subject itself.
+    Ok(())
+}
+
+/// `group.wait`: answered once the group passes a version, or the wait ends.
+fn wait(broker: &Arc<Broker>, call: &ApiCall) -> Result<(), ApiError> {
+    let wait: Wait = parse(&call.body)?;
+    canopy_subjects::validate_native_subject(&wait.subject, &Default::default())
+        .map_err(|e| ApiError::new(400, format!("invalid subject: {e}")))?;
+    authorize(broker, &call.principal, Action::Subscribe, &wait.subject)?;
+    let timeout = match wait.timeout_ms {
+        None => DEFAULT_AWAIT,
+        Some(0) => return Err(ApiError::new(400, "timeout_ms is at least 1")),
+        Some(ms) => Duration::from_millis(ms).min(MAX_AWAIT),
+    };
+    let awaiting = Await {
+        groups: vec![wait.group.as_str().into()],
+        timeout,
+        // A group the caller may not read is answered as one that does not
+        // exist.
+        caller: Some(Caller::new(
+            call.principal.clone(),
+            Arc::clone(broker.authorizer()),
+            call.origin,
+        )),
+    };
+    // Answered from the wait's end, so a long wait holds no API slot.
+    let Some(reply) = call.reply.clone() else {
+        return Ok(());
+    };
+    let mut later = Answer::new(Arc::clone(broker), Arc::clone(&call.routes), reply);
+    broker.groups().await_passing(
+        &call.routes,
+        Arc::from(wait.subject.as_str()),
+        wait.version,
+        &awaiting,
+        move |outcome| match outcome.pending.first() {
+            None => later.json(&json!({
+                "group": wait.group, "subject": wait.subject,
+                "version": wait.version, "passed": true,
+            })),
+            Some((_, why)) => {
+                let code = match why {
+                    Missed::TimedOut => 408,
+                    Missed::NoSuchGroup => 404,
+                    Missed::TooManyWaiting => 429,
+                    _ => 409,
+                };
+                let description = format!(
+                    "group {} has not passed version {} of {}: {}",
+                    wait.group,
+                    wait.version,
+                    wait.subject,
+                    why.as_str()
+                );
+                later.error(code, &description);
+            }
+        },
+    );
     Ok(())
 }
 

@@ -184,134 +184,21 @@ pub async fn serve(
     principal: Principal,
     shutdown: CancellationToken,
 ) {
-    let broker = Arc::clone(&context.broker);
-    let id = broker.next_id();
-    let outbox = Arc::new(Outbox::new(
-        id,
-        context.max_pending_bytes,
-        Arc::clone(broker.metrics()),
-    ));
-    let acks = Arc::new(AckInbox::new(Arc::clone(&outbox)));
-    broker.mqtt_acks().register(id, Arc::clone(&acks));
-    let routes = broker.tenant(&principal.tenant);
-    let session = Session::new(
-        Arc::clone(&broker),
-        routes,
-        principal,
-        Arc::clone(&outbox),
-        Arc::clone(&context.session_limits),
-    );
-    let mut connection = Connection {
-        broker,
-        session,
-        context,
-        acks,
-        subs: HashMap::new(),
-        next_sid: 1,
-        pending_acks: HashMap::new(),
-        next_ack: 1,
-        out: Vec::new(),
-        catchups: std::collections::VecDeque::new(),
-        held: HashMap::new(),
-        held_bytes: 0,
-        spare: BytesMut::new(),
-        groups: groups::GroupCalls::default(),
-    };
+    let mut connection = Connection::open(context, principal);
     let (mut sink, mut stream) = socket.split();
     let deadline = connection.context.write_deadline;
-    if let Err(exceeded) = connection.session.take_slot() {
-        // Said as a message first: a close reason is cut at 123 bytes.
-        connection.reply_error(
-            None,
-            refusal(ErrorCode::QuotaExceeded, exceeded.to_string()),
-        );
-        if send_all(&mut sink, &mut connection.out, deadline).await {
-            let frame = CloseFrame {
-                code: 1013,
-                reason: Utf8Bytes::from_static("quota exceeded: too many connections"),
-            };
-            close_socket(&mut sink, Some(frame), deadline).await;
-        }
-        connection.broker.mqtt_acks().remove(id);
-        connection.session.outbox.close();
+    if !connection.admitted(&mut sink).await {
         return;
     }
     connection
         .broker
         .metrics()
         .connection_opened(Protocol::WebSocket);
-    // What the connection ends with: a close frame to send, `Some(None)` for a clean
-    // close without a code, `None` when nothing more may be written.
-    let close: Option<Option<(u16, Utf8Bytes)>> = loop {
-        let step = tokio::select! {
-            _ = shutdown.cancelled() => Some((1001, Utf8Bytes::from_static("server shutting down"))),
-            _ = connection.session.routes().deleted.cancelled() => Some((1008, Utf8Bytes::from_static("the tenant was deleted"))),
-            _ = connection.session.outbox.woken() => {
-                if connection.session.outbox.is_slow() {
-                    Some((1008, Utf8Bytes::from_static(SLOW)))
-                } else {
-                    connection.deliveries();
-                    None
-                }
-            }
-            _ = tokio::time::sleep_until(
-                connection.session.paused_until.unwrap_or_else(tokio::time::Instant::now)
-            ), if connection.session.paused_until.is_some() => {
-                connection.session.paused_until = None;
-                None
-            }
-            message = stream.next(), if connection.session.paused_until.is_none() => match message {
-                Some(Ok(Message::Text(text))) => {
-                    connection.request(text.as_str()).await;
-                    None
-                }
-                Some(Ok(Message::Binary(_))) => {
-                    connection.decode_error(WsDecodeError::not_text());
-                    None
-                }
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => None,
-                Some(Err(error)) if is_too_big(&error) => {
-                    // The rest of the message is not read, so the stream cannot go on.
-                    let max = connection.context.max_message_bytes;
-                    connection.reply_error(None, refusal(
-                        ErrorCode::TooLarge,
-                        format!("a WebSocket message may hold at most {max} bytes"),
-                    ));
-                    Some((1009, Utf8Bytes::from(format!("message too big: at most {max} bytes"))))
-                }
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break Some(None),
-            },
-        };
-        connection.store_acks();
-        if !send_all(&mut sink, &mut connection.out, deadline).await {
-            break None;
-        }
-        if step.is_some() {
-            break Some(step);
-        }
-        // History pages go out one at a time, each sent before the next is read.
-        let mut sent = true;
-        while !connection.holds_too_much() && connection.catch_up().await {
-            sent = send_all(&mut sink, &mut connection.out, deadline).await;
-            if !sent {
-                break;
-            }
-            connection.deliveries();
-        }
-        if !sent {
-            break None;
-        }
-        if connection.holds_too_much() {
-            break Some(Some((1008, Utf8Bytes::from_static(SLOW))));
-        }
-        if !send_all(&mut sink, &mut connection.out, deadline).await {
-            break None;
-        }
-    };
+    let close = connection.turns(&mut sink, &mut stream, &shutdown).await;
     let mut subs: Vec<Arc<Subscription>> = connection.subs.drain().map(|(_, s)| s).collect();
     subs.extend(connection.groups.subscription());
     connection.session.close(&subs);
-    connection.broker.mqtt_acks().remove(id);
+    connection.broker.mqtt_acks().remove(connection.id());
     connection.session.outbox.close();
     connection
         .broker
@@ -320,6 +207,180 @@ pub async fn serve(
     if let Some(frame) = close {
         let frame = frame.map(|(code, reason)| CloseFrame { code, reason });
         close_socket(&mut sink, frame, deadline).await;
+    }
+}
+
+/// What a connection ends with: a close frame to send, `Some(None)` for a clean close
+/// without a code, `None` when nothing more may be written.
+type Ending = Option<Option<(u16, Utf8Bytes)>>;
+
+impl Connection {
+    /// A connection of `principal`'s, with its session and ack inbox registered.
+    fn open(context: Arc<WsContext>, principal: Principal) -> Connection {
+        let broker = Arc::clone(&context.broker);
+        let id = broker.next_id();
+        let outbox = Arc::new(Outbox::new(
+            id,
+            context.max_pending_bytes,
+            Arc::clone(broker.metrics()),
+        ));
+        let acks = Arc::new(AckInbox::new(Arc::clone(&outbox)));
+        broker.mqtt_acks().register(id, Arc::clone(&acks));
+        let tenant = broker.tenant(&principal.tenant);
+        let session = Session::new(
+            Arc::clone(&broker),
+            tenant,
+            principal,
+            outbox,
+            Arc::clone(&context.session_limits),
+        );
+        Connection {
+            broker,
+            session,
+            context,
+            acks,
+            subs: HashMap::new(),
+            next_sid: 1,
+            pending_acks: HashMap::new(),
+            next_ack: 1,
+            out: Vec::new(),
+            catchups: std::collections::VecDeque::new(),
+            held: HashMap::new(),
+            held_bytes: 0,
+            spare: BytesMut::new(),
+            groups: groups::GroupCalls::default(),
+        }
+    }
+
+    /// The connection's id: its outbox's.
+    fn id(&self) -> u64 {
+        self.session.outbox.conn_id
+    }
+
+    /// Takes the tenant's connection slot; a tenant at its limit is told why and the
+    /// socket closed (false).
+    async fn admitted(&mut self, sink: &mut Sink) -> bool {
+        let Err(exceeded) = self.session.take_slot() else {
+            return true;
+        };
+        // Said as a message first: a close reason is cut at 123 bytes.
+        self.reply_error(
+            None,
+            refusal(ErrorCode::QuotaExceeded, exceeded.to_string()),
+        );
+        let deadline = self.context.write_deadline;
+        if send_all(sink, &mut self.out, deadline).await {
+            let frame = CloseFrame {
+                code: 1013,
+                reason: Utf8Bytes::from_static("quota exceeded: too many connections"),
+            };
+            close_socket(sink, Some(frame), deadline).await;
+        }
+        self.broker.mqtt_acks().remove(self.id());
+        self.session.outbox.close();
+        false
+    }
+
+    /// Serves the connection until it ends, turn by turn: one input, then what it
+    /// left to send, then history pages while there is room for them.
+    async fn turns(
+        &mut self,
+        sink: &mut Sink,
+        stream: &mut futures::stream::SplitStream<WebSocket>,
+        shutdown: &CancellationToken,
+    ) -> Ending {
+        let deadline = self.context.write_deadline;
+        loop {
+            let step = tokio::select! {
+                _ = shutdown.cancelled() => Some((1001, Utf8Bytes::from_static("server shutting down"))),
+                _ = self.session.routes().deleted.cancelled() => Some((1008, Utf8Bytes::from_static("the tenant was deleted"))),
+                _ = self.session.outbox.woken() => {
+                    if self.session.outbox.is_slow() {
+                        Some((1008, Utf8Bytes::from_static(SLOW)))
+                    } else {
+                        self.deliveries();
+                        None
+                    }
+                }
+                _ = tokio::time::sleep_until(
+                    self.session.paused_until.unwrap_or_else(tokio::time::Instant::now)
+                ), if self.session.paused_until.is_some() => {
+                    self.session.paused_until = None;
+                    None
+                }
+                message = stream.next(), if self.session.paused_until.is_none() => match message {
+                    Some(message) => match self.received(message).await {
+                        Ok(step) => step,
+                        Err(()) => return Some(None),
+                    },
+                    None => return Some(None),
+                },
+            };
+            self.store_acks();
+            if !send_all(sink, &mut self.out, deadline).await {
+                return None;
+            }
+            if step.is_some() {
+                return Some(step);
+            }
+            if let Some(ending) = self.send_history(sink).await {
+                return ending;
+            }
+        }
+    }
+
+    /// Takes one WebSocket message: what closes the connection, if anything;
+    /// `Err` when the client closed it.
+    async fn received(
+        &mut self,
+        message: Result<Message, axum::Error>,
+    ) -> Result<Option<(u16, Utf8Bytes)>, ()> {
+        match message {
+            Ok(Message::Text(text)) => {
+                self.request(text.as_str()).await;
+                Ok(None)
+            }
+            Ok(Message::Binary(_)) => {
+                self.decode_error(WsDecodeError::not_text());
+                Ok(None)
+            }
+            Ok(Message::Ping(_) | Message::Pong(_)) => Ok(None),
+            Err(error) if is_too_big(&error) => {
+                // The rest of the message is not read, so the stream cannot go on.
+                let max = self.context.max_message_bytes;
+                self.reply_error(
+                    None,
+                    refusal(
+                        ErrorCode::TooLarge,
+                        format!("a WebSocket message may hold at most {max} bytes"),
+                    ),
+                );
+                Ok(Some((
+                    1009,
+                    Utf8Bytes::from(format!("message too big: at most {max} bytes")),
+                )))
+            }
+            Ok(Message::Close(_)) | Err(_) => Err(()),
+        }
+    }
+
+    /// Sends history pages one at a time, each before the next is read, while live
+    /// messages held meanwhile fit; how the connection ends if it must.
+    async fn send_history(&mut self, sink: &mut Sink) -> Option<Ending> {
+        let deadline = self.context.write_deadline;
+        while !self.holds_too_much() && self.catch_up().await {
+            if !send_all(sink, &mut self.out, deadline).await {
+                return Some(None);
+            }
+            self.deliveries();
+        }
+        if self.holds_too_much() {
+            return Some(Some(Some((1008, Utf8Bytes::from_static(SLOW)))));
+        }
+        if !send_all(sink, &mut self.out, deadline).await {
+            return Some(None);
+        }
+        None
     }
 }
 

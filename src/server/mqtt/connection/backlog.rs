@@ -139,110 +139,10 @@ impl Connection {
         self.take_store_acks()?;
         let room = self.queued_bytes < self.context.config.mqtt.max_queued_bytes;
         if room && let Some(store) = self.store.clone() {
-            if let Some(job) = self.retained_jobs.front_mut() {
-                let page = store
-                    .retained(
-                        &self.session.routes().name,
-                        &job.pattern,
-                        job.after.as_deref(),
-                        STORE_PAGE,
-                        STORE_PAGE_BYTES,
-                    )
-                    .await;
-                let options = job.options;
-                match page {
-                    Ok(page) => {
-                        match page.next {
-                            Some(next) => job.after = Some(next),
-                            None => {
-                                self.retained_jobs.pop_front();
-                            }
-                        }
-                        let now = self.broker.clock().now_ms();
-                        for message in page.messages {
-                            let age = now.saturating_sub(message.time_ms) / 1000;
-                            if translate::expired(&message.headers, age)
-                                || !self.broker.authorizer().may_deliver(&message.subject)
-                            {
-                                continue;
-                            }
-                            self.enqueue(Delivery {
-                                qos: options.qos.min(qos_cap(message.flags)),
-                                retain: true,
-                                subscription_ids: ids(options.subscription_id),
-                                version: message.version,
-                                // Retained messages are outside the cursor's order.
-                                offset: 0,
-                                time_ms: message.time_ms,
-                                subject: Bytes::from(message.subject),
-                                reply: Bytes::new(),
-                                headers: message.headers,
-                                payload: message.payload,
-                            });
-                        }
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "cannot read retained messages");
-                        self.retained_jobs.pop_front();
-                    }
-                }
-                self.session.outbox.wake();
+            if !self.retained_jobs.is_empty() {
+                self.retained_page(&store).await;
             } else if self.backlog.as_ref().is_some_and(|b| !b.done) {
-                // The filters as they are now: subscriptions may change between pages.
-                let matcher = self.matcher();
-                let authz = Arc::clone(self.broker.authorizer());
-                let matches =
-                    |subject: &str| matcher.matches(subject) && authz.may_deliver(subject);
-                let page = match self.backlog.as_mut() {
-                    Some(backlog) => backlog.follower.next_matching(&matches).await,
-                    None => Ok(crate::follow::Page::default()),
-                };
-                match page {
-                    Ok(page) => {
-                        let now = self.broker.clock().now_ms();
-                        for message in page.messages {
-                            let age = now.saturating_sub(message.time_ms) / 1000;
-                            self.high_offset = self.high_offset.max(message.offset);
-                            // Deliveries in flight were sent again with DUP already.
-                            let resent = self
-                                .flow_out
-                                .inflight()
-                                .iter()
-                                .any(|i| i.delivery.offset == message.offset);
-                            if resent || translate::expired(&message.headers, age) {
-                                continue;
-                            }
-                            let (qos, subscription_ids) =
-                                matcher.delivery(&message.subject, message.flags);
-                            let retain = message.flags & envelope::FLAG_RETAIN != 0
-                                && matcher.keeps_retain(&message.subject);
-                            self.enqueue(Delivery {
-                                qos,
-                                retain,
-                                subscription_ids,
-                                version: message.version,
-                                offset: message.offset,
-                                time_ms: message.time_ms,
-                                subject: Bytes::from(message.subject),
-                                reply: Bytes::new(),
-                                headers: message.headers,
-                                payload: message.payload,
-                            });
-                        }
-                        self.high_offset = self.high_offset.max(page.next.saturating_sub(1));
-                        self.backlog_high = self.backlog_high.max(page.next.saturating_sub(1));
-                        if let Some(backlog) = &mut self.backlog {
-                            backlog.done = page.caught_up;
-                        }
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "cannot read the session backlog; going live");
-                        if let Some(backlog) = &mut self.backlog {
-                            backlog.done = true;
-                        }
-                    }
-                }
-                self.session.outbox.wake();
+                self.backlog_page().await;
             }
         }
         if self.session_dirty || self.session_stale() {
@@ -250,6 +150,117 @@ impl Connection {
             self.save_session(false).await;
         }
         Ok(())
+    }
+
+    /// Queues the next page of the oldest retained-message job.
+    async fn retained_page(&mut self, store: &Store) {
+        let Some(job) = self.retained_jobs.front_mut() else {
+            return;
+        };
+        let page = store
+            .retained(
+                &self.session.routes().name,
+                &job.pattern,
+                job.after.as_deref(),
+                STORE_PAGE,
+                STORE_PAGE_BYTES,
+            )
+            .await;
+        let options = job.options;
+        match page {
+            Ok(page) => {
+                match page.next {
+                    Some(next) => job.after = Some(next),
+                    None => {
+                        self.retained_jobs.pop_front();
+                    }
+                }
+                let now = self.broker.clock().now_ms();
+                for message in page.messages {
+                    let age = now.saturating_sub(message.time_ms) / 1000;
+                    if translate::expired(&message.headers, age)
+                        || !self.broker.authorizer().may_deliver(&message.subject)
+                    {
+                        continue;
+                    }
+                    self.enqueue(Delivery {
+                        qos: options.qos.min(qos_cap(message.flags)),
+                        retain: true,
+                        subscription_ids: ids(options.subscription_id),
+                        version: message.version,
+                        // Retained messages are outside the cursor's order.
+                        offset: 0,
+                        time_ms: message.time_ms,
+                        subject: Bytes::from(message.subject),
+                        reply: Bytes::new(),
+                        headers: message.headers,
+                        payload: message.payload,
+                    });
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read retained messages");
+                self.retained_jobs.pop_front();
+            }
+        }
+        self.session.outbox.wake();
+    }
+
+    /// Queues the next page of the session's stored backlog.
+    async fn backlog_page(&mut self) {
+        // The filters as they are now: subscriptions may change between pages.
+        let matcher = self.matcher();
+        let authz = Arc::clone(self.broker.authorizer());
+        let matches = |subject: &str| matcher.matches(subject) && authz.may_deliver(subject);
+        let page = match self.backlog.as_mut() {
+            Some(backlog) => backlog.follower.next_matching(&matches).await,
+            None => Ok(crate::follow::Page::default()),
+        };
+        match page {
+            Ok(page) => {
+                let now = self.broker.clock().now_ms();
+                for message in page.messages {
+                    let age = now.saturating_sub(message.time_ms) / 1000;
+                    self.high_offset = self.high_offset.max(message.offset);
+                    // Deliveries in flight were sent again with DUP already.
+                    let resent = self
+                        .flow_out
+                        .inflight()
+                        .iter()
+                        .any(|i| i.delivery.offset == message.offset);
+                    if resent || translate::expired(&message.headers, age) {
+                        continue;
+                    }
+                    let (qos, subscription_ids) = matcher.delivery(&message.subject, message.flags);
+                    let retain = message.flags & envelope::FLAG_RETAIN != 0
+                        && matcher.keeps_retain(&message.subject);
+                    self.enqueue(Delivery {
+                        qos,
+                        retain,
+                        subscription_ids,
+                        version: message.version,
+                        offset: message.offset,
+                        time_ms: message.time_ms,
+                        subject: Bytes::from(message.subject),
+                        reply: Bytes::new(),
+                        headers: message.headers,
+                        payload: message.payload,
+                    });
+                }
+                self.high_offset = self.high_offset.max(page.next.saturating_sub(1));
+                self.backlog_high = self.backlog_high.max(page.next.saturating_sub(1));
+                if let Some(backlog) = &mut self.backlog {
+                    backlog.done = page.caught_up;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the session backlog; going live");
+                if let Some(backlog) = &mut self.backlog {
+                    backlog.done = true;
+                }
+            }
+        }
+        self.session.outbox.wake();
     }
 
     /// The session as it should be saved now.
