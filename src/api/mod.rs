@@ -19,6 +19,7 @@
 //! one that floods the server with work waits in line with them, never ahead.
 
 pub(crate) mod groups;
+pub(crate) mod history;
 pub mod jetstream;
 mod read;
 pub mod schemas;
@@ -295,12 +296,12 @@ async fn dispatch(
 ) -> Result<(), ApiError> {
     let tenant = &*call.routes.name;
     match call.operation.as_str() {
-        "get" => get(broker, store, tenant, call, answer).await,
-        "replay" => replay(broker, store, tenant, call, answer).await,
-        "subjects" => subjects(broker, store, tenant, call, answer).await,
+        "get" => get(&history_of(broker, store, call), call, answer).await,
+        "replay" => replay(&history_of(broker, store, call), call, answer).await,
+        "subjects" => subjects(&history_of(broker, store, call), call, answer).await,
         "append" => append(broker, store, call).await,
-        "snapshot.put" => put_snapshot(broker, store, tenant, call, answer).await,
-        "snapshot.get" => get_snapshot(broker, store, tenant, call, answer).await,
+        "snapshot.put" => put_snapshot(&history_of(broker, store, call), call, answer).await,
+        "snapshot.get" => get_snapshot(&history_of(broker, store, call), call, answer).await,
         "purge" => purge(broker, store, tenant, call, answer).await,
         op if op.starts_with("tenant.") => tenants::dispatch(broker, store, call, answer).await,
         op if op.starts_with("user.") => users::dispatch(broker, store, call, answer).await,
@@ -326,24 +327,23 @@ async fn dispatch(
     }
 }
 
+/// The caller's tenant's stored history, as the caller may read it.
+fn history_of<'a>(
+    broker: &'a Broker,
+    store: &'a Arc<Store>,
+    call: &'a ApiCall,
+) -> history::History<'a> {
+    history::History {
+        broker,
+        store,
+        principal: &call.principal,
+        tenant: &call.routes.name,
+    }
+}
+
 fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::new(400, format!("the request is not the JSON expected: {e}")))
-}
-
-/// The first steps of every call about one subject: the JSON body parsed, its subject
-/// checked, and the caller allowed `action` on it.
-fn subject_request<T: for<'de> Deserialize<'de>>(
-    broker: &Broker,
-    call: &ApiCall,
-    action: Action,
-    subject: impl FnOnce(&T) -> &str,
-) -> Result<T, ApiError> {
-    let request: T = parse(&call.body)?;
-    let name = subject(&request);
-    check_subject(name)?;
-    authorize(broker, &call.principal, action, name)?;
-    Ok(request)
 }
 
 fn check_subject(subject: &str) -> Result<(), ApiError> {

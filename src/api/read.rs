@@ -4,7 +4,6 @@
 //! Must never: hold more than one page in memory per request, or answer anything the
 //! caller could not subscribe to.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -13,15 +12,11 @@ use canopy_subjects::Pattern;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::broker::Broker;
-use crate::follow::{Follower, Target};
-use crate::store::{ReplayFrom, Store};
-use crate::tenancy::Action;
+use crate::store::ReplayFrom;
 
-use super::{
-    Answer, ApiCall, ApiError, MAX_PAGE, MAX_PAGE_BYTES, MAX_WAIT, authorize, check_subject, parse,
-    subject_request,
-};
+use super::history::{History, Of};
+
+use super::{Answer, ApiCall, ApiError, MAX_PAGE, MAX_PAGE_BYTES, MAX_WAIT, check_subject, parse};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,28 +26,16 @@ pub(super) struct GetRequest {
 }
 
 pub(super) async fn get(
-    broker: &Broker,
-    store: &Store,
-    tenant: &str,
+    history: &History<'_>,
     call: &ApiCall,
     answer: &mut Answer,
 ) -> Result<(), ApiError> {
-    let request: GetRequest =
-        subject_request(broker, call, Action::Subscribe, |r: &GetRequest| &r.subject)?;
-    match store.get(tenant, &request.subject, request.version).await? {
-        Some(message) => {
-            answer.message(&message);
-            answer.wakes.wake_all();
-            Ok(())
-        }
-        None => Err(ApiError::new(
-            404,
-            match request.version {
-                Some(v) => format!("{} has no version {v}", request.subject),
-                None => format!("{} has no messages", request.subject),
-            },
-        )),
-    }
+    let request: GetRequest = parse(&call.body)?;
+    check_subject(&request.subject)?;
+    let message = history.get(&request.subject, request.version).await?;
+    answer.message(&message);
+    answer.wakes.wake_all();
+    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -78,9 +61,7 @@ struct ReplayRequest {
 }
 
 pub(super) async fn replay(
-    broker: &Broker,
-    store: &Arc<Store>,
-    tenant: &str,
+    history: &History<'_>,
     call: &ApiCall,
     answer: &mut Answer,
 ) -> Result<(), ApiError> {
@@ -108,18 +89,15 @@ pub(super) async fn replay(
         (None, Some(StartAt::Offset { offset })) => ReplayFrom::Offset(*offset),
         (None, Some(StartAt::Time { time_ms })) => ReplayFrom::Time(*time_ms),
     };
-    let target = match (&request.subject, &request.pattern) {
+    let pattern = match (&request.subject, &request.pattern) {
         (Some(subject), None) => {
             check_subject(subject)?;
-            authorize(broker, &call.principal, Action::Subscribe, subject)?;
-            Target::Subject(subject.clone())
+            None
         }
-        (None, Some(pattern)) => {
-            let parsed = Pattern::parse_native(pattern)
-                .map_err(|e| ApiError::new(400, format!("invalid pattern: {e}")))?;
-            authorize(broker, &call.principal, Action::Subscribe, pattern)?;
-            Target::Pattern(parsed)
-        }
+        (None, Some(pattern)) => Some(
+            Pattern::parse_native(pattern)
+                .map_err(|e| ApiError::new(400, format!("invalid pattern: {e}")))?,
+        ),
         _ => {
             return Err(ApiError::new(
                 400,
@@ -127,22 +105,24 @@ pub(super) async fn replay(
             ));
         }
     };
-    if from_snapshot
-        && let Target::Subject(subject) = &target
-        && let Some(snapshot) = store.snapshot(tenant, subject, None).await?
-    {
-        answer.snapshot(&snapshot);
-        from = ReplayFrom::Version(snapshot.version + 1);
+    let of = match (&request.subject, &pattern) {
+        (Some(subject), _) => Of::Subject(subject),
+        (None, Some(pattern)) => Of::Pattern(pattern),
+        (None, None) => return Err(ApiError::new(400, "a replay names a subject or pattern")),
+    };
+    if from_snapshot && let Of::Subject(subject) = of {
+        match history.snapshot(subject, None).await {
+            Ok(snapshot) => {
+                answer.snapshot(&snapshot);
+                from = ReplayFrom::Version(snapshot.version + 1);
+            }
+            Err(ApiError { code: 404, .. }) => {}
+            Err(error) => return Err(error),
+        }
     }
     let wait = Duration::from_millis(request.wait_ms.unwrap_or(5000)).min(MAX_WAIT);
     let deadline = tokio::time::Instant::now() + wait;
-    let mut follower = Follower::new(
-        Arc::clone(store),
-        Arc::clone(&call.routes.name),
-        target,
-        from,
-    )
-    .pages_of(max, MAX_PAGE_BYTES);
+    let mut follower = history.follower(of, from, max, MAX_PAGE_BYTES)?;
     let mut page = follower.next().await?;
     if request.follow && page.messages.is_empty() && page.caught_up {
         // Caught up and following: from now on the log's new messages come to the
@@ -153,11 +133,7 @@ pub(super) async fn replay(
             page = news?;
         }
     }
-    // A broad pattern was allowed; the deny list's subjects still never show.
-    let authz = broker.authorizer();
-    if authz.filters_delivery() {
-        page.messages.retain(|m| authz.may_deliver(&m.subject));
-    }
+    history.keep_deliverable(&mut page.messages);
     for message in &page.messages {
         answer.message(message);
     }
@@ -182,9 +158,7 @@ struct SubjectsRequest {
 }
 
 pub(super) async fn subjects(
-    broker: &Broker,
-    store: &Store,
-    tenant: &str,
+    history: &History<'_>,
     call: &ApiCall,
     answer: &mut Answer,
 ) -> Result<(), ApiError> {
@@ -200,12 +174,10 @@ pub(super) async fn subjects(
     let text = request.pattern.as_deref().unwrap_or(">");
     let pattern = Pattern::parse_native(text)
         .map_err(|e| ApiError::new(400, format!("invalid pattern: {e}")))?;
-    authorize(broker, &call.principal, Action::Subscribe, text)?;
     let max = request.max.unwrap_or(100).clamp(1, MAX_PAGE);
-    let page = store
-        .subjects(tenant, &pattern, request.after.as_deref(), max)
+    let page = history
+        .subjects(&pattern, request.after.as_deref(), max)
         .await?;
-    let authz = broker.authorizer();
     // A page ends early where its answer would pass max_payload; `next` then
     // continues after the last subject it holds.
     let budget = answer.budget();
@@ -213,9 +185,6 @@ pub(super) async fn subjects(
     let mut next = page.next;
     let mut subjects = Vec::new();
     for (i, s) in page.subjects.iter().enumerate() {
-        if !authz.may_deliver(&s.subject) {
-            continue;
-        }
         let item = json!({"subject": s.subject, "version": s.version, "offset": s.offset, "time_ms": s.time_ms});
         used += item.to_string().len() + 1;
         if used > budget && i > 0 {

@@ -6,13 +6,10 @@
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::broker::Broker;
-use crate::store::Store;
-use crate::tenancy::Action;
-
+use super::history::History;
 use super::read::GetRequest;
 use super::write::payload_of;
-use super::{Answer, ApiCall, ApiError, subject_request};
+use super::{Answer, ApiCall, ApiError, check_subject, parse};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -26,51 +23,32 @@ struct PutSnapshot {
 }
 
 pub(super) async fn put_snapshot(
-    broker: &Broker,
-    store: &Store,
-    tenant: &str,
+    history: &History<'_>,
     call: &ApiCall,
     answer: &mut Answer,
 ) -> Result<(), ApiError> {
-    let request: PutSnapshot =
-        subject_request(broker, call, Action::Publish, |r: &PutSnapshot| &r.subject)?;
+    let request: PutSnapshot = parse(&call.body)?;
+    check_subject(&request.subject)?;
     let payload = payload_of(request.data, request.data_base64)?;
-    store
-        .put_snapshot(
-            tenant,
-            &request.subject,
-            request.version,
-            &payload,
-            request
-                .content_type
-                .is_some_and(|t| t.trim().starts_with("application/json")),
-        )
+    let json = request
+        .content_type
+        .is_some_and(|t| t.trim().starts_with("application/json"));
+    history
+        .put_snapshot(&request.subject, request.version, &payload, json)
         .await?;
     answer.json(&json!({"subject": request.subject, "version": request.version}));
     Ok(())
 }
 
 pub(super) async fn get_snapshot(
-    broker: &Broker,
-    store: &Store,
-    tenant: &str,
+    history: &History<'_>,
     call: &ApiCall,
     answer: &mut Answer,
 ) -> Result<(), ApiError> {
-    let request: GetRequest =
-        subject_request(broker, call, Action::Subscribe, |r: &GetRequest| &r.subject)?;
-    match store
-        .snapshot(tenant, &request.subject, request.version)
-        .await?
-    {
-        Some(snapshot) => {
-            answer.snapshot(&snapshot);
-            answer.wakes.wake_all();
-            Ok(())
-        }
-        None => Err(ApiError::new(
-            404,
-            format!("{} has no snapshot", request.subject),
-        )),
-    }
+    let request: GetRequest = parse(&call.body)?;
+    check_subject(&request.subject)?;
+    let snapshot = history.snapshot(&request.subject, request.version).await?;
+    answer.snapshot(&snapshot);
+    answer.wakes.wake_all();
+    Ok(())
 }

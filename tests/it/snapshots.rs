@@ -101,7 +101,7 @@ async fn client_snapshots_and_replay_from_them() {
         json!({"subject": "acct.1", "version": 9, "data": "x"}),
     )
     .await;
-    assert_eq!(status(&refused).as_deref(), Some("400"));
+    assert_eq!(status(&refused).as_deref(), Some("409"));
     assert!(String::from_utf8_lossy(&refused.payload).contains("at version 5"));
 
     let got = call(

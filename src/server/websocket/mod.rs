@@ -31,7 +31,7 @@ use crate::broker::{Broker, Outbox, Subscription};
 use crate::metrics::Protocol;
 use crate::session::{self, AskAck, Publish, Session, SessionLimits, SubscribeRefusal};
 use crate::store::{AppendOutcome, ReplayFrom, Snapshot};
-use crate::tenancy::{Action, Principal};
+use crate::tenancy::Principal;
 
 type Sink = futures::stream::SplitSink<WebSocket, Message>;
 

@@ -1,10 +1,24 @@
-//! The read requests of `/ws`: get, replay, subjects and snapshots, each judged
-//! as a subscription by the user's rules and filtered by the configured deny list.
-//! Never routes or stores a message (snapshot.put is the store's own write).
+//! The read requests of `/ws`: get, replay, subjects and snapshots. Each is parsed
+//! here under the connection's limits and read through the API's `History`, which
+//! judges it as a subscription by the user's rules and filters it by the configured
+//! deny list, as for the native API. Never routes or stores a message (snapshot.put
+//! is the store's own write).
 
 use super::*;
+use crate::api::ApiError;
+use crate::api::history::{History, Of};
 
 impl Connection {
+    /// The tenant's stored history, as this connection's user may read it.
+    fn history<'a>(&'a self, store: &'a Arc<crate::store::Store>) -> History<'a> {
+        History {
+            broker: &self.broker,
+            store,
+            principal: self.session.principal(),
+            tenant: &self.session.routes().name,
+        }
+    }
+
     pub(super) async fn get(
         &mut self,
         id: Option<&str>,
@@ -12,18 +26,12 @@ impl Connection {
         version: Option<u64>,
     ) -> Result<(), Refusal> {
         let subject = self.subject(subject)?;
-        self.may_read(subject.as_str())?;
         let store = self.store()?;
-        let found = store
-            .get(&self.session.routes().name, subject.as_str(), version)
+        let message = self
+            .history(&store)
+            .get(subject.as_str(), version)
             .await
-            .map_err(|e| refusal(ErrorCode::Unavailable, e.to_string()))?;
-        let Some(message) = found else {
-            return Err(refusal(
-                ErrorCode::NotFound,
-                format!("{subject} has no such message"),
-            ));
-        };
+            .map_err(refused)?;
         self.push(|out| ws::encode_message(out, id, &stored_message(&message)));
         Ok(())
     }
@@ -36,18 +44,12 @@ impl Connection {
         version: Option<u64>,
     ) -> Result<(), Refusal> {
         let subject = self.subject(subject)?;
-        self.may_read(subject.as_str())?;
         let store = self.store()?;
-        let Some(snapshot) = store
-            .snapshot(&self.session.routes().name, subject.as_str(), version)
+        let snapshot = self
+            .history(&store)
+            .snapshot(subject.as_str(), version)
             .await
-            .map_err(|e| refusal(ErrorCode::Unavailable, e.to_string()))?
-        else {
-            return Err(refusal(
-                ErrorCode::NotFound,
-                format!("{subject} has no snapshot"),
-            ));
-        };
+            .map_err(refused)?;
         self.push(|out| ws::encode_snapshot(out, id, &snapshot_body(&snapshot)));
         Ok(())
     }
@@ -59,26 +61,13 @@ impl Connection {
         put: ws::SnapshotPut<'_>,
     ) -> Result<(), Refusal> {
         let subject = self.subject(&put.subject)?;
-        self.broker
-            .authorizer()
-            .authorize(self.session.principal(), Action::Publish, subject.as_str())
-            .map_err(|denied| refusal(ErrorCode::Forbidden, denied.to_string()))?;
         let json = put.data.is_json();
         let payload = put.data.into_bytes();
         let store = self.store()?;
-        store
-            .put_snapshot(
-                &self.session.routes().name,
-                subject.as_str(),
-                put.version,
-                &payload,
-                json,
-            )
+        self.history(&store)
+            .put_snapshot(subject.as_str(), put.version, &payload, json)
             .await
-            .map_err(|e| match e {
-                crate::store::StoreError::Refused(reason) => refusal(ErrorCode::Conflict, reason),
-                other => refusal(ErrorCode::Unavailable, other.to_string()),
-            })?;
+            .map_err(refused)?;
         self.push(|out| ws::encode_snapshot_stored(out, id, subject.as_str(), put.version));
         Ok(())
     }
@@ -93,31 +82,24 @@ impl Connection {
         let store = self.store()?;
         let max = replay.page_size();
         let from = replay.from.map_or(ReplayFrom::Start, replay_from);
-        let tenant = Arc::clone(&self.session.routes().name);
+        let history = self.history(&store);
         let page = match &replay.target {
             Target::Subject(subject) => {
                 let subject = self.subject(subject)?;
-                self.may_read(subject.as_str())?;
-                store
-                    .replay_subject(&tenant, subject.as_str(), from, max, REPLAY_BYTES)
+                history
+                    .replay(Of::Subject(subject.as_str()), from, max, REPLAY_BYTES)
                     .await
             }
             Target::Pattern(pattern) => {
                 let pattern = self.pattern(pattern)?;
-                self.may_read(&pattern.to_string())?;
-                store
-                    .replay_pattern(&tenant, &pattern, from, max, REPLAY_BYTES)
+                history
+                    .replay(Of::Pattern(&pattern), from, max, REPLAY_BYTES)
                     .await
             }
         }
-        .map_err(|e| refusal(ErrorCode::Unavailable, e.to_string()))?;
-        let authz = self.broker.authorizer();
-        let messages: Vec<ws::StoredMessage<'_>> = page
-            .messages
-            .iter()
-            .filter(|m| authz.may_deliver(&m.subject))
-            .map(stored_message)
-            .collect();
+        .map_err(refused)?;
+        let messages: Vec<ws::StoredMessage<'_>> =
+            page.messages.iter().map(stored_message).collect();
         self.push(|out| ws::encode_page(out, id, &messages, page.next, page.caught_up));
         Ok(())
     }
@@ -130,21 +112,14 @@ impl Connection {
     ) -> Result<(), Refusal> {
         let store = self.store()?;
         let pattern = self.pattern(&request.pattern)?;
-        self.may_read(&pattern.to_string())?;
-        let page = store
-            .subjects(
-                &self.session.routes().name,
-                &pattern,
-                request.after.as_deref(),
-                request.page_size(),
-            )
+        let page = self
+            .history(&store)
+            .subjects(&pattern, request.after.as_deref(), request.page_size())
             .await
-            .map_err(|e| refusal(ErrorCode::Unavailable, e.to_string()))?;
-        let authz = self.broker.authorizer();
+            .map_err(refused)?;
         let heads: Vec<ws::SubjectHead<'_>> = page
             .subjects
             .iter()
-            .filter(|h| authz.may_deliver(&h.subject))
             .map(|h| ws::SubjectHead {
                 subject: &h.subject,
                 version: h.version,
@@ -162,12 +137,16 @@ impl Connection {
             .cloned()
             .ok_or_else(|| refusal(ErrorCode::Unavailable, "the store is not open"))
     }
+}
 
-    /// Reading stored history is subscribing to it, for the deny lists.
-    pub(super) fn may_read(&self, pattern: &str) -> Result<(), Refusal> {
-        self.broker
-            .authorizer()
-            .authorize(self.session.principal(), Action::Subscribe, pattern)
-            .map_err(|denied| refusal(ErrorCode::Forbidden, denied.to_string()))
-    }
+/// The API's refusal of a read, as a `/ws` error.
+fn refused(error: ApiError) -> Refusal {
+    let code = match error.code {
+        400 => ErrorCode::BadRequest,
+        403 => ErrorCode::Forbidden,
+        404 => ErrorCode::NotFound,
+        409 => ErrorCode::Conflict,
+        _ => ErrorCode::Unavailable,
+    };
+    refusal(code, error.description)
 }
