@@ -376,6 +376,32 @@ impl Store {
         after: Option<&str>,
         max: usize,
     ) -> Result<SubjectsPage, StoreError> {
+        let (heads, next) = self.subject_heads(tenant, pattern, after, max).await?;
+        Ok(SubjectsPage {
+            subjects: heads
+                .into_iter()
+                .map(|head| SubjectHead {
+                    subject: head.subject,
+                    version: head.version,
+                    offset: head.offset,
+                    time_ms: head.time_ms,
+                })
+                .collect(),
+            next,
+        })
+    }
+
+    /// [`Store::subjects`] with each subject's newest message whole, as the listing
+    /// reads it anyway: a consumer group's walk keeps the ones it owes, so a subject
+    /// of one message is not read again to deliver it. Continue after the second
+    /// value, when there may be more.
+    pub async fn subject_heads(
+        &self,
+        tenant: &str,
+        pattern: &Pattern,
+        after: Option<&str>,
+        max: usize,
+    ) -> Result<(Vec<StoredMessage>, Option<String>), StoreError> {
         let prefix = literal_prefix(pattern);
         let mut markers = self
             .db()
@@ -404,25 +430,16 @@ impl Store {
         let sorted: Vec<&str> = names.iter().map(String::as_str).collect();
         let max_keys = sorted.len() * HEAD_KEYS_PER_SUBJECT + 64;
         let newest = runs::newest_of(self.db(), tenant, &sorted, max_keys, Seen::Durable).await?;
-        let mut page = SubjectsPage::default();
+        let mut heads = Vec::with_capacity(sorted.len());
         for (name, found) in sorted.iter().zip(newest) {
             let head = match found {
                 Some((version, record)) => Some(stored(name, version, record)),
                 None => self.get(tenant, name, None).await?,
             };
-            if let Some(head) = head {
-                page.subjects.push(SubjectHead {
-                    subject: head.subject,
-                    version: head.version,
-                    offset: head.offset,
-                    time_ms: head.time_ms,
-                });
-            }
+            heads.extend(head);
         }
-        if more {
-            page.next = names.last().cloned();
-        }
-        Ok(page)
+        let next = if more { names.last().cloned() } else { None };
+        Ok((heads, next))
     }
 }
 

@@ -98,12 +98,12 @@ impl GroupTask {
     ) -> Result<Option<String>, StoreError> {
         let _pace = self.pace.step().await;
         self.count_catch_up_read();
-        let page = self
+        let (heads, next) = self
             .store
-            .subjects(&self.tenant, &self.pattern, after, SCAN_PAGE)
+            .subject_heads(&self.tenant, &self.pattern, after, SCAN_PAGE)
             .await?;
         let since = self.since();
-        for head in page.subjects {
+        for head in heads {
             let subject: Arc<str> = Arc::from(head.subject.as_str());
             if self.dispatcher.cursor(&subject).is_none() {
                 // Nothing of it is the group's: not tracked at all, and not read. Its
@@ -124,8 +124,17 @@ impl GroupTask {
                 self.dispatcher
                     .observe(&subject, head.version, self.clock.now_ms());
             }
+            // The listing read the head whole: kept when owed, so a subject whose
+            // newest message is the one owed is delivered without another read.
+            if self
+                .dispatcher
+                .cursor(&subject)
+                .is_some_and(|acked| head.version > acked)
+            {
+                self.kept.keep_read(&subject, &head);
+            }
         }
-        Ok(page.next)
+        Ok(next)
     }
 
     pub(super) fn count_catch_up_read(&self) {
