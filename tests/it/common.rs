@@ -11,6 +11,28 @@ use tokio::net::TcpStream;
 /// Long enough for a loaded 2-core CI machine, short enough to fail a hung test.
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// Runs `check` until it gives a value, sleeping a little between tries, and returns
+/// that value; panics naming `what` if `deadline` passes first. For what the server
+/// does in its own time (a flush, an expiry, a closed connection noticed): a test
+/// waits for what it can observe, never a fixed guess of how long that takes.
+pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let until = tokio::time::Instant::now() + deadline;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{what}: not within {deadline:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// `canopy serve --listen <listen>` with its MQTT listener on a free loopback port,
 /// `RUST_LOG` unset (the log lines tests read are the binary's defaults), stdin closed,
 /// killed if dropped: add flags, environment and output handling, then spawn.

@@ -97,6 +97,8 @@ async fn a_failing_store_delays_acks_but_loses_nothing_and_live_traffic_flows() 
             );
         }
     }
+    // A quiet window: an ack that must not be sent has nothing to wait for. All thirty
+    // were routed live already, so an ack that went early would be out by now.
     tokio::time::sleep(Duration::from_millis(300)).await;
     if let Some(early) = pending.iter_mut().find(|p| p.is_finished()) {
         let got = early.await;

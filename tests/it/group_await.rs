@@ -286,6 +286,8 @@ async fn an_mqtt5_publish_awaiting_a_group_gets_its_puback_after_the_groups_ack(
     });
     let got = pull(&client, "billing").await;
     assert_eq!(delivered(&got), [("orders.3".into(), 1, 1)]);
+    // A quiet window: a PUBACK that must not come has nothing to wait for. The group
+    // got the message after it was stored, so an early PUBACK would be on its way.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!puback.is_finished(), "PUBACK before the group's ack");
     reply(&client, &got[0], "+ACK").await;
@@ -315,6 +317,7 @@ async fn a_ws_publish_awaiting_a_group_is_answered_with_what_the_group_did() {
     });
     let got = pull(&client, "billing").await;
     assert_eq!(delivered(&got), [("orders.4".into(), 1, 1)]);
+    // A quiet window, as above: an answer that must not come has nothing to wait for.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!answer.is_finished(), "answered before the group's ack");
     reply(&client, &got[0], "+ACK").await;

@@ -3,9 +3,11 @@
 
 use serde_json::json;
 
+use canopy::broker::groups::CURSOR_FLUSH;
+
 use crate::common::{
-    WAIT, api, assert_not_api_error, file_config, header_of, publish_acked, start, start_default,
-    test_config,
+    WAIT, api, assert_not_api_error, eventually, file_config, header_of, publish_acked, start,
+    start_default, test_config,
 };
 
 /// A server on `config` with one group created from `group`, and a client of it.
@@ -270,6 +272,61 @@ pub(crate) async fn reply(
     assert_not_api_error("group.ack", &confirmed);
 }
 
+/// `group.info` of `group`, which must be there.
+async fn info(client: &async_nats::Client, group: &str) -> serde_json::Value {
+    let (status, info) = api(client, "group.info", json!({"name": group})).await;
+    assert_eq!(status, 200, "{info}");
+    info
+}
+
+/// How many subjects the store holds a cursor of `group` for: `group.info`'s
+/// `subjects`. The API reads them before it asks the group's task for the live
+/// counts, and the task answers between its writes, so a write of cursors seen under
+/// way is durable once this returns.
+pub(crate) async fn stored_cursors(client: &async_nats::Client, group: &str) -> u64 {
+    let info = info(client, group).await;
+    info["subjects"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("`subjects` is a count: {info}"))
+}
+
+/// Waits until `group` has `n` pulls waiting for messages (`live.waiting_pulls` of
+/// `group.info`): a pull sent has reached the group, or a closed member's is gone.
+pub(crate) async fn await_waiting_pulls(client: &async_nats::Client, group: &str, n: u64) {
+    eventually(
+        &format!("{n} pulls waiting in group {group}"),
+        WAIT,
+        || async move {
+            let info = info(client, group).await;
+            (info["live"]["waiting_pulls"] == n).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Waits until the store holds `group`'s cursors as they are now, in `subjects`
+/// subjects; call it once the acks that moved them were confirmed. The group writes
+/// the cursors that moved on its own, every [`CURSOR_FLUSH`].
+pub(crate) async fn await_cursors_stored(client: &async_nats::Client, group: &str, subjects: u64) {
+    // The store shows how many subjects have a cursor, not where each is. While that
+    // is still short after the acks, the write that brings it up takes the cursors as
+    // they are now (a write under way would have held back the acks' confirmations,
+    // which the group sends): wait for it.
+    if stored_cursors(client, group).await < subjects {
+        eventually(
+            &format!("the cursors of group {group} in {subjects} subjects stored"),
+            WAIT,
+            || async move { (stored_cursors(client, group).await >= subjects).then_some(()) },
+        )
+        .await;
+        return;
+    }
+    // A write came already, between the first of the acks and now, perhaps before the
+    // last one; nothing shows whether the next (a flush period later) has come since.
+    // Only here is a fixed wait left: a few flush periods, as the tests had before.
+    tokio::time::sleep(CURSOR_FLUSH * 3).await;
+}
+
 #[tokio::test]
 async fn a_group_hands_out_each_subject_in_order_without_holding_up_the_others() {
     let (server, client) = with_group(
@@ -469,7 +526,8 @@ async fn a_waiting_pull_gets_the_next_message_published() {
         let client = client.clone();
         async move { next(&client, json!({"group": "g", "max": 5, "wait_ms": 5000})).await }
     });
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // The pull is waiting in the group when the message is published.
+    await_waiting_pulls(&client, "g", 1).await;
     publish_acked(&client, "jobs.1", "run").await;
     let got = waiting.await.unwrap();
     assert_eq!(delivered(&got), [("jobs.1".into(), 1, 1)]);
@@ -539,8 +597,8 @@ async fn cursors_survive_a_restart() {
         assert_eq!(delivered(&got), [("orders.x".into(), version, 1)]);
         reply(&client, &got[0], "+ACK").await;
     }
-    // The group writes cursors in batches of its own.
-    tokio::time::sleep(canopy::broker::groups::CURSOR_FLUSH * 3).await;
+    // The group writes cursors in batches of its own: the acked two are stored.
+    await_cursors_stored(&client, "g", 1).await;
     drop(client);
     server.stop().await;
 
@@ -685,7 +743,8 @@ async fn group_cursors_survive_kill_9() {
     // Version 4 is out, unacked, when the server dies.
     let out = next(&client, json!({"group": "g", "member": "m"})).await;
     assert_eq!(delivered(&out), [("orders.k".into(), 4, 1)]);
-    tokio::time::sleep(canopy::broker::groups::CURSOR_FLUSH * 3).await;
+    // The group writes cursors in batches of its own: the acked three are stored.
+    await_cursors_stored(&client, "g", 1).await;
     drop(client);
     server.kill_9().await;
 
@@ -720,9 +779,18 @@ async fn what_a_dead_member_held_goes_to_the_others_after_the_ack_wait() {
     // Member `b` gets nothing of those subjects while `a` holds them…
     let early = next(&client, json!({"group": "g", "member": "b", "max": 10})).await;
     assert!(early.is_empty(), "{:?}", delivered(&early));
-    // …and all of them, again, once the ack wait is over.
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-    let again = next(&client, json!({"group": "g", "member": "b", "max": 10})).await;
+    // …and all of them, again, once the ack wait is over: `b` waits for them.
+    let mut again = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while again.len() < 3 && tokio::time::Instant::now() < deadline {
+        again.extend(
+            next(
+                &client,
+                json!({"group": "g", "member": "b", "max": 10, "wait_ms": 5000}),
+            )
+            .await,
+        );
+    }
     assert_eq!(
         delivered(&again),
         [
@@ -741,7 +809,13 @@ async fn a_group_made_again_under_a_deleted_name_starts_afresh() {
     publish_acked(&client, "orders.1", "a").await;
     let got = next(&client, json!({"group": "g"})).await;
     reply(&client, &got[0], "+ACK").await;
-    tokio::time::sleep(canopy::broker::groups::CURSOR_FLUSH * 3).await;
+    // The old group's cursor is stored (the group writes its cursors in batches of
+    // its own) before the group is deleted.
+    let client_ref = &client;
+    eventually("the old group's cursor stored", WAIT, || async move {
+        (stored_cursors(client_ref, "g").await == 1).then_some(())
+    })
+    .await;
     let (status, _) = api(&client, "group.delete", json!({"name": "g"})).await;
     assert_eq!(status, 200);
     let (status, _) = api(&client, "group.create", spec).await;

@@ -904,7 +904,8 @@ async fn two_handles_of_one_consumer_share_its_messages_once_each_and_in_order_p
                          subject was out"
                     );
                     // Held a moment, as work would hold it: a second message of the
-                    // subject handed to the other member now would show above.
+                    // subject handed to the other member now would show above. A
+                    // fixed hold: it is the work, not a wait for the server.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     put_back(&shared, &delivery.0);
                     within("a double ack's answer", message.double_ack())
@@ -947,7 +948,8 @@ async fn two_handles_of_one_consumer_share_its_messages_once_each_and_in_order_p
 async fn a_consumer_resumes_after_a_restart_without_what_it_acked() {
     let folder = tempfile::tempdir().expect("tempdir");
     let server = start(file_config(folder.path())).await;
-    let js = jetstream::new(connect(&server).await);
+    let client = connect(&server).await;
+    let js = jetstream::new(client.clone());
     for n in 1..=4 {
         js_publish(&js, "orders.r", &format!("r{n}")).await;
     }
@@ -966,9 +968,9 @@ async fn a_consumer_resumes_after_a_restart_without_what_it_acked() {
         ["r3"],
         "r3 is out, unacked, when the server stops"
     );
-    // The group writes cursors in batches of its own.
-    tokio::time::sleep(canopy::broker::groups::CURSOR_FLUSH * 3).await;
-    drop((first, held, consumer, stream, js));
+    // The group writes cursors in batches of its own: the acked two are stored.
+    crate::groups::await_cursors_stored(&client, "billing", 1).await;
+    drop((first, held, consumer, stream, js, client));
     server.stop().await;
 
     let server = start(file_config(folder.path())).await;

@@ -327,7 +327,9 @@ async fn idle_groups_read_nothing_after_a_restart() {
 
     let server = start(config).await;
     let reads = || server.metrics.snapshot().group_catch_up_reads;
-    // Nobody asks anything of the groups: a while later they have read nothing.
+    // Nobody asks anything of the groups: a while later they have read nothing. A
+    // quiet window (reads that must not happen have nothing to wait for), long enough
+    // for a hundred groups to start and load their cursors, when a walk would begin.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         reads(),

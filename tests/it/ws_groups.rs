@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::common::{header, store_request, test_config};
 use crate::frontends::{Ws, WsEvent};
-use crate::groups::{delivered, next, with_group};
+use crate::groups::{await_waiting_pulls, delivered, next, with_group};
 
 async fn stored(client: &async_nats::Client, subject: &str, payload: &'static str) {
     let mut headers = header("Canopy-Ack", "durable");
@@ -245,10 +245,12 @@ async fn a_ws_member_that_closes_holds_nothing_back() {
             ))
             .await
             .expect("send");
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Its pull waits in the group…
+        await_waiting_pulls(&client, "billing", 1).await;
         waiter.close(None).await.expect("close");
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // …until the group sees its connection gone.
+    await_waiting_pulls(&client, "billing", 0).await;
     stored(&client, "orders.2", r#"{"n":2}"#).await;
 
     // What both would have had goes to a member that is there.
