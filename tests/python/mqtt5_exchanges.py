@@ -17,7 +17,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from mqtt_scenarios import (  # noqa: E402  (after the path is set)
-    PUBACK, PUBLISH, WAIT, Client, Fail, Raw, check, describe, expect_msg, mqtt, sub_ids,
+    PUBACK, PUBLISH, QUIET, WAIT, Client, Fail, Raw, check, describe, expect_msg, mqtt,
+    sub_ids,
 )
 from mqtt_scenarios import main as run_scenarios  # noqa: E402
 from paho.mqtt.packettypes import PacketTypes  # noqa: E402
@@ -97,6 +98,107 @@ def request_response(host, port, args):
     b.quiet(what="one request and one answer for B")
     a.disconnect()
     b.disconnect()
+
+
+def leave_sessions(host, port, topic, ids):
+    """What earlier tests of a suite leave for the ids: the first with a persistent
+    session subscribed to `topic`, disconnected; the second still connected with one
+    (returned, to be taken over by the next CONNECT with its id)."""
+    gone = Client(host, port, "v5", ids[0], clean=False, session_expiry=3600)
+    gone.subscribe_ok([(topic, 2)])
+    gone.disconnect()
+    still = Client(host, port, "v5", ids[1], clean=False, session_expiry=3600)
+    still.subscribe_ok([(topic, 2)])
+    return still
+
+
+@scenario
+def request_response_no_local(host, port, args):
+    """Request/response between two MQTT 5 clients on one topic with no-local, as in
+    the Paho suites' test_request_response, in the tightest order in which it is due:
+    A subscribes T (no-local) and waits for its SUBACK; B subscribes T (no-local) and A
+    publishes the request (QoS 1, Response Topic T, Correlation Data) from B's SUBACK
+    callback, the moment B's SUBACK is read (the subscription exists once acknowledged;
+    a request sent before B's SUBACK, on A's connection, may rightly be routed before
+    B's SUBSCRIBE is handled and miss B). B must receive it with T and the
+    correlation data unchanged and answers to T at QoS 1 with the properties it
+    received, as the suite does; A must receive the answer with them, and neither
+    gets its own message back. Each round reconnects the same two client ids with
+    clean start; before the first, A has a persistent session subscribed to T and B
+    an open connection with one, which B's CONNECT takes over. ARGS: subscription
+    QoS (2), rounds (20), T (TopicA)."""
+    qos = int(args[0]) if args else 2
+    rounds = int(args[1]) if len(args) > 1 else 20
+    topic = args[2] if len(args) > 2 else "TopicA"
+    ids = ("request response a", "request response b")
+    correlation = b"334"
+    leftover = leave_sessions(host, port, topic, ids)
+    missed = []
+    for i in range(rounds):
+        a = Client(host, port, "v5", ids[0])
+        b = Client(host, port, "v5", ids[1])
+        if leftover is not None:
+            leftover.c.loop_stop()
+            leftover = None
+        codes = subscribe_with(a, topic, qos=qos, no_local=True)
+        check(codes == [qos], f"round {i}: A's SUBACK for {topic}: {codes}")
+        request = f"request {i}".encode()
+        sent = []
+
+        def request_at_suback(_c, _u, mid, codes, props, a=a, b=b, sent=sent, request=request):
+            # In B's network thread, as soon as B's SUBACK is read.
+            if not sent:
+                sent.append(a.c.publish(topic, request, 1, False,
+                                        publish_props(topic, correlation)))
+            b.events.put(("suback", mid, [code.value for code in codes], props))
+
+        b.c.on_subscribe = request_at_suback
+        codes = subscribe_with(b, topic, qos=qos, no_local=True)
+        check(codes == [qos], f"round {i}: B's SUBACK for {topic}: {codes}")
+        check(len(sent) == 1, f"round {i}: the request was not published at B's SUBACK")
+        sent[0].wait_for_publish(WAIT)
+        _, _, code, _ = a.event("puback", lambda e: e[1] == sent[0].mid)
+        check(code < 0x80, f"round {i}: the request was refused: reason {code:#x}")
+        try:
+            got = b.next(what=f"round {i}: the request on B's {topic} subscription")
+        except Fail as e:
+            missed.append(f"round {i}: {e}")
+            a.disconnect()
+            b.disconnect()
+            if len(missed) == 3:
+                lost(missed, f"{i + 1} (stopped at the third)")
+            continue
+        expect_msg(got, topic, request, 1)
+        check(props_of(got) == (topic, correlation),
+              f"round {i}: B must get Response Topic {topic!r} and Correlation Data "
+              f"{correlation!r}; got {props_of(got)}")
+        response_topic, _ = props_of(got)
+        b.publish(response_topic, b"response", 1, props=got.properties)
+        try:
+            answer = a.next(what=f"round {i}: B's answer on A's {topic} subscription")
+        except Fail as e:
+            missed.append(f"round {i}: {e}")
+            a.disconnect()
+            b.disconnect()
+            if len(missed) == 3:
+                lost(missed, f"{i + 1} (stopped at the third)")
+            continue
+        # A's own request, had it come back, would be ahead of the answer.
+        expect_msg(answer, topic, b"response", 1)
+        check(props_of(answer) == (topic, correlation),
+              f"round {i}: the answer must carry Response Topic {topic!r} and Correlation "
+              f"Data {correlation!r}; got {props_of(answer)}")
+        last = i == rounds - 1
+        b.quiet(QUIET if last else 0.1, what=f"round {i}: nothing more for B (no-local)")
+        a.quiet(QUIET if last else 0.1, what=f"round {i}: nothing more for A (no-local)")
+        a.disconnect()
+        b.disconnect()
+    lost(missed, rounds)
+
+
+def lost(missed, rounds):
+    check(not missed, f"{len(missed)} of {rounds} rounds lost a message:\n  "
+                      + "\n  ".join(missed))
 
 
 @scenario
