@@ -36,6 +36,37 @@ async fn a_failing_store_delays_acks_but_loses_nothing_and_live_traffic_flows() 
     let mut live = watcher.subscribe("_INBOX.live.>").await.expect("sub");
     let mut stored_live = watcher.subscribe("faulty.>").await.expect("sub");
     watcher.flush().await.expect("flush");
+    // async-nats' flush only writes the buffer out: it does not wait for the server to
+    // have applied the SUBs, so a publish on another connection could overtake them.
+    // Probe the stored subscription until one probe comes back: every probe before it
+    // was routed before the SUB and is gone, none after it was sent.
+    let mut probes = 0;
+    loop {
+        probes += 1;
+        assert!(
+            probes <= 100,
+            "the watcher's subscriptions never took effect"
+        );
+        client
+            .publish(
+                format!("faulty.probe.{probes}"),
+                Bytes::from_static(b"probe"),
+            )
+            .await
+            .expect("publish");
+        // A probe that came late (the machine was slow) proves it as well; one sent
+        // after it may still come, and the count below leaves probes out.
+        if let Ok(Some(probe)) =
+            tokio::time::timeout(Duration::from_millis(100), stored_live.next()).await
+        {
+            assert!(
+                probe.subject.starts_with("faulty.probe."),
+                "{}",
+                probe.subject
+            );
+            break;
+        }
+    }
 
     // An ack task never panics: what it got is reported with the test's failure.
     let ack = |i: usize| {
@@ -77,25 +108,28 @@ async fn a_failing_store_delays_acks_but_loses_nothing_and_live_traffic_flows() 
         }
     }
     // Generous: a loaded CI machine runs this beside the whole suite.
-    for n in 0..30 {
-        if tokio::time::timeout(3 * WAIT, stored_live.next())
-            .await
-            .is_err()
-        {
-            // What the acks that ended said, to tell a stuck sequencer from a refusal.
-            let mut outcomes = Vec::new();
-            for task in pending {
-                if task.is_finished() {
-                    outcomes.push(format!("{:?}", task.await));
-                } else {
-                    outcomes.push("waiting".to_owned());
-                }
+    let mut n = 0;
+    while n < 30 {
+        let next = tokio::time::timeout(3 * WAIT, stored_live.next()).await;
+        if let Ok(Some(message)) = &next {
+            if !message.subject.starts_with("faulty.probe.") {
+                n += 1;
             }
-            panic!(
-                "stored subjects are delivered live while the store fails: {n} of 30 came \
-                 (acks: {outcomes:?})"
-            );
+            continue;
         }
+        // What the acks that ended said, to tell a stuck sequencer from a refusal.
+        let mut outcomes = Vec::new();
+        for task in pending {
+            if task.is_finished() {
+                outcomes.push(format!("{:?}", task.await));
+            } else {
+                outcomes.push("waiting".to_owned());
+            }
+        }
+        panic!(
+            "stored subjects are delivered live while the store fails: {n} of 30 came \
+             (acks: {outcomes:?})"
+        );
     }
     // A quiet window: an ack that must not be sent has nothing to wait for. All thirty
     // were routed live already, so an ack that went early would be out by now.
