@@ -89,26 +89,23 @@ pub(super) async fn replay(
         (None, Some(StartAt::Offset { offset })) => ReplayFrom::Offset(*offset),
         (None, Some(StartAt::Time { time_ms })) => ReplayFrom::Time(*time_ms),
     };
-    let pattern = match (&request.subject, &request.pattern) {
+    let parsed;
+    let of = match (&request.subject, &request.pattern) {
         (Some(subject), None) => {
             check_subject(subject)?;
-            None
+            Of::Subject(subject)
         }
-        (None, Some(pattern)) => Some(
-            Pattern::parse_native(pattern)
-                .map_err(|e| ApiError::new(400, format!("invalid pattern: {e}")))?,
-        ),
+        (None, Some(text)) => {
+            parsed = Pattern::parse_native(text)
+                .map_err(|e| ApiError::new(400, format!("invalid pattern: {e}")))?;
+            Of::Pattern(&parsed)
+        }
         _ => {
             return Err(ApiError::new(
                 400,
                 "a replay names either `subject` or `pattern`",
             ));
         }
-    };
-    let of = match (&request.subject, &pattern) {
-        (Some(subject), _) => Of::Subject(subject),
-        (None, Some(pattern)) => Of::Pattern(pattern),
-        (None, None) => return Err(ApiError::new(400, "a replay names a subject or pattern")),
     };
     if from_snapshot && let Of::Subject(subject) = of {
         match history.snapshot(subject, None).await {

@@ -623,3 +623,15 @@ pub async fn request_then_marker(
     assert!(late.is_err(), "a further reply arrived: {late:?}");
     (answers, acks)
 }
+
+/// Every `.rs` file under `dir`, for the tests that read the source.
+pub fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("readable folder") {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            out.push(path);
+        }
+    }
+}

@@ -6,7 +6,7 @@
 //! ARCHITECTURE.md draws the same order; a change to one is a change to both.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The library's top-level modules, lowest first: each may name only those before it.
 /// `client` (the CLI's own NATS client) stands apart and names none of them.
@@ -81,7 +81,7 @@ const MAX_FILE_LINES: usize = 800;
 fn no_library_file_is_over_800_lines() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut paths = Vec::new();
-    walk(&root, &mut paths);
+    crate::common::rust_files(&root, &mut paths);
     let mut long = Vec::new();
     for path in paths {
         let name = path
@@ -157,7 +157,7 @@ fn the_checker_sees_a_back_edge_and_a_circle() {
 fn library_files() -> BTreeMap<String, SourceFile> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut paths = Vec::new();
-    walk(&root, &mut paths);
+    crate::common::rust_files(&root, &mut paths);
     let mut files = BTreeMap::new();
     for path in paths {
         let relative = path.strip_prefix(&root).expect("under src");
@@ -190,17 +190,6 @@ fn library_files() -> BTreeMap<String, SourceFile> {
     }
     assert!(files.len() > 50, "found only {} library files", files.len());
     files
-}
-
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("readable folder") {
-        let path = entry.expect("an entry").path();
-        if path.is_dir() {
-            walk(&path, out);
-        } else if path.extension().is_some_and(|ext| ext == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// The code without comments, string and char literals, and `#[cfg(test)]` items.

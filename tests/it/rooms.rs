@@ -7,7 +7,7 @@
 //! line holding only `}` at the indentation of its `fn` line.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Most lines a library function may hold.
 const MAX_FN_LINES: usize = 120;
@@ -29,7 +29,7 @@ struct LongFn {
 fn no_library_function_is_over_120_lines() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut paths = Vec::new();
-    walk(&root.join("src"), &mut paths);
+    crate::common::rust_files(&root.join("src"), &mut paths);
     let mut found = Vec::new();
     let mut scanned = 0;
     for path in paths {
@@ -246,15 +246,4 @@ fn test_module_end(lines: &[&str], at: usize) -> Option<usize> {
 
 fn indentation(line: &str) -> usize {
     line.len() - line.trim_start_matches(' ').len()
-}
-
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("readable folder") {
-        let path = entry.expect("an entry").path();
-        if path.is_dir() {
-            walk(&path, out);
-        } else if path.extension().is_some_and(|ext| ext == "rs") {
-            out.push(path);
-        }
-    }
 }

@@ -152,6 +152,18 @@ def request_response_no_local(host, port, args):
                                         publish_props(topic, correlation)))
             b.events.put(("suback", mid, [code.value for code in codes], props))
 
+        def take_or_miss(client, what):
+            """The next message, or None with the round counted as missed."""
+            try:
+                return client.next(what=what)
+            except Fail as e:
+                missed.append(f"round {i}: {e}")
+                a.disconnect()
+                b.disconnect()
+                if len(missed) == 3:
+                    lost(missed, f"{i + 1} (stopped at the third)")
+                return None
+
         b.c.on_subscribe = request_at_suback
         codes = subscribe_with(b, topic, qos=qos, no_local=True)
         check(codes == [qos], f"round {i}: B's SUBACK for {topic}: {codes}")
@@ -159,14 +171,8 @@ def request_response_no_local(host, port, args):
         sent[0].wait_for_publish(WAIT)
         _, _, code, _ = a.event("puback", lambda e: e[1] == sent[0].mid)
         check(code < 0x80, f"round {i}: the request was refused: reason {code:#x}")
-        try:
-            got = b.next(what=f"round {i}: the request on B's {topic} subscription")
-        except Fail as e:
-            missed.append(f"round {i}: {e}")
-            a.disconnect()
-            b.disconnect()
-            if len(missed) == 3:
-                lost(missed, f"{i + 1} (stopped at the third)")
+        got = take_or_miss(b, f"round {i}: the request on B's {topic} subscription")
+        if got is None:
             continue
         expect_msg(got, topic, request, 1)
         check(props_of(got) == (topic, correlation),
@@ -174,14 +180,8 @@ def request_response_no_local(host, port, args):
               f"{correlation!r}; got {props_of(got)}")
         response_topic, _ = props_of(got)
         b.publish(response_topic, b"response", 1, props=got.properties)
-        try:
-            answer = a.next(what=f"round {i}: B's answer on A's {topic} subscription")
-        except Fail as e:
-            missed.append(f"round {i}: {e}")
-            a.disconnect()
-            b.disconnect()
-            if len(missed) == 3:
-                lost(missed, f"{i + 1} (stopped at the third)")
+        answer = take_or_miss(a, f"round {i}: B's answer on A's {topic} subscription")
+        if answer is None:
             continue
         # A's own request, had it come back, would be ahead of the answer.
         expect_msg(answer, topic, b"response", 1)
