@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test of Canopy. On a fresh machine it first installs what the tests
 # need (a Python venv under target/ with nats-py, paho-mqtt, pyiceberg and moto's S3 server;
-# Debian's mosquitto-clients for mosquitto_pub and mosquitto_sub; Node with MQTT.js,
+# Debian's mosquitto-clients for mosquitto_pub and mosquitto_sub; Debian's etcd-server for
+# the cluster tests; Node with MQTT.js,
 # playwright-core and the AsyncAPI specs from tests/js/package-lock.json; Debian's
 # chromium), starts an
-# S3-compatible server (moto) on a free loopback port for the S3 tests, runs the
+# S3-compatible server (moto) and an etcd on free loopback ports, runs the
 # whole suite, runs the durable-stream tests again on the file and S3 backends, and
-# stops moto. A missing tool is an error here, never a skipped test.
+# stops moto and etcd. A missing tool is an error here, never a skipped test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,11 +74,43 @@ command -v mosquitto_pub >/dev/null && command -v mosquitto_sub >/dev/null || {
   exit 1
 }
 
-# moto's S3 server on a free loopback port, stopped however this script ends.
-port=$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# Debian's etcd, for the cluster tests.
+if ! command -v etcd >/dev/null; then
+  echo "test-all: installing etcd-server" >&2
+  DEBIAN_FRONTEND=noninteractive apt_install etcd-server
+fi
+command -v etcd >/dev/null || {
+  echo "test-all: etcd is still missing" >&2
+  exit 1
+}
+
+free_port() {
+  "$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# moto's S3 server and one etcd member on free loopback ports, stopped however this
+# script ends.
+port=$(free_port)
 "$venv/bin/moto_server" -H 127.0.0.1 -p "$port" >target/moto.log 2>&1 &
 moto_pid=$!
-trap 'kill "$moto_pid" 2>/dev/null || true' EXIT
+etcd_client=$(free_port)
+etcd_peer=$(free_port)
+rm -rf target/etcd-data
+etcd --name canopy-tests --data-dir target/etcd-data \
+  --listen-client-urls "http://127.0.0.1:$etcd_client" \
+  --advertise-client-urls "http://127.0.0.1:$etcd_client" \
+  --listen-peer-urls "http://127.0.0.1:$etcd_peer" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+  --initial-cluster "canopy-tests=http://127.0.0.1:$etcd_peer" >target/etcd.log 2>&1 &
+etcd_pid=$!
+trap 'kill "$moto_pid" "$etcd_pid" 2>/dev/null || true; rm -rf target/etcd-data' EXIT
+for _ in $(seq 1 100); do
+  if "$venv/bin/python" -c "import socket; socket.create_connection(('127.0.0.1', $etcd_client), 0.2)" 2>/dev/null; then
+    break
+  fi
+  sleep 0.1
+done
+export CANOPY_TEST_ETCD="http://127.0.0.1:$etcd_client"
 for _ in $(seq 1 100); do
   if "$venv/bin/python" -c "import socket; socket.create_connection(('127.0.0.1', $port), 0.2)" 2>/dev/null; then
     break

@@ -10,6 +10,7 @@ pub mod api;
 pub mod broker;
 pub mod client;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod follow;
 pub mod groups;

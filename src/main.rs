@@ -99,6 +99,9 @@ enum Command {
         disable_help_flag = true
     )]
     Bench(cli::bench::BenchLaunch),
+    /// Show a cluster of nodes: who is alive, and who owns which shard.
+    #[command(subcommand)]
+    Cluster(cli::cluster::ClusterCommand),
     /// Show or check configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -409,6 +412,7 @@ async fn run(command: Command) -> Result<()> {
             .await
         }
         Command::Tenant(command) => run_tenant(command).await,
+        Command::Cluster(command) => cli::cluster::run(command).await,
         Command::User(command) => cli::users::run(command).await,
         Command::Group(command) => cli::groups::run(command).await,
         Command::Schema(command) => cli::schemas::run(command).await,

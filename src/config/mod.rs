@@ -46,14 +46,19 @@ pub struct Config {
     pub tls: TlsConfig,
     /// Key streams written out as Iceberg tables.
     pub tables: Vec<TableConfig>,
+    /// Several nodes on one object store; absent, this server is one node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterConfig>,
 }
 
 mod access;
+mod cluster;
 mod listeners;
 mod store;
 mod tables;
 
 pub use access::{AuthzConfig, LimitsConfig};
+pub use cluster::{ClusterConfig, MAX_SHARDS};
 pub use listeners::{
     HttpConfig, MqttConfig, NativeConfig, ServerConfig, TlsConfig, WebsocketConfig,
 };
@@ -111,6 +116,7 @@ impl Config {
         self.validate_websocket()?;
         self.validate_mqtt()?;
         self.validate_store()?;
+        self.validate_cluster()?;
         if self.limits.max_subject_len == 0 || self.limits.max_subject_tokens == 0 {
             return Err(ConfigError::Invalid(
                 "limits.max_subject_len and limits.max_subject_tokens must be above 0".into(),
@@ -259,6 +265,22 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "store.max_batch and store.queue_depth must be above 0".into(),
             ));
+        }
+        Ok(())
+    }
+
+    /// A cluster's nodes share one object store that fences a stale writer: S3.
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(());
+        };
+        cluster.check().map_err(ConfigError::Invalid)?;
+        if !self.store.url.starts_with("s3://") {
+            return Err(ConfigError::Invalid(format!(
+                "[cluster] needs store.url on s3:// (the nodes share it, and S3's conditional \
+                 writes fence a node that lost its shards); `{}` is not",
+                self.store.url
+            )));
         }
         Ok(())
     }

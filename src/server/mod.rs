@@ -11,6 +11,7 @@ mod listener;
 pub mod mqtt;
 pub mod native;
 mod rendered;
+pub mod shards;
 pub mod tls;
 pub mod websocket;
 
@@ -49,6 +50,8 @@ pub enum ServerError {
     Store(#[from] crate::store::StoreError),
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    #[error("cannot join the cluster: {0}")]
+    Cluster(#[from] crate::cluster::ClusterError),
 }
 
 /// Creates the default tenant's `admin` user with `password` unless it exists.
@@ -92,6 +95,37 @@ fn store_settings(config: &Config) -> Result<StoreSettings, ServerError> {
     })
 }
 
+/// Opens the one store of a server that is not in a cluster, with what it holds
+/// loaded: retention started, tenants being deleted resumed, the bootstrap admin.
+async fn open_single_store(
+    config: &Config,
+    broker: &Arc<Broker>,
+    settings: StoreSettings,
+) -> Result<(), ServerError> {
+    let store = Store::open(settings, Arc::new(StoreRouter::new(broker))).await?;
+    tracing::info!(store = %config.store.url, "store open");
+    let store = Arc::new(store);
+    let retention = RetentionByPolicy::new(
+        Policies::new(&config.store.policies)?,
+        config.store.retention.max_bytes_per_tenant,
+    );
+    store.start_retention(
+        Arc::new(retention),
+        Duration::from_secs(config.store.retention.interval_secs.max(1)),
+    );
+    let deleting = broker.tenant_records().load(&store).await?;
+    // The dummy password hash, computed before any login could wait for it.
+    tokio::task::spawn_blocking(crate::tenancy::credentials::prepare);
+    if let Some(password) = config.authz.bootstrap_admin_password.clone() {
+        bootstrap_admin(&store, password).await?;
+    }
+    for tenant in deleting {
+        crate::api::tenants::spawn_purge(Arc::clone(&store), tenant);
+    }
+    broker.attach_store(store);
+    Ok(())
+}
+
 /// Binds an optional listener, refusing a non-loopback address unless
 /// `beyond_loopback` (authentication is on, or anonymous access was allowed).
 async fn bind_optional(
@@ -124,6 +158,8 @@ pub struct Server {
     mqtt: Option<(TcpListener, SocketAddr)>,
     http: Option<(TcpListener, SocketAddr)>,
     tls: Option<tls::Tls>,
+    /// This node's membership, when it is one of a cluster's.
+    cluster: Option<crate::cluster::Cluster>,
 }
 
 impl Server {
@@ -183,27 +219,23 @@ impl Server {
         let mut settings = store_settings(&config)?;
         settings.object_store = object_store;
         settings.clock = broker.clock().clone();
-        let store = Store::open(settings, Arc::new(StoreRouter::new(&broker))).await?;
-        tracing::info!(store = %config.store.url, "store open");
-        let store = Arc::new(store);
-        let retention = RetentionByPolicy::new(
-            Policies::new(&config.store.policies)?,
-            config.store.retention.max_bytes_per_tenant,
-        );
-        store.start_retention(
-            Arc::new(retention),
-            Duration::from_secs(config.store.retention.interval_secs.max(1)),
-        );
-        let deleting = broker.tenant_records().load(&store).await?;
-        // The dummy password hash, computed before any login could wait for it.
-        tokio::task::spawn_blocking(crate::tenancy::credentials::prepare);
-        if let Some(password) = config.authz.bootstrap_admin_password.clone() {
-            bootstrap_admin(&store, password).await?;
-        }
-        for tenant in deleting {
-            crate::api::tenants::spawn_purge(Arc::clone(&store), tenant);
-        }
-        broker.attach_store(store);
+        let shards = match &config.cluster {
+            None => {
+                open_single_store(&config, &broker, settings).await?;
+                None
+            }
+            Some(_) => {
+                tracing::warn!(
+                    "cluster mode is being built (issue 28): this node takes its share of \
+                     the shards and opens their stores, but does not yet store or route \
+                     messages through them; it serves clients as a live-only server"
+                );
+                Some(Arc::new(shards::ShardStores::new(
+                    Arc::clone(&broker),
+                    settings,
+                )))
+            }
+        };
         let tls_on = |listener: &str| config.tls.on(listener);
         let mut listeners = vec![crate::schemas::asyncapi::Listener {
             name: "nats",
@@ -229,7 +261,25 @@ impl Server {
         }
         broker.advertise(listeners);
         broker.open_tenants().await?;
+        let cluster = match (&config.cluster, shards) {
+            (Some(cluster), Some(shards)) => {
+                let advertised = |addr: SocketAddr| match &cluster.advertise_host {
+                    Some(host) => format!("{host}:{}", addr.port()),
+                    None => addr.to_string(),
+                };
+                let node = crate::cluster::NodeRecord {
+                    id: cluster.node_id.clone(),
+                    native: advertised(native_addr),
+                    mqtt: mqtt.as_ref().map(|(_, addr)| advertised(*addr)),
+                    http: http.as_ref().map(|(_, addr)| advertised(*addr)),
+                    joined_ms: crate::clock::system_ms(),
+                };
+                Some(crate::cluster::Cluster::join(cluster, node, shards).await?)
+            }
+            _ => None,
+        };
         Ok(Server {
+            cluster,
             config: Arc::new(config),
             broker,
             native,
@@ -337,6 +387,11 @@ impl Server {
                 open = tracker.len(),
                 "drain timeout passed; closing the remaining connections"
             );
+        }
+        if let Some(cluster) = self.cluster {
+            // Every shard handed over (its store flushed and closed) before the
+            // node's lease ends.
+            cluster.leave().await;
         }
         if let Some(store) = self.broker.store()
             && let Err(error) = store.close().await

@@ -72,6 +72,27 @@ impl std::str::FromStr for StoreUrl {
     }
 }
 
+impl StoreUrl {
+    /// Where shard `shard` of a cluster's store lives: its own database under this
+    /// one's place (`<prefix>/shards/0007`). `None` for a store in memory, which no
+    /// two processes share.
+    pub fn shard(&self, shard: u32) -> Option<StoreUrl> {
+        let sub = format!("shards/{shard:04}");
+        match self {
+            StoreUrl::File(path) => Some(StoreUrl::File(path.join(sub))),
+            StoreUrl::Memory => None,
+            StoreUrl::S3 { bucket, prefix } => Some(StoreUrl::S3 {
+                bucket: bucket.clone(),
+                prefix: if prefix.is_empty() {
+                    sub
+                } else {
+                    format!("{prefix}/{sub}")
+                },
+            }),
+        }
+    }
+}
+
 impl std::fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -97,6 +97,28 @@ pub fn use_s3(config: &mut Config, prefix: &str) {
     config.store.s3.path_style = true;
 }
 
+/// The environment of a `canopy serve` process on the test S3 server, under `prefix`.
+pub fn s3_env(prefix: &str) -> Vec<(String, String)> {
+    let endpoint = std::env::var("CANOPY_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
+        panic!(
+            "CANOPY_TEST_S3_ENDPOINT is not set: run ./scripts/test-all.sh, which starts an \
+             S3-compatible server (moto) for the S3 tests"
+        )
+    });
+    [
+        ("CANOPY_STORE__URL", format!("s3://canopy-tests/{prefix}")),
+        ("CANOPY_STORE__S3__ENDPOINT", endpoint),
+        ("CANOPY_STORE__S3__REGION", "us-east-1".into()),
+        ("CANOPY_STORE__S3__ACCESS_KEY_ID", "test".into()),
+        ("CANOPY_STORE__S3__SECRET_ACCESS_KEY", "test".into()),
+        ("CANOPY_STORE__S3__ALLOW_HTTP", "true".into()),
+        ("CANOPY_STORE__S3__PATH_STYLE", "true".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
 /// A config on a free loopback port, with a fresh store on the test backend.
 pub fn test_config() -> Config {
     let mut config = Config::default();

@@ -10,6 +10,7 @@ mod bench_mqtt;
 mod browser;
 mod cli;
 mod cli_auth;
+mod cluster;
 mod common;
 mod crash;
 mod deploy;

@@ -4,28 +4,7 @@
 use bytes::Bytes;
 
 use crate::cli::ServeProcess;
-use crate::common::{WAIT, header, publish_acked, replay_subject};
-
-fn s3_env(prefix: &str) -> Vec<(String, String)> {
-    let endpoint = std::env::var("CANOPY_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
-        panic!(
-            "CANOPY_TEST_S3_ENDPOINT is not set: run ./scripts/test-all.sh, which starts an \
-             S3-compatible server (moto) for the S3 tests"
-        )
-    });
-    [
-        ("CANOPY_STORE__URL", format!("s3://canopy-tests/{prefix}")),
-        ("CANOPY_STORE__S3__ENDPOINT", endpoint),
-        ("CANOPY_STORE__S3__REGION", "us-east-1".into()),
-        ("CANOPY_STORE__S3__ACCESS_KEY_ID", "test".into()),
-        ("CANOPY_STORE__S3__SECRET_ACCESS_KEY", "test".into()),
-        ("CANOPY_STORE__S3__ALLOW_HTTP", "true".into()),
-        ("CANOPY_STORE__S3__PATH_STYLE", "true".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect()
-}
+use crate::common::{WAIT, header, publish_acked, replay_subject, s3_env};
 
 #[tokio::test]
 async fn a_second_server_takes_over_an_s3_store_by_fencing_the_first() {

@@ -1,0 +1,184 @@
+//! Canopy nodes as processes (`canopy serve` with `[cluster]`) on one S3 bucket
+//! (moto) and one etcd: each node opens the stores of the shards it owns; a node
+//! killed loses its shards to the others once its lease expires, a node told to stop
+//! hands them over first, and a node stalled past its lease drops them on waking.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{etcd_endpoint, fresh_cluster_name};
+use crate::cli::{ServeProcess, run};
+use crate::common::{eventually, s3_env};
+
+const SHARDS: u32 = 6;
+const LEASE_SECS: u64 = 2;
+
+fn node_env(cluster: &str, node: &str) -> Vec<(String, String)> {
+    let mut env = s3_env(cluster);
+    env.extend(
+        [
+            ("CANOPY_CLUSTER__ETCD", format!("[\"{}\"]", etcd_endpoint())),
+            ("CANOPY_CLUSTER__NAME", cluster.to_owned()),
+            ("CANOPY_CLUSTER__NODE_ID", node.to_owned()),
+            ("CANOPY_CLUSTER__SHARDS", SHARDS.to_string()),
+            ("CANOPY_CLUSTER__LEASE_SECS", LEASE_SECS.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
+    env
+}
+
+async fn start(cluster: &str, node: &str) -> ServeProcess {
+    ServeProcess::start_with_env(&[], &node_env(cluster, node)).await
+}
+
+/// `canopy cluster status --json`.
+async fn status(cluster: &str) -> Value {
+    let out = run(&[
+        "cluster",
+        "status",
+        "--json",
+        "--etcd",
+        &etcd_endpoint(),
+        "--name",
+        cluster,
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON status")
+}
+
+/// Each live node's count of shards, by id, when every shard is owned.
+fn shares(status: &Value) -> Option<Vec<(String, u64)>> {
+    let owners = status["owners"].as_array()?;
+    if owners.len() != SHARDS as usize || owners.iter().any(|o| o["owner"].is_null()) {
+        return None;
+    }
+    Some(
+        status["nodes"]
+            .as_array()?
+            .iter()
+            .map(|n| {
+                (
+                    n["id"].as_str().unwrap_or_default().to_owned(),
+                    n["shards"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect(),
+    )
+}
+
+async fn settled(cluster: &str, expected: &[(&str, u64)]) -> Value {
+    let expected: Vec<(String, u64)> = expected.iter().map(|(n, c)| (n.to_string(), *c)).collect();
+    eventually(
+        &format!("shares {expected:?}"),
+        Duration::from_secs(40),
+        || async {
+            let status = status(cluster).await;
+            (shares(&status) == Some(expected.clone())).then_some(status)
+        },
+    )
+    .await
+}
+
+fn signal(process: &ServeProcess, signal: &str) {
+    let pid = process.child.id().expect("running").to_string();
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+async fn log_of(mut process: ServeProcess) -> Vec<String> {
+    signal(&process, "-TERM");
+    tokio::time::timeout(Duration::from_secs(30), process.child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .expect("exit status");
+    process.log.await.expect("log")
+}
+
+#[tokio::test]
+async fn three_nodes_share_the_shards_and_survivors_take_a_killed_nodes_shards() {
+    let cluster = fresh_cluster_name();
+    let a = start(&cluster, "a").await;
+    let b = start(&cluster, "b").await;
+    let mut c = start(&cluster, "c").await;
+    let status = settled(&cluster, &[("a", 2), ("b", 2), ("c", 2)]).await;
+    let natives: Vec<&str> = status["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["native"].as_str().expect("native address"))
+        .collect();
+    assert!(
+        natives.contains(&a.url.trim_start_matches("nats://")),
+        "{natives:?}"
+    );
+
+    let killed = Instant::now();
+    c.child.start_kill().expect("kill -9");
+    c.child.wait().await.expect("reaped");
+    settled(&cluster, &[("a", 3), ("b", 3)]).await;
+    eprintln!(
+        "takeover after kill -9 (lease {LEASE_SECS}s): {:?}",
+        killed.elapsed()
+    );
+
+    // A node told to stop hands its shards over before it exits.
+    let b_log = log_of(b).await;
+    assert_eq!(
+        b_log
+            .iter()
+            .filter(|l| l.contains("handed the shard over"))
+            .count(),
+        3,
+        "{b_log:#?}"
+    );
+    settled(&cluster, &[("a", SHARDS as u64)]).await;
+    let a_log = log_of(a).await;
+    assert!(
+        !a_log
+            .iter()
+            .any(|l| l.contains("claim on the shard is gone")),
+        "a lost a claim: {a_log:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_node_stalled_past_its_lease_drops_its_shards_on_waking_and_rejoins() {
+    let cluster = fresh_cluster_name();
+    let a = start(&cluster, "a").await;
+    let b = start(&cluster, "b").await;
+    settled(&cluster, &[("a", 3), ("b", 3)]).await;
+
+    signal(&a, "-STOP");
+    settled(&cluster, &[("b", SHARDS as u64)]).await;
+    signal(&a, "-CONT");
+    // Back with a new lease, a gets its share again, handed over by b.
+    settled(&cluster, &[("a", 3), ("b", 3)]).await;
+
+    let a_log = log_of(a).await;
+    assert!(
+        a_log.iter().any(|l| l.contains("lease expired")
+            || l.contains("could not be renewed")
+            || l.contains("claim on the shard is gone")),
+        "a never noticed it lost its shards: {a_log:#?}"
+    );
+    let b_log = log_of(b).await;
+    assert!(
+        b_log
+            .iter()
+            .filter(|l| l.contains("handed the shard over"))
+            .count()
+            >= 3,
+        "{b_log:#?}"
+    );
+}
