@@ -2,7 +2,8 @@
 //!
 //! Owns: turning bytes into protocol frames and frames into bytes, for every front end Canopy
 //! speaks: the NATS-compatible native protocol in [`native`], MQTT 3.1, 3.1.1 and 5.0 in
-//! [`mqtt`], and the JSON messages of the `/ws` WebSocket API in [`ws`].
+//! [`mqtt`], the JSON messages of the `/ws` WebSocket API in [`ws`], and the frames
+//! Canopy nodes send each other in [`link`].
 //!
 //! Must never: do I/O, depend on tokio or on any client library, allocate without bound for
 //! input it has not validated, or panic on any input bytes.
@@ -18,6 +19,7 @@
 )]
 
 pub mod address;
+pub mod link;
 pub mod mqtt;
 pub mod native;
 pub mod ws;

@@ -30,6 +30,9 @@ pub const ACK_JETSTREAM: u32 = 1;
 /// [`AckTo::flags`] bit: the ack goes to an MQTT connection's inbox, the address
 /// being [`envelope::ack_address`](super::envelope::ack_address).
 pub const ACK_MQTT: u32 = 2;
+/// The ack of an append another node forwarded: its address names that node and its
+/// handle, and the outcome goes back over the link.
+pub const ACK_REMOTE: u32 = 4;
 
 /// The store policies, compiled: first match in configuration order wins.
 pub struct Policies {
@@ -294,6 +297,7 @@ impl StoreEvents for StoreRouter {
                 flags: message.flags,
                 version: message.version,
                 offset: message.offset,
+                from_link: None,
             };
             tenant.taps.offer(message);
             let skip = (message.route.flags & FLAG_NO_ECHO != 0).then_some(message.route.origin);
@@ -384,8 +388,28 @@ fn stored_at(outcome: &AppendOutcome) -> Option<(Arc<str>, u64)> {
     }
 }
 
+impl Broker {
+    /// Answers publishes whose appends another node stored (or could not), as if
+    /// they had been stored here.
+    pub fn answer(&self, answers: impl IntoIterator<Item = super::mesh::Answer>) {
+        let mut scratch = RouteScratch::default();
+        let mut wakes = Wakes::default();
+        for answer in answers {
+            deliver_ack(
+                self,
+                &answer.tenant,
+                &answer.ack,
+                answer.outcome,
+                None,
+                (&mut scratch, &mut wakes),
+            );
+        }
+        wakes.wake_all();
+    }
+}
+
 /// Sends one ack: to an MQTT or `/ws` connection's inbox, or as a message to the
-/// publisher's reply subject.
+/// publisher's reply subject, or, for an append another node forwarded, back to it.
 fn deliver_ack(
     broker: &Broker,
     tenant: &str,
@@ -394,6 +418,12 @@ fn deliver_ack(
     awaited: Option<AwaitOutcome>,
     (scratch, wakes): (&mut RouteScratch, &mut Wakes),
 ) {
+    if ack.flags & ACK_REMOTE != 0 {
+        if let Some(mesh) = broker.mesh() {
+            mesh.send_ack(ack, &outcome);
+        }
+        return;
+    }
     if ack.flags & ACK_MQTT != 0 {
         if let Some((conn, packet_id)) = super::envelope::parse_ack_address(&ack.address)
             && let Some(inbox) = broker.mqtt_acks().get(conn)

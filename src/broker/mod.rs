@@ -14,6 +14,7 @@ pub mod durable;
 pub mod envelope;
 pub mod groups;
 mod inbox_claims;
+pub mod mesh;
 pub mod outbox;
 
 mod routing;
@@ -57,6 +58,17 @@ pub struct Message<'a> {
     /// Version and tenant offset of a stored message (0 when not stored).
     pub version: u64,
     pub offset: u64,
+    /// Set for a message another node routed: delivered here only, to what it says.
+    pub from_link: Option<LinkDelivery<'a>>,
+}
+
+/// What a message that came over a link is delivered to on this node.
+#[derive(Debug, Clone, Copy)]
+pub struct LinkDelivery<'a> {
+    /// Subscriptions outside queue groups.
+    pub plain: bool,
+    /// The queue groups this node was chosen for.
+    pub queues: &'a [&'a str],
 }
 
 impl Message<'_> {
@@ -104,6 +116,8 @@ pub struct Broker {
     tenant_defaults: crate::tenancy::quota::TenantDefaults,
     /// The largest answer the server sends (`native.max_payload`).
     max_answer: usize,
+    /// The other nodes, when this one is in a cluster.
+    mesh: OnceLock<Arc<mesh::Mesh>>,
 }
 
 impl Broker {
@@ -122,7 +136,23 @@ impl Broker {
             listeners: OnceLock::new(),
             tenant_defaults: crate::tenancy::quota::TenantDefaults::default(),
             max_answer: crate::config::NativeConfig::default().max_payload,
+            mesh: OnceLock::new(),
         }
+    }
+
+    /// Makes this node one of a cluster's; later calls are ignored. Connection ids
+    /// start at a random place, so that an id (a message's origin, for no-echo) means
+    /// the same connection on every node.
+    pub fn attach_mesh(&self, mesh: Arc<mesh::Mesh>) {
+        if self.mesh.set(mesh).is_ok() {
+            self.next_id
+                .store(fastrand::u64(1 << 40..1 << 62), Ordering::Relaxed);
+        }
+    }
+
+    /// The other nodes, when this one is in a cluster.
+    pub fn mesh(&self) -> Option<&Arc<mesh::Mesh>> {
+        self.mesh.get()
     }
 
     /// Sets the largest answer the server sends (`native.max_payload`).
@@ -173,8 +203,42 @@ impl Broker {
 
     /// The policy under which `subject` is stored, when it is and a store is open.
     pub fn store_policy(&self, subject: &str) -> Option<&crate::config::StorePolicy> {
-        self.store.get()?;
+        if self.store.get().is_none() && self.mesh.get().is_none() {
+            return None;
+        }
         self.policies.for_subject(subject)
+    }
+
+    /// Whether publishes can be stored here at all: a store is open, or this node is
+    /// one of a cluster's, whose shards' owners store them.
+    pub fn stores_messages(&self) -> bool {
+        self.store.get().is_some() || self.mesh.get().is_some()
+    }
+
+    /// Hands an append to the store of its tenant: this node's, or in a cluster its
+    /// shard's owner's. `Err` when the store is closing (nothing was taken); a
+    /// forwarded append that cannot reach its owner is answered as not stored.
+    pub async fn append(&self, request: crate::store::AppendRequest) -> Result<(), ()> {
+        if let Some(mesh) = self.mesh.get() {
+            return match mesh.home(&request.tenant) {
+                mesh::Home::Here(store) => store.append(request).await.map_err(drop),
+                mesh::Home::Owner(owner) => {
+                    let _ = mesh.forward_append(&owner, request);
+                    Ok(())
+                }
+                mesh::Home::Moving => {
+                    mesh.refuse_append(
+                        request,
+                        "the tenant's shard is moving to another node; not stored, try again",
+                    );
+                    Ok(())
+                }
+            };
+        }
+        match self.store.get() {
+            Some(store) => store.append(request).await.map_err(drop),
+            None => Ok(()),
+        }
     }
 
     pub fn mqtt_acks(&self) -> &envelope::AckInboxes {

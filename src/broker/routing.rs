@@ -62,6 +62,42 @@ impl Broker {
         self.route(routes, skip_conn, msg, scratch, wakes)
     }
 
+    /// Delivers a message another node routed to this node's subscribers, as it says.
+    pub fn route_from_link(&self, msg: &canopy_protocols::link::Msg<'_>) {
+        let tenant = self.tenant(msg.tenant);
+        let message = Message {
+            subject: msg.subject,
+            shown_as: msg.shown_as,
+            reply: msg.reply,
+            headers: msg.headers,
+            payload: msg.payload,
+            origin: msg.origin,
+            flags: msg.flags,
+            version: msg.version,
+            offset: msg.offset,
+            from_link: Some(super::LinkDelivery {
+                plain: msg.plain,
+                queues: &msg.queues,
+            }),
+        };
+        let mut wakes = Wakes::default();
+        let skip = msg.no_echo.then_some(msg.origin);
+        let delivered = self.route(
+            &tenant,
+            skip,
+            &message,
+            &mut RouteScratch::default(),
+            &mut wakes,
+        );
+        if delivered > 0 {
+            self.metrics().count_out(
+                delivered as u64,
+                (delivered * (msg.payload.len() + msg.headers.map_or(0, <[u8]>::len))) as u64,
+            );
+        }
+        wakes.wake_all();
+    }
+
     /// Delivers `msg` to every matching subscription except those of connection
     /// `skip_conn`, and returns how many received it.
     pub fn route(
@@ -82,11 +118,15 @@ impl Broker {
             merged,
         } = scratch;
         queue_picks.clear();
+        let (plain_here, queues_here) = match msg.from_link {
+            None => (true, None),
+            Some(link) => (link.plain, Some(link.queues)),
+        };
         routes
             .trie
             .for_each_match(msg.subject, &mut |plain, groups| {
                 for sub in plain {
-                    if Some(sub.outbox.conn_id) == skip_conn {
+                    if !plain_here || Some(sub.outbox.conn_id) == skip_conn {
                         continue;
                     }
                     if sub.overlapping.load(Ordering::Relaxed) {
@@ -96,9 +136,20 @@ impl Broker {
                     }
                 }
                 for group in groups {
-                    pick_member(queue_picks, group, skip_conn);
+                    if queues_here.is_none_or(|names| names.contains(&&*group.name)) {
+                        pick_member(queue_picks, group, skip_conn);
+                    }
                 }
             });
+        if msg.from_link.is_none()
+            && let Some(mesh) = self.mesh()
+        {
+            let served: Vec<&str> = queue_picks
+                .iter()
+                .filter_map(|p| p.chosen.queue.as_deref())
+                .collect();
+            delivered += mesh.forward(routes, msg, &served, skip_conn);
+        }
         for pick in queue_picks.drain(..) {
             if deliver(&pick.chosen, msg, spent, wakes) {
                 delivered += 1;

@@ -117,12 +117,63 @@ impl Broker {
         routes
             .trie
             .insert(&sub.pattern, sub.queue.as_deref(), Arc::clone(&sub));
+        self.interest_changed(routes, &sub, true);
         sub
+    }
+
+    /// Tells the other nodes of a cluster when this node's interest in a pattern
+    /// begins or ends; nothing outside a cluster.
+    fn interest_changed(&self, routes: &Tenant, sub: &Subscription, add: bool) {
+        let Some(mesh) = self.mesh() else {
+            return;
+        };
+        let key = (
+            super::mesh::interest_text(&sub.pattern),
+            sub.queue.as_deref().map(Box::from),
+        );
+        let announce = {
+            let mut interest = routes.interest.lock();
+            if add {
+                let count = interest.entry(key.clone()).or_insert(0);
+                *count += 1;
+                *count == 1
+            } else {
+                match interest.get_mut(&key) {
+                    Some(count) if *count > 1 => {
+                        *count -= 1;
+                        false
+                    }
+                    Some(_) => {
+                        interest.remove(&key);
+                        true
+                    }
+                    None => false,
+                }
+            }
+        };
+        if announce {
+            mesh.announce(&routes.name, &key.0, key.1.as_deref(), add);
+        }
+    }
+
+    /// This node's interest in every tenant, for a node that just linked to it.
+    pub fn interest_snapshot(&self) -> Vec<(Arc<str>, String, Option<Box<str>>)> {
+        let mut all = Vec::new();
+        for tenant in self.tenants() {
+            for (pattern, queue) in tenant.interest.lock().keys() {
+                all.push((Arc::clone(&tenant.name), pattern.clone(), queue.clone()));
+            }
+        }
+        all
     }
 
     /// Removes a subscription; false when it was already gone.
     pub fn unsubscribe(&self, routes: &Tenant, sub: &Arc<Subscription>) -> bool {
-        routes.trie.remove(&sub.pattern, sub.queue.as_deref(), sub)
+        let removed = routes.trie.remove(&sub.pattern, sub.queue.as_deref(), sub);
+        if removed {
+            self.interest_changed(routes, sub, false);
+        }
+        removed
     }
 
     /// Removes many subscriptions (a closing connection's) in one trie write.
@@ -141,6 +192,11 @@ impl Broker {
             })
             .collect();
         routes.trie.remove_many(&items);
+        if self.mesh().is_some() {
+            for sub in subs {
+                self.interest_changed(routes, sub, false);
+            }
+        }
     }
 
     pub(super) fn remove_spent(&self, routes: &Tenant, spent: &mut Vec<Arc<Subscription>>) {

@@ -37,6 +37,11 @@ pub struct Tenant {
     pub group_changes: tokio::sync::Mutex<()>,
     /// Serialises the tenant's schema puts and deletes.
     pub schema_changes: tokio::sync::Mutex<()>,
+    /// In a cluster: the other nodes' interest, each node the value of its patterns.
+    pub remote: SharedTrie<Arc<str>>,
+    /// In a cluster: how many subscriptions here make each interest (pattern as
+    /// [`super::mesh::interest_text`], queue), so the others hear of its first and last.
+    pub(super) interest: parking_lot::Mutex<std::collections::HashMap<super::mesh::Interest, u32>>,
 }
 
 impl Tenant {
@@ -78,6 +83,8 @@ impl Broker {
                 groups: super::groups::TenantGroups::default(),
                 group_changes: tokio::sync::Mutex::new(()),
                 schema_changes: tokio::sync::Mutex::new(()),
+                remote: SharedTrie::new(),
+                interest: parking_lot::Mutex::default(),
             })
         });
         Arc::clone(found)

@@ -51,6 +51,9 @@ pub enum ClusterError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeRecord {
     pub id: String,
+    /// `host:port` the other nodes link to.
+    #[serde(default)]
+    pub link: String,
     /// `host:port` of the NATS-compatible listener.
     pub native: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -83,6 +86,8 @@ pub struct Owner {
 /// The cluster as this node last saw it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct View {
+    /// The etcd revision the view reflects.
+    pub revision: i64,
     pub shards: u32,
     /// Live nodes by id.
     pub nodes: BTreeMap<String, NodeRecord>,
@@ -267,6 +272,7 @@ impl Cluster {
             }
         }
         let (view_tx, view) = watch::channel(View::default());
+        let view_tx = Arc::new(view_tx);
         let ownership = ownership::Ownership {
             etcd: etcd.clone(),
             keys: keys.clone(),

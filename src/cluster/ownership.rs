@@ -32,7 +32,7 @@ pub(super) struct Ownership {
     pub free_grace: Duration,
     pub host: Arc<dyn ShardHost>,
     pub lease: watch::Receiver<Lease>,
-    pub view: watch::Sender<View>,
+    pub view: Arc<watch::Sender<View>>,
     /// The shards this node serves, by the revision of its claim.
     pub held: BTreeMap<u32, i64>,
     /// Since when each free shard has been seen free.
@@ -40,100 +40,32 @@ pub(super) struct Ownership {
     pub stop: CancellationToken,
 }
 
-/// Why the watch loop ended.
-enum Ended {
-    Stopped,
-    Relist,
-}
-
 impl Ownership {
     pub async fn run(mut self) {
-        loop {
-            let listed = self.etcd.list(self.keys.root()).await;
-            let (kvs, revision) = match listed {
-                Ok(listed) => listed,
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not list the cluster in etcd; trying again");
-                    self.drop_all_if_lease_gone().await;
-                    if self.pause(Duration::from_millis(500)).await {
-                        break;
-                    }
-                    continue;
-                }
-            };
-            let view = match self.keys.view_of(&kvs) {
-                Ok(view) => view,
-                Err(e) => {
-                    tracing::error!(error = %e, "the cluster's keys cannot be read");
-                    if self.pause(Duration::from_secs(1)).await {
-                        break;
-                    }
-                    continue;
-                }
-            };
-            self.view.send_replace(view);
-            match self.follow(revision + 1).await {
-                Ended::Stopped => break,
-                Ended::Relist => {}
-            }
-        }
-        self.hand_over_all().await;
-    }
-
-    /// Watches from `revision`, reconciling after every change, until the watch
-    /// breaks or the node leaves.
-    async fn follow(&mut self, revision: i64) -> Ended {
-        let mut watch = match self.etcd.watch(self.keys.root(), revision).await {
-            Ok(watch) => watch,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not watch the cluster in etcd; listing again");
-                return if self.pause(Duration::from_millis(500)).await {
-                    Ended::Stopped
-                } else {
-                    Ended::Relist
-                };
-            }
-        };
+        let watcher = tokio::spawn(keep_view(
+            self.etcd.clone(),
+            self.keys.clone(),
+            Arc::clone(&self.view),
+            self.stop.clone(),
+        ));
+        let mut changes = self.view.subscribe();
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         loop {
             self.reconcile().await;
             tokio::select! {
                 biased;
-                () = self.stop.cancelled() => return Ended::Stopped,
+                () = self.stop.cancelled() => break,
                 changed = self.lease.changed() => {
                     if changed.is_err() {
-                        return Ended::Stopped;
+                        break;
                     }
                 }
-                events = watch.next() => match events {
-                    Ok(events) => self.apply(&events),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "the cluster watch ended; listing again");
-                        return Ended::Relist;
-                    }
-                },
+                _ = changes.changed() => {}
                 _ = tick.tick() => {}
             }
         }
-    }
-
-    fn apply(&mut self, events: &[Event]) {
-        let keys = &self.keys;
-        self.view.send_if_modified(|view| {
-            for event in events {
-                match event {
-                    Event::Put(kv) => {
-                        if let Err(e) = keys.apply_put(view, kv) {
-                            tracing::warn!(error = %e, "ignored an unreadable key");
-                        }
-                    }
-                    Event::Delete { key, mod_revision } => {
-                        keys.apply_delete(view, key, *mod_revision)
-                    }
-                }
-            }
-            true
-        });
+        self.hand_over_all().await;
+        watcher.abort();
     }
 
     async fn reconcile(&mut self) {
@@ -148,10 +80,10 @@ impl Ownership {
         let lost: Vec<u32> = self
             .held
             .iter()
-            .filter(|&(shard, claim)| {
-                view.owners
-                    .get(shard)
-                    .is_none_or(|o| o.node != self.me || o.claim != *claim)
+            .filter(|&(shard, claim)| match view.owners.get(shard) {
+                Some(owner) => owner.node != self.me || owner.claim != *claim,
+                // A view listed before the claim was made does not show it yet.
+                None => view.revision >= *claim,
             })
             .map(|(&shard, _)| shard)
             .collect();
@@ -292,18 +224,92 @@ impl Ownership {
             self.host.close(shard, how).await;
         }
     }
+}
 
-    async fn drop_all_if_lease_gone(&mut self) {
-        if !self.lease.borrow().is_live() {
-            self.drop_all(Closing::Lost).await;
+/// Keeps `view` as etcd holds the cluster: a listing, then a watch from its
+/// revision, listed again whenever the watch breaks. Runs apart from the ownership
+/// task, so the view stays current while shards are being opened.
+async fn keep_view(
+    etcd: Etcd,
+    keys: Keys,
+    view: Arc<watch::Sender<View>>,
+    stop: CancellationToken,
+) {
+    let pause = |time| {
+        let stop = stop.clone();
+        async move {
+            tokio::select! {
+                () = stop.cancelled() => true,
+                () = tokio::time::sleep(time) => false,
+            }
+        }
+    };
+    loop {
+        let (kvs, revision) = match etcd.list(keys.root()).await {
+            Ok(listed) => listed,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list the cluster in etcd; trying again");
+                if pause(Duration::from_millis(500)).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        match keys.view_of(&kvs) {
+            Ok(mut listed) => {
+                listed.revision = revision;
+                view.send_replace(listed);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the cluster's keys cannot be read");
+                if pause(Duration::from_secs(1)).await {
+                    return;
+                }
+                continue;
+            }
+        }
+        let mut watch = match etcd.watch(keys.root(), revision + 1).await {
+            Ok(watch) => watch,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not watch the cluster in etcd; listing again");
+                if pause(Duration::from_millis(500)).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        loop {
+            let events = tokio::select! {
+                () = stop.cancelled() => return,
+                events = watch.next() => events,
+            };
+            match events {
+                Ok(events) => apply(&keys, &view, &events),
+                Err(e) => {
+                    tracing::debug!(error = %e, "the cluster watch ended; listing again");
+                    break;
+                }
+            }
         }
     }
+}
 
-    /// Waits `time`; true when the node is leaving meanwhile.
-    async fn pause(&self, time: Duration) -> bool {
-        tokio::select! {
-            () = self.stop.cancelled() => true,
-            () = tokio::time::sleep(time) => false,
+fn apply(keys: &Keys, view: &watch::Sender<View>, events: &[Event]) {
+    view.send_if_modified(|view| {
+        for event in events {
+            match event {
+                Event::Put(kv) => {
+                    view.revision = view.revision.max(kv.mod_revision);
+                    if let Err(e) = keys.apply_put(view, kv) {
+                        tracing::warn!(error = %e, "ignored an unreadable key");
+                    }
+                }
+                Event::Delete { key, mod_revision } => {
+                    view.revision = view.revision.max(*mod_revision);
+                    keys.apply_delete(view, key, *mod_revision)
+                }
+            }
         }
-    }
+        true
+    });
 }

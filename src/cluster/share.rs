@@ -21,12 +21,24 @@ pub fn fair_share<'a>(shards: u32, nodes: impl IntoIterator<Item = &'a str>, me:
     shards / n + u32::from((rank as u32) < shards % n)
 }
 
+/// The shard tenant `tenant` lives in, of `shards`: fixed by its name, so every node
+/// finds it without asking anyone.
+pub fn shard_of(tenant: &str, shards: u32) -> u32 {
+    (stable_hash(tenant.as_bytes()) % u64::from(shards.max(1))) as u32
+}
+
 /// How much `node` wants `shard`: higher first.
 pub fn preference(node: &str, shard: u32) -> u64 {
-    // FNV-1a then a finaliser: stable across processes and versions, unlike the
-    // standard library's hashers.
+    let mut key = node.as_bytes().to_vec();
+    key.extend_from_slice(&shard.to_be_bytes());
+    stable_hash(&key)
+}
+
+/// FNV-1a then a finaliser: the same on every node and in every version, unlike the
+/// standard library's hashers.
+fn stable_hash(bytes: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in node.bytes().chain(shard.to_be_bytes()) {
+    for &byte in bytes {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
@@ -67,6 +79,16 @@ mod tests {
         assert_eq!(fair_share(16, ["a", "b"], "c"), 0);
         assert_eq!(fair_share(16, ["a", "b", "c"], "a"), 6);
         assert_eq!(fair_share(16, ["c", "a", "b"], "c"), 5);
+    }
+
+    #[test]
+    fn tenants_spread_over_the_shards() {
+        let mut counts = [0u32; 8];
+        for i in 0..800 {
+            counts[shard_of(&format!("tenant-{i}"), 8) as usize] += 1;
+        }
+        assert!(counts.iter().all(|&c| c > 60), "{counts:?}");
+        assert_eq!(shard_of("default", 1), 0);
     }
 
     #[test]

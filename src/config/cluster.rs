@@ -16,6 +16,8 @@ pub struct ClusterConfig {
     /// This node's id: unique among the cluster's live nodes, the same after a
     /// restart. Letters, digits, `-` and `_`.
     pub node_id: String,
+    /// Where this node listens for the other nodes (port 0: any free port).
+    pub listen: std::net::SocketAddr,
     /// The host clients and other nodes reach this node at (default: the native
     /// listener's address).
     pub advertise_host: Option<String>,
@@ -33,6 +35,7 @@ impl Default for ClusterConfig {
             etcd: vec!["http://127.0.0.1:2379".into()],
             name: "canopy".into(),
             node_id: String::new(),
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 7422)),
             advertise_host: None,
             shards: 16,
             lease_secs: 5,

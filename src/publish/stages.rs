@@ -226,7 +226,7 @@ impl Publisher {
         };
         // A dead-letter subject longer than subjects may be is refused, not kept.
         let keep = binding.stored.on_invalid == OnInvalid::DeadLetter
-            && self.broker.store().is_some()
+            && self.broker.stores_messages()
             && validate_native_subject(
                 &binding.dead_letter_subject(publish.subject),
                 &self.limits.subjects,

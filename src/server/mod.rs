@@ -7,6 +7,7 @@
 //! broker the other.
 
 pub mod http;
+mod links;
 mod listener;
 pub mod mqtt;
 pub mod native;
@@ -160,6 +161,8 @@ pub struct Server {
     tls: Option<tls::Tls>,
     /// This node's membership, when it is one of a cluster's.
     cluster: Option<crate::cluster::Cluster>,
+    /// Ends the links to the other nodes.
+    links_stop: CancellationToken,
 }
 
 impl Server {
@@ -224,17 +227,7 @@ impl Server {
                 open_single_store(&config, &broker, settings).await?;
                 None
             }
-            Some(_) => {
-                tracing::warn!(
-                    "cluster mode is being built (issue 28): this node takes its share of \
-                     the shards and opens their stores, but does not yet store or route \
-                     messages through them; it serves clients as a live-only server"
-                );
-                Some(Arc::new(shards::ShardStores::new(
-                    Arc::clone(&broker),
-                    settings,
-                )))
-            }
+            Some(cluster) => Some(shards::Joining::prepare(cluster, &broker, settings).await?),
         };
         let tls_on = |listener: &str| config.tls.on(listener);
         let mut listeners = vec![crate::schemas::asyncapi::Listener {
@@ -261,25 +254,25 @@ impl Server {
         }
         broker.advertise(listeners);
         broker.open_tenants().await?;
+        let links_stop = CancellationToken::new();
         let cluster = match (&config.cluster, shards) {
-            (Some(cluster), Some(shards)) => {
-                let advertised = |addr: SocketAddr| match &cluster.advertise_host {
-                    Some(host) => format!("{host}:{}", addr.port()),
-                    None => addr.to_string(),
+            (Some(cluster), Some(joining)) => {
+                let addresses = shards::Addresses {
+                    native: native_addr,
+                    mqtt: mqtt.as_ref().map(|(_, addr)| *addr),
+                    http: http.as_ref().map(|(_, addr)| *addr),
                 };
-                let node = crate::cluster::NodeRecord {
-                    id: cluster.node_id.clone(),
-                    native: advertised(native_addr),
-                    mqtt: mqtt.as_ref().map(|(_, addr)| advertised(*addr)),
-                    http: http.as_ref().map(|(_, addr)| advertised(*addr)),
-                    joined_ms: crate::clock::system_ms(),
-                };
-                Some(crate::cluster::Cluster::join(cluster, node, shards).await?)
+                Some(
+                    joining
+                        .join(cluster, &broker, addresses, links_stop.clone())
+                        .await?,
+                )
             }
             _ => None,
         };
         Ok(Server {
             cluster,
+            links_stop,
             config: Arc::new(config),
             broker,
             native,
@@ -393,6 +386,7 @@ impl Server {
             // node's lease ends.
             cluster.leave().await;
         }
+        self.links_stop.cancel();
         if let Some(store) = self.broker.store()
             && let Err(error) = store.close().await
         {

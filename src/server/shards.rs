@@ -1,4 +1,5 @@
-//! The shards a cluster node owns, each its own store under the store's place, opened
+//! A cluster node's server side: joining (its mesh, its listener for the other nodes,
+//! its record), and the shards it owns, each its own store under the store's place, opened
 //! when the node wins the shard and closed when it hands it over or loses it.
 //!
 //! Must never: keep serving a shard after [`ShardHost::close`], or open one twice.
@@ -6,23 +7,37 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::ServerError;
 use crate::broker::Broker;
 use crate::broker::durable::StoreRouter;
+use crate::broker::mesh::Mesh;
 use crate::cluster::{Closing, ShardHost};
+use crate::config::ClusterConfig;
 use crate::store::{Store, StoreSettings};
 
 /// The node's open shard stores.
 pub struct ShardStores {
     broker: Arc<Broker>,
+    mesh: Arc<crate::broker::mesh::Mesh>,
     /// The settings every shard's store is opened with, but for its place.
     settings: StoreSettings,
     open: tokio::sync::Mutex<BTreeMap<u32, Arc<Store>>>,
 }
 
 impl ShardStores {
-    pub fn new(broker: Arc<Broker>, settings: StoreSettings) -> Self {
+    pub fn new(
+        broker: Arc<Broker>,
+        mesh: Arc<crate::broker::mesh::Mesh>,
+        settings: StoreSettings,
+    ) -> Self {
         Self {
             broker,
+            mesh,
             settings,
             open: tokio::sync::Mutex::default(),
         }
@@ -52,7 +67,9 @@ impl ShardHost for ShardStores {
         let store = Store::open(settings, Arc::new(StoreRouter::new(&self.broker)))
             .await
             .map_err(|e| e.to_string())?;
-        open.insert(shard, Arc::new(store));
+        let store = Arc::new(store);
+        open.insert(shard, Arc::clone(&store));
+        self.mesh.open_shard(shard, store);
         Ok(())
     }
 
@@ -60,6 +77,8 @@ impl ShardHost for ShardStores {
         let Some(store) = self.open.lock().await.remove(&shard) else {
             return;
         };
+        // Publishes for its tenants go to the next owner from now on.
+        self.mesh.close_shard(shard);
         match (how, store.close().await) {
             (_, Ok(())) => {}
             (Closing::Handover, Err(error)) => {
@@ -71,5 +90,93 @@ impl ShardHost for ShardStores {
                 tracing::warn!(shard, %error, "closed a lost shard's store")
             }
         }
+    }
+}
+
+/// A node about to join its cluster: its mesh attached to the broker, its shards'
+/// host ready and its listener for the other nodes bound.
+pub(super) struct Joining {
+    shards: Arc<ShardStores>,
+    mesh: Arc<Mesh>,
+    listener: TcpListener,
+}
+
+/// The addresses a node's clients reach it at.
+pub(super) struct Addresses {
+    pub native: SocketAddr,
+    pub mqtt: Option<SocketAddr>,
+    pub http: Option<SocketAddr>,
+}
+
+impl Joining {
+    pub(super) async fn prepare(
+        cluster: &ClusterConfig,
+        broker: &Arc<Broker>,
+        settings: StoreSettings,
+    ) -> Result<Self, ServerError> {
+        tracing::warn!(
+            "cluster mode is being built (issue 28): publishes and subscriptions work across \
+             nodes; reads, groups, tenants and users do not yet"
+        );
+        let mesh = Arc::new(Mesh::new(&cluster.node_id, cluster.shards));
+        broker.attach_mesh(Arc::clone(&mesh));
+        let listener =
+            TcpListener::bind(cluster.listen)
+                .await
+                .map_err(|source| ServerError::Bind {
+                    protocol: "cluster",
+                    addr: cluster.listen,
+                    source,
+                })?;
+        Ok(Self {
+            shards: Arc::new(ShardStores::new(
+                Arc::clone(broker),
+                Arc::clone(&mesh),
+                settings,
+            )),
+            mesh,
+            listener,
+        })
+    }
+
+    /// Joins: the node's record (its addresses as the others reach them) in etcd,
+    /// its share of the shards claimed, its links to the other nodes started.
+    pub(super) async fn join(
+        self,
+        cluster: &ClusterConfig,
+        broker: &Arc<Broker>,
+        addresses: Addresses,
+        stop: CancellationToken,
+    ) -> Result<crate::cluster::Cluster, ServerError> {
+        let link = self
+            .listener
+            .local_addr()
+            .map_err(|source| ServerError::Bind {
+                protocol: "cluster",
+                addr: cluster.listen,
+                source,
+            })?;
+        let advertised = |addr: SocketAddr| match &cluster.advertise_host {
+            Some(host) => format!("{host}:{}", addr.port()),
+            None => addr.to_string(),
+        };
+        let node = crate::cluster::NodeRecord {
+            id: cluster.node_id.clone(),
+            link: advertised(link),
+            native: advertised(addresses.native),
+            mqtt: addresses.mqtt.map(advertised),
+            http: addresses.http.map(advertised),
+            joined_ms: crate::clock::system_ms(),
+        };
+        let joined = crate::cluster::Cluster::join(cluster, node, self.shards).await?;
+        super::links::start(
+            Arc::clone(broker),
+            self.mesh,
+            cluster.name.clone(),
+            self.listener,
+            joined.view(),
+            stop,
+        );
+        Ok(joined)
     }
 }

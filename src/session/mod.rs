@@ -217,14 +217,10 @@ impl Session {
     /// sequencer's queue is full, which holds this publisher back and no one else.
     /// False when the store is closing (what was not taken was never acked).
     pub async fn send_appends(&mut self) -> bool {
-        let Some(store) = self.publisher.broker.store().cloned() else {
-            self.appends.clear();
-            return true;
-        };
         let mut appends = std::mem::take(&mut self.appends);
         let mut taken = true;
         for request in appends.drain(..) {
-            if store.append(request).await.is_err() {
+            if self.publisher.broker.append(request).await.is_err() {
                 taken = false;
                 break;
             }

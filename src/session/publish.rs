@@ -314,13 +314,11 @@ impl Publisher {
             &mut appends,
         );
         wakes.wake_all();
-        if let Some(store) = self.broker.store() {
-            for append in appends {
-                if store.append(append).await.is_err() {
-                    tracing::warn!(
-                        "a message published for a closed connection was not stored: the store is closing"
-                    );
-                }
+        for append in appends {
+            if self.broker.append(append).await.is_err() {
+                tracing::warn!(
+                    "a message published for a closed connection was not stored: the store is closing"
+                );
             }
         }
         Ok(published)

@@ -58,6 +58,7 @@ fn config(name: &str, node: &str, shards: u32) -> ClusterConfig {
 fn record(node: &str) -> NodeRecord {
     NodeRecord {
         id: node.to_owned(),
+        link: String::new(),
         native: "127.0.0.1:4222".into(),
         mqtt: None,
         http: None,

@@ -5,11 +5,12 @@
 
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use serde_json::Value;
 
 use super::{etcd_endpoint, fresh_cluster_name};
 use crate::cli::{ServeProcess, run};
-use crate::common::{eventually, s3_env};
+use crate::common::{eventually, publish_acked, s3_env};
 
 const SHARDS: u32 = 6;
 const LEASE_SECS: u64 = 2;
@@ -23,6 +24,7 @@ fn node_env(cluster: &str, node: &str) -> Vec<(String, String)> {
             ("CANOPY_CLUSTER__NODE_ID", node.to_owned()),
             ("CANOPY_CLUSTER__SHARDS", SHARDS.to_string()),
             ("CANOPY_CLUSTER__LEASE_SECS", LEASE_SECS.to_string()),
+            ("CANOPY_CLUSTER__LISTEN", "127.0.0.1:0".to_owned()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v)),
@@ -181,4 +183,119 @@ async fn a_node_stalled_past_its_lease_drops_its_shards_on_waking_and_rejoins() 
             >= 3,
         "{b_log:#?}"
     );
+}
+
+/// The MQTT address of node `node`, from the cluster's status.
+fn mqtt_address(status: &Value, node: &str) -> (String, u16) {
+    let address = status["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["id"] == node)
+        .and_then(|n| n["mqtt"].as_str())
+        .expect("the node's MQTT address");
+    let (host, port) = address.rsplit_once(':').expect("host:port");
+    (host.to_owned(), port.parse().expect("port"))
+}
+
+#[tokio::test]
+async fn a_wildcard_subscriber_on_one_node_gets_what_publishers_on_the_others_send() {
+    let cluster = fresh_cluster_name();
+    let a = start(&cluster, "a").await;
+    let b = start(&cluster, "b").await;
+    let c = start(&cluster, "c").await;
+    let status = settled(&cluster, &[("a", 2), ("b", 2), ("c", 2)]).await;
+
+    let watcher = async_nats::connect(&a.url).await.expect("connect to a");
+    let mut orders = watcher.subscribe("orders.>").await.expect("subscribe");
+    watcher.flush().await.expect("flush");
+    let on_b = async_nats::connect(&b.url).await.expect("connect to b");
+    // a's interest reaches b over their link in the background: probe until it has.
+    let probing = Instant::now();
+    loop {
+        on_b.publish("orders.probe", "probe".into())
+            .await
+            .expect("publish");
+        if tokio::time::timeout(Duration::from_millis(200), orders.next())
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(
+            probing.elapsed() < Duration::from_secs(10),
+            "a's interest never reached b"
+        );
+    }
+    while tokio::time::timeout(Duration::from_millis(300), orders.next())
+        .await
+        .is_ok()
+    {}
+
+    // Stored, acknowledged publishes through b (which may or may not own the
+    // default tenant's shard) and QoS 1 MQTT publishes through c.
+    let (host, port) = mqtt_address(&status, "c");
+    let mut options = rumqttc::MqttOptions::new("device-on-c", host, port);
+    options.set_keep_alive(Duration::from_secs(30));
+    let (device, mut events) = rumqttc::AsyncClient::new(options, 64);
+    let acked = tokio::spawn(async move {
+        let mut acks = 0;
+        while acks < 20 {
+            match events.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) => acks += 1,
+                Ok(_) => {}
+                Err(e) => panic!("MQTT connection to c failed: {e}"),
+            }
+        }
+    });
+    for i in 0..20 {
+        device
+            .publish(
+                format!("orders/mqtt/{}", i % 2),
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                format!("c{i}"),
+            )
+            .await
+            .expect("queued");
+    }
+    for i in 0..30 {
+        publish_acked(&on_b, &format!("orders.native.{}", i % 3), format!("b{i}")).await;
+    }
+    tokio::time::timeout(Duration::from_secs(20), acked)
+        .await
+        .expect("c acks every MQTT publish")
+        .expect("acks");
+
+    let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let mut total = 0;
+    while total < 50 {
+        let message = tokio::time::timeout(Duration::from_secs(10), orders.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {total} of 50 reached a: {seen:?}"))
+            .expect("subscription open");
+        total += 1;
+        seen.entry(message.subject.to_string())
+            .or_default()
+            .push(String::from_utf8_lossy(&message.payload).into_owned());
+    }
+    // Once each, in each subject's order.
+    for (subject, payloads) in &seen {
+        let mine: Vec<u32> = payloads
+            .iter()
+            .map(|p| p[1..].parse().expect("n"))
+            .collect();
+        let mut sorted = mine.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(mine, sorted, "{subject}: out of order or repeated");
+    }
+    assert_eq!(seen.len(), 5, "{seen:?}");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), orders.next())
+            .await
+            .is_err(),
+        "a message came twice"
+    );
+    drop((a, b, c));
 }

@@ -1,0 +1,561 @@
+//! A cluster node's routing among the other nodes: where each tenant's messages are
+//! stored (its shard's owner), the interest every other node's subscriptions make,
+//! and the frames that carry messages, forwarded publishes and their acks between
+//! nodes. The sockets are the server's ([`Links`]); this module only decides what to
+//! send to whom.
+//!
+//! A message routed on this node is sent once to each other node whose interest
+//! matches it; a message that came from another node is delivered here only, never
+//! sent on, so no message crosses more than one link after its owner routed it. A
+//! queue group whose members are spread over nodes gets the message once: here if a
+//! member here matches, else on one node chosen among those with members.
+//!
+//! Must never: wait on a link (a full or broken link drops the frame and counts it),
+//! or route a message that came over a link to another node.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use canopy_protocols::link::{self, Frame};
+use canopy_subjects::Pattern;
+use parking_lot::{Mutex, RwLock};
+
+use super::{Message, Tenant};
+use crate::store::{AckTo, AppendOutcome, AppendRequest, Expectation, Store};
+
+/// The server's side of the links: sockets, buffers, reconnects.
+pub trait Links: Send + Sync + 'static {
+    /// Queues `frame` for node `to`. False when the link is down or its buffer full:
+    /// the frame is dropped.
+    fn send(&self, to: &str, frame: Vec<u8>) -> bool;
+    /// Queues `frame` for every node linked now.
+    fn broadcast(&self, frame: &[u8]);
+    /// Queues an answer for node `to` on its own link to this node (where what it
+    /// answers came from), else on this node's link to it.
+    fn reply(&self, to: &str, frame: Vec<u8>) -> bool;
+}
+
+/// Where a tenant's messages are stored, as this node sees it now.
+pub enum Home {
+    /// This node owns the tenant's shard.
+    Here(Arc<Store>),
+    /// Another node does.
+    Owner(Arc<str>),
+    /// Nobody does this moment: the shard is moving.
+    Moving,
+}
+
+/// One interest a node announced: its pattern (as [`interest_text`]) and queue group.
+pub type Interest = (String, Option<Box<str>>);
+
+/// What each other node said it is interested in, by tenant.
+type InterestOf = HashMap<Arc<str>, HashSet<(Arc<str>, Interest)>>;
+
+/// A publish to answer on this node with the outcome of its append, which another
+/// node stored (or could not).
+pub struct Answer {
+    pub tenant: Arc<str>,
+    pub ack: AckTo,
+    pub outcome: AppendOutcome,
+}
+
+/// A forwarded append waiting for its outcome.
+struct Pending {
+    tenant: Arc<str>,
+    node: Arc<str>,
+    ack: Option<AckTo>,
+}
+
+/// This node's place among the others.
+pub struct Mesh {
+    me: Arc<str>,
+    shards: u32,
+    links: std::sync::OnceLock<Arc<dyn Links>>,
+    /// Each shard's owner as last seen.
+    owners: RwLock<Vec<Option<Arc<str>>>>,
+    /// The stores of the shards this node owns.
+    stores: RwLock<BTreeMap<u32, Arc<Store>>>,
+    /// What each other node said it is interested in: (tenant, pattern, queue).
+    interest_of: Mutex<InterestOf>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    next_append: AtomicU64,
+    /// Frames dropped because a link was down or full.
+    pub dropped: AtomicU64,
+}
+
+impl Mesh {
+    pub fn new(me: &str, shards: u32) -> Self {
+        Self {
+            me: Arc::from(me),
+            shards,
+            links: std::sync::OnceLock::new(),
+            owners: RwLock::new(vec![None; shards as usize]),
+            stores: RwLock::default(),
+            interest_of: Mutex::default(),
+            pending: Mutex::default(),
+            next_append: AtomicU64::new(1),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Attaches the links; later calls are ignored.
+    pub fn attach_links(&self, links: Arc<dyn Links>) {
+        let _ = self.links.set(links);
+    }
+
+    pub fn me(&self) -> &Arc<str> {
+        &self.me
+    }
+
+    pub fn shard_of(&self, tenant: &str) -> u32 {
+        crate::cluster::share::shard_of(tenant, self.shards)
+    }
+
+    /// Where `tenant`'s messages are stored now.
+    pub fn home(&self, tenant: &str) -> Home {
+        let shard = self.shard_of(tenant);
+        if let Some(store) = self.stores.read().get(&shard) {
+            return Home::Here(Arc::clone(store));
+        }
+        match self.owners.read().get(shard as usize).cloned().flatten() {
+            Some(owner) if owner != self.me => Home::Owner(owner),
+            _ => Home::Moving,
+        }
+    }
+
+    /// Records the owners of every shard, as the cluster's view says.
+    pub fn set_owners(&self, owners: Vec<Option<Arc<str>>>) {
+        *self.owners.write() = owners;
+    }
+
+    /// A shard's store, open on this node from now on.
+    pub fn open_shard(&self, shard: u32, store: Arc<Store>) {
+        self.stores.write().insert(shard, store);
+    }
+
+    /// Takes a shard's store away from this node.
+    pub fn close_shard(&self, shard: u32) -> Option<Arc<Store>> {
+        self.stores.write().remove(&shard)
+    }
+
+    /// The stores open on this node.
+    pub fn stores(&self) -> Vec<(u32, Arc<Store>)> {
+        self.stores
+            .read()
+            .iter()
+            .map(|(shard, store)| (*shard, Arc::clone(store)))
+            .collect()
+    }
+
+    fn send(&self, to: &str, frame: Vec<u8>) -> bool {
+        let sent = self.links.get().is_some_and(|links| links.send(to, frame));
+        if !sent {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        sent
+    }
+
+    /// Tells every node that this one's interest in `pattern` (`queue`) for `tenant`
+    /// began or ended.
+    pub fn announce(&self, tenant: &str, pattern: &str, queue: Option<&str>, add: bool) {
+        let Some(links) = self.links.get() else {
+            return;
+        };
+        let mut frame = Vec::new();
+        link::encode(
+            &Frame::Interest {
+                add,
+                tenant,
+                pattern,
+                queue,
+            },
+            &mut frame,
+        );
+        links.broadcast(&frame);
+    }
+
+    /// Records node `from`'s interest in `tenant`'s remote trie.
+    pub fn note_interest(
+        &self,
+        tenant: &Tenant,
+        from: &Arc<str>,
+        pattern: &str,
+        queue: Option<&str>,
+        add: bool,
+    ) {
+        let Some(parsed) = parse_interest(pattern) else {
+            tracing::warn!(node = %from, pattern, "ignored interest in a pattern that does not parse");
+            return;
+        };
+        let key = (
+            Arc::clone(&tenant.name),
+            (pattern.to_owned(), queue.map(Box::from)),
+        );
+        let mut all = self.interest_of.lock();
+        let of_node = all.entry(Arc::clone(from)).or_default();
+        if add {
+            if of_node.insert(key) {
+                tenant.remote.insert(&parsed, queue, Arc::clone(from));
+            }
+        } else if of_node.remove(&key) {
+            tenant.remote.remove(&parsed, queue, from);
+        }
+    }
+
+    /// Forgets everything node `node` was interested in (its link went down; it
+    /// sends all of it again when the link is back). `tenant` finds a tenant by name.
+    pub fn forget_node(&self, node: &str, tenant: impl Fn(&str) -> Arc<Tenant>) {
+        let Some(interest) = self.interest_of.lock().remove(node) else {
+            return;
+        };
+        let node: Arc<str> = Arc::from(node);
+        for (name, (pattern, queue)) in interest {
+            if let Some(parsed) = parse_interest(&pattern) {
+                tenant(&name)
+                    .remote
+                    .remove(&parsed, queue.as_deref(), &node);
+            }
+        }
+    }
+
+    /// Sends `msg`, routed here, to every other node with matching interest; the
+    /// queue groups `served_here` got it here already. Returns how many nodes it
+    /// went to.
+    pub fn forward(
+        &self,
+        tenant: &Tenant,
+        msg: &Message<'_>,
+        served_here: &[&str],
+        skip_conn: Option<u64>,
+    ) -> usize {
+        // The nodes with plain interest, and for each queue group one node.
+        let mut plain: Vec<Arc<str>> = Vec::new();
+        let mut names: Vec<Box<str>> = Vec::new();
+        tenant
+            .remote
+            .for_each_match(msg.subject, &mut |nodes, groups| {
+                for node in nodes {
+                    if !plain.contains(node) {
+                        plain.push(Arc::clone(node));
+                    }
+                }
+                for group in groups {
+                    if served_here.contains(&&*group.name) || group.members.is_empty() {
+                        continue;
+                    }
+                    if !names.contains(&group.name) {
+                        names.push(group.name.clone());
+                    }
+                }
+            });
+        if plain.is_empty() && names.is_empty() {
+            return 0;
+        }
+        // One node per queue group, picked at random among its members' nodes.
+        let mut chosen: Vec<(Box<str>, Arc<str>)> = Vec::new();
+        for name in names {
+            let mut seen = 0u64;
+            let mut pick: Option<Arc<str>> = None;
+            tenant.remote.for_each_match(msg.subject, &mut |_, groups| {
+                for group in groups.iter().filter(|g| g.name == name) {
+                    for node in &group.members {
+                        seen += 1;
+                        if fastrand::u64(..seen) == 0 {
+                            pick = Some(Arc::clone(node));
+                        }
+                    }
+                }
+            });
+            if let Some(node) = pick {
+                chosen.push((name, node));
+            }
+        }
+        let mut targets: Vec<Arc<str>> = plain.clone();
+        for (_, node) in &chosen {
+            if !targets.contains(node) {
+                targets.push(Arc::clone(node));
+            }
+        }
+        for node in &targets {
+            let queues: Vec<&str> = chosen
+                .iter()
+                .filter(|(_, n)| n == node)
+                .map(|(name, _)| &**name)
+                .collect();
+            let mut frame = Vec::with_capacity(64 + msg.payload.len());
+            link::encode(
+                &Frame::Msg(link::Msg {
+                    tenant: &tenant.name,
+                    subject: msg.subject,
+                    shown_as: msg.shown_as,
+                    reply: msg.reply,
+                    headers: msg.headers,
+                    payload: msg.payload,
+                    origin: msg.origin,
+                    no_echo: skip_conn.is_some_and(|conn| conn == msg.origin),
+                    flags: msg.flags,
+                    version: msg.version,
+                    offset: msg.offset,
+                    plain: plain.contains(node),
+                    queues,
+                }),
+                &mut frame,
+            );
+            self.send(node, frame);
+        }
+        targets.len()
+    }
+
+    /// Sends an append to `owner`, to be stored there; its ack comes back as an
+    /// `Ack` frame. When the link is down, the answer to give its publisher now.
+    pub fn forward_append(&self, owner: &Arc<str>, request: AppendRequest) -> Option<Answer> {
+        let id = self.next_append.fetch_add(1, Ordering::Relaxed);
+        let mut frame = Vec::with_capacity(128);
+        let messages = request
+            .messages
+            .iter()
+            .map(|m| link::AppendMessage {
+                headers: &m.headers,
+                payload: &m.payload,
+                flags: m.flags,
+            })
+            .collect();
+        link::encode(
+            &Frame::Append(link::Append {
+                id,
+                tenant: &request.tenant,
+                subject: &request.subject,
+                expect: request.expect.map(expect_to_wire),
+                msg_id: request.msg_id.as_deref(),
+                durable: request.durability == crate::store::Durability::Durable,
+                ack: request.ack.as_ref().map(|a| a.flags),
+                origin: request.route.origin,
+                route_flags: request.route.flags,
+                reply: request.route.reply.as_deref(),
+                compaction: request.compaction.map(|c| link::Compaction {
+                    every: c.every,
+                    reducer: match c.reducer {
+                        crate::store::reduce::ReducerKind::Last => 0,
+                        crate::store::reduce::ReducerKind::JsonMerge => 1,
+                    },
+                    keep_history: c.keep_history,
+                }),
+                max_versions: request.max_versions,
+                retain: request.retain,
+                messages,
+            }),
+            &mut frame,
+        );
+        self.pending.lock().insert(
+            id,
+            Pending {
+                tenant: Arc::clone(&request.tenant),
+                node: Arc::clone(owner),
+                ack: request.ack,
+            },
+        );
+        if self.send(owner, frame) {
+            return None;
+        }
+        let pending = self.pending.lock().remove(&id)?;
+        answer(pending, unavailable(owner))
+    }
+
+    /// The answer to an append that cannot be stored now: not stored.
+    pub fn refuse_append(&self, request: AppendRequest, reason: &str) -> Option<Answer> {
+        Some(Answer {
+            tenant: request.tenant,
+            ack: request.ack?,
+            outcome: AppendOutcome::Failed {
+                reason: reason.to_owned(),
+            },
+        })
+    }
+
+    /// The outcome of append `id` came back from its owner: the answer to give.
+    pub fn acked(&self, id: u64, outcome: AppendOutcome) -> Option<Answer> {
+        let pending = self.pending.lock().remove(&id)?;
+        answer(pending, outcome)
+    }
+
+    /// Sends the outcome of a forwarded append back to the node it came from.
+    pub fn send_ack(&self, ack: &AckTo, outcome: &AppendOutcome) {
+        let Some((node, id)) = parse_remote_ack(&ack.address) else {
+            return;
+        };
+        let mut frame = Vec::with_capacity(64);
+        link::encode(
+            &Frame::Ack {
+                id,
+                outcome: outcome_to_wire(outcome),
+            },
+            &mut frame,
+        );
+        let sent = self
+            .links
+            .get()
+            .is_some_and(|links| links.reply(node, frame));
+        if !sent {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The answers, not stored, to every append forwarded to `node` and not answered
+    /// yet: the link it went on broke.
+    pub fn fail_pending(&self, node: &str) -> Vec<Answer> {
+        let failed: Vec<Pending> = {
+            let mut pending = self.pending.lock();
+            let ids: Vec<u64> = pending
+                .iter()
+                .filter(|(_, p)| *p.node == *node)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| pending.remove(&id))
+                .collect()
+        };
+        failed
+            .into_iter()
+            .filter_map(|pending| answer(pending, unavailable(node)))
+            .collect()
+    }
+}
+
+fn answer(pending: Pending, outcome: AppendOutcome) -> Option<Answer> {
+    Some(Answer {
+        tenant: pending.tenant,
+        ack: pending.ack?,
+        outcome,
+    })
+}
+
+fn unavailable(node: &str) -> AppendOutcome {
+    AppendOutcome::Failed {
+        reason: format!("the tenant's shard owner (node {node}) cannot be reached; not stored"),
+    }
+}
+
+/// The ack address of append `id` from node `node`.
+pub fn remote_ack_address(node: &str, id: u64) -> bytes::Bytes {
+    bytes::Bytes::from(format!("{node} {id}"))
+}
+
+fn parse_remote_ack(address: &[u8]) -> Option<(&str, u64)> {
+    let text = std::str::from_utf8(address).ok()?;
+    let (node, id) = text.split_once(' ')?;
+    Some((node, id.parse().ok()?))
+}
+
+/// Interest travels as `n:` and a native pattern, or `m:` and an MQTT filter (whose
+/// `#` also matches its parent, which no native pattern says).
+pub fn interest_text(pattern: &Pattern) -> String {
+    match pattern.to_native() {
+        Some(native) => format!("n:{native}"),
+        None => format!("m:{}", pattern.to_mqtt()),
+    }
+}
+
+fn parse_interest(text: &str) -> Option<Pattern> {
+    if let Some(native) = text.strip_prefix("n:") {
+        Pattern::parse_native(native).ok()
+    } else {
+        Pattern::parse_mqtt(text.strip_prefix("m:")?).ok()
+    }
+}
+
+pub fn expect_to_wire(expect: Expectation) -> link::Expect {
+    match expect {
+        Expectation::Version(v) => link::Expect::Version(v),
+        Expectation::LastOffset(v) => link::Expect::LastOffset(v),
+        Expectation::StreamOffset(v) => link::Expect::StreamOffset(v),
+    }
+}
+
+pub fn expect_from_wire(expect: link::Expect) -> Expectation {
+    match expect {
+        link::Expect::Version(v) => Expectation::Version(v),
+        link::Expect::LastOffset(v) => Expectation::LastOffset(v),
+        link::Expect::StreamOffset(v) => Expectation::StreamOffset(v),
+    }
+}
+
+pub fn outcome_to_wire(outcome: &AppendOutcome) -> link::Outcome<'_> {
+    match outcome {
+        AppendOutcome::Stored {
+            subject,
+            version,
+            offset,
+            count,
+        } => link::Outcome::Stored {
+            subject,
+            version: *version,
+            offset: *offset,
+            count: *count as u64,
+        },
+        AppendOutcome::Duplicate {
+            subject,
+            version,
+            offset,
+        } => link::Outcome::Duplicate {
+            subject,
+            version: *version,
+            offset: *offset,
+        },
+        AppendOutcome::Conflict {
+            subject,
+            expected,
+            current_version,
+            current_offset,
+        } => link::Outcome::Conflict {
+            subject,
+            expected: expect_to_wire(*expected),
+            current_version: *current_version,
+            current_offset: *current_offset,
+        },
+        AppendOutcome::Failed { reason } => link::Outcome::Failed { reason },
+        AppendOutcome::QuotaExceeded { reason } => link::Outcome::QuotaExceeded { reason },
+    }
+}
+
+pub fn outcome_from_wire(outcome: &link::Outcome<'_>) -> AppendOutcome {
+    match *outcome {
+        link::Outcome::Stored {
+            subject,
+            version,
+            offset,
+            count,
+        } => AppendOutcome::Stored {
+            subject: Arc::from(subject),
+            version,
+            offset,
+            count: count as usize,
+        },
+        link::Outcome::Duplicate {
+            subject,
+            version,
+            offset,
+        } => AppendOutcome::Duplicate {
+            subject: Arc::from(subject),
+            version,
+            offset,
+        },
+        link::Outcome::Conflict {
+            subject,
+            expected,
+            current_version,
+            current_offset,
+        } => AppendOutcome::Conflict {
+            subject: Arc::from(subject),
+            expected: expect_from_wire(expected),
+            current_version,
+            current_offset,
+        },
+        link::Outcome::Failed { reason } => AppendOutcome::Failed {
+            reason: reason.to_owned(),
+        },
+        link::Outcome::QuotaExceeded { reason } => AppendOutcome::QuotaExceeded {
+            reason: reason.to_owned(),
+        },
+    }
+}

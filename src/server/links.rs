@@ -1,0 +1,504 @@
+//! The links between the nodes of a cluster: this node dials every other node it
+//! sees in the cluster's view and sends on that connection; it accepts the others'
+//! connections and reads from them. Frames are the `link` protocol's.
+//!
+//! What goes out to a node waits in a bounded queue; when the queue is full or the
+//! node unreachable, the frame is dropped and counted (a message not delivered, a
+//! forwarded publish answered as not stored), so no node waits on another. A node
+//! that links to this one first sends its whole interest, then every change.
+//!
+//! Must never: block routing on a socket, or apply a frame from a connection that did
+//! not say it belongs to this cluster.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use canopy_protocols::link::{self, Frame};
+use parking_lot::RwLock;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::Broker;
+use crate::broker::durable::{ACK_JETSTREAM, ACK_REMOTE};
+use crate::broker::mesh::{self, Links, Mesh};
+use crate::cluster::View;
+use crate::store::{AckTo, AppendRequest, Compaction, Durability, NewMessage, RouteTag};
+
+/// Frames waiting for one node.
+const QUEUE_FRAMES: usize = 65_536;
+/// The largest frame a node accepts: a full message plus its names and headers.
+const MAX_FRAME: usize = 64 << 20;
+
+/// The sending side of every link.
+pub struct LinkSet {
+    senders: RwLock<HashMap<Arc<str>, mpsc::Sender<Vec<u8>>>>,
+    /// The way back on each node's own link to this one, for answers.
+    returns: RwLock<HashMap<Arc<str>, mpsc::Sender<Vec<u8>>>>,
+}
+
+impl Links for LinkSet {
+    fn send(&self, to: &str, frame: Vec<u8>) -> bool {
+        // Either connection between two nodes carries any frame: this node's own
+        // link first, the other's when this one is not up yet.
+        let sender = self.senders.read().get(to).cloned();
+        let sender = sender.or_else(|| self.returns.read().get(to).cloned());
+        sender.is_some_and(|sender| sender.try_send(frame).is_ok())
+    }
+
+    fn reply(&self, to: &str, frame: Vec<u8>) -> bool {
+        let back = self.returns.read().get(to).cloned();
+        let back = back.or_else(|| self.senders.read().get(to).cloned());
+        back.is_some_and(|sender| sender.try_send(frame).is_ok())
+    }
+
+    fn broadcast(&self, frame: &[u8]) {
+        for sender in self.senders.read().values() {
+            let _ = sender.try_send(frame.to_vec());
+        }
+    }
+}
+
+/// Starts the links: the listener for the other nodes, and a dialer that follows
+/// the cluster's view.
+pub fn start(
+    broker: Arc<Broker>,
+    mesh: Arc<Mesh>,
+    cluster: String,
+    listener: TcpListener,
+    view: watch::Receiver<View>,
+    stop: CancellationToken,
+) {
+    let links = Arc::new(LinkSet {
+        senders: RwLock::default(),
+        returns: RwLock::default(),
+    });
+    mesh.attach_links(links.clone());
+    tokio::spawn(accept(
+        Arc::clone(&broker),
+        Arc::clone(&mesh),
+        Arc::clone(&links),
+        cluster.clone(),
+        listener,
+        stop.clone(),
+    ));
+    tokio::spawn(dial_all(broker, mesh, links, cluster, view, stop));
+}
+
+/// Keeps one outgoing link to every other live node, and the shards' owners known.
+async fn dial_all(
+    broker: Arc<Broker>,
+    mesh: Arc<Mesh>,
+    links: Arc<LinkSet>,
+    cluster: String,
+    mut view: watch::Receiver<View>,
+    stop: CancellationToken,
+) {
+    let mut dialers: HashMap<Arc<str>, (String, CancellationToken)> = HashMap::new();
+    loop {
+        let current = view.borrow_and_update().clone();
+        let owners = (0..current.shards)
+            .map(|shard| {
+                current
+                    .owners
+                    .get(&shard)
+                    .map(|o| Arc::from(o.node.as_str()))
+            })
+            .collect();
+        mesh.set_owners(owners);
+        dialers.retain(|node, (address, token)| {
+            let keep = current
+                .nodes
+                .get(&**node)
+                .is_some_and(|record| record.link == *address);
+            if !keep {
+                token.cancel();
+            }
+            keep
+        });
+        for (id, record) in &current.nodes {
+            if **id == **mesh.me() || record.link.is_empty() || dialers.contains_key(id.as_str()) {
+                continue;
+            }
+            let node: Arc<str> = Arc::from(id.as_str());
+            let token = stop.child_token();
+            dialers.insert(Arc::clone(&node), (record.link.clone(), token.clone()));
+            tokio::spawn(dial(
+                Arc::clone(&broker),
+                Arc::clone(&mesh),
+                Arc::clone(&links),
+                cluster.clone(),
+                mesh.me().clone(),
+                node,
+                record.link.clone(),
+                token,
+            ));
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            changed = view.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// One outgoing link, dialled again after every failure until `stop`.
+#[allow(clippy::too_many_arguments)]
+async fn dial(
+    broker: Arc<Broker>,
+    mesh: Arc<Mesh>,
+    links: Arc<LinkSet>,
+    cluster: String,
+    me: Arc<str>,
+    node: Arc<str>,
+    address: String,
+    stop: CancellationToken,
+) {
+    loop {
+        let session = async {
+            let stream = TcpStream::connect(&address).await?;
+            stream.set_nodelay(true)?;
+            let (reading, mut stream) = stream.into_split();
+            // Answers to what this node sends (acks) come back on the same link.
+            let answers = tokio::spawn(read_link(
+                Arc::clone(&broker),
+                Arc::clone(&mesh),
+                Arc::clone(&links),
+                cluster.clone(),
+                reading,
+                Ok(Arc::clone(&node)),
+                stop.clone(),
+            ));
+            let _answers = AbortOnDrop(answers);
+            let (sender, mut queue) = mpsc::channel::<Vec<u8>>(QUEUE_FRAMES);
+            links
+                .senders
+                .write()
+                .insert(Arc::clone(&node), sender.clone());
+            let mut hello = Vec::new();
+            link::encode(
+                &Frame::Hello {
+                    version: link::VERSION,
+                    cluster: &cluster,
+                    node: &me,
+                },
+                &mut hello,
+            );
+            // The whole interest after the hello; changes queue behind it.
+            for (tenant, pattern, queue) in broker.interest_snapshot() {
+                link::encode(
+                    &Frame::Interest {
+                        add: true,
+                        tenant: &tenant,
+                        pattern: &pattern,
+                        queue: queue.as_deref(),
+                    },
+                    &mut hello,
+                );
+            }
+            stream.write_all(&hello).await?;
+            tracing::info!(node = %node, %address, "linked to node");
+            let mut batch = Vec::with_capacity(256);
+            let mut out = Vec::with_capacity(64 << 10);
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return Ok::<(), std::io::Error>(()),
+                    n = queue.recv_many(&mut batch, 256) => {
+                        if n == 0 {
+                            return Ok(());
+                        }
+                        out.clear();
+                        for frame in batch.drain(..) {
+                            out.extend_from_slice(&frame);
+                        }
+                        stream.write_all(&out).await?;
+                    }
+                }
+            }
+        }
+        .await;
+        links.senders.write().remove(&node);
+        // What was sent on the link and not answered will not be now.
+        broker.answer(mesh.fail_pending(&node));
+        if let Err(error) = session {
+            tracing::debug!(node = %node, %address, %error, "link to node failed; dialling again");
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+    }
+}
+
+async fn accept(
+    broker: Arc<Broker>,
+    mesh: Arc<Mesh>,
+    links: Arc<LinkSet>,
+    cluster: String,
+    listener: TcpListener,
+    stop: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((stream, peer)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let (reading, writing) = stream.into_split();
+        let (sender, queue) = mpsc::channel::<Vec<u8>>(QUEUE_FRAMES);
+        tokio::spawn(write_back(writing, queue, peer));
+        tokio::spawn(read_incoming(
+            Arc::clone(&broker),
+            Arc::clone(&mesh),
+            Arc::clone(&links),
+            cluster.clone(),
+            reading,
+            sender,
+            stop.clone(),
+        ));
+    }
+}
+
+/// Reads a link another node dialled, answering on its way back; when it ends,
+/// forgets what that node said it was interested in.
+async fn read_incoming(
+    broker: Arc<Broker>,
+    mesh: Arc<Mesh>,
+    links: Arc<LinkSet>,
+    cluster: String,
+    reading: OwnedReadHalf,
+    back: mpsc::Sender<Vec<u8>>,
+    stop: CancellationToken,
+) {
+    let from = read_link(
+        Arc::clone(&broker),
+        Arc::clone(&mesh),
+        Arc::clone(&links),
+        cluster,
+        reading,
+        Err(back.clone()),
+        stop,
+    )
+    .await;
+    if let Some(node) = from {
+        let mut returns = links.returns.write();
+        if returns.get(&node).is_some_and(|s| s.same_channel(&back)) {
+            returns.remove(&node);
+        }
+        drop(returns);
+        mesh.forget_node(&node, |name| broker.tenant(name));
+    }
+}
+
+/// Writes the answers of one incoming link.
+async fn write_back(
+    mut writing: OwnedWriteHalf,
+    mut queue: mpsc::Receiver<Vec<u8>>,
+    peer: SocketAddr,
+) {
+    let mut batch = Vec::with_capacity(256);
+    let mut out = Vec::with_capacity(16 << 10);
+    while queue.recv_many(&mut batch, 256).await > 0 {
+        out.clear();
+        for frame in batch.drain(..) {
+            out.extend_from_slice(&frame);
+        }
+        if let Err(error) = writing.write_all(&out).await {
+            tracing::debug!(%peer, %error, "answering on a link failed");
+            return;
+        }
+    }
+}
+
+/// Reads frames from one link until it ends; returns the node it was from. `side`
+/// is the node this one dialled, or for an incoming link (which says who it is in
+/// its hello) the way back to it, for answers.
+async fn read_link(
+    broker: Arc<Broker>,
+    mesh: Arc<Mesh>,
+    links: Arc<LinkSet>,
+    cluster: String,
+    mut reading: OwnedReadHalf,
+    side: Result<Arc<str>, mpsc::Sender<Vec<u8>>>,
+    stop: CancellationToken,
+) -> Option<Arc<str>> {
+    let peer = reading.peer_addr().ok();
+    let dialled = side.is_ok();
+    let (mut from, back) = match side {
+        Ok(node) => (Some(node), None),
+        Err(back) => (None, Some(back)),
+    };
+    let mut buffer: Vec<u8> = Vec::with_capacity(64 << 10);
+    let ended = loop {
+        let mut used = 0;
+        let mut refused = false;
+        loop {
+            match link::decode(&buffer[used..], MAX_FRAME) {
+                Ok(Some((frame, n))) => {
+                    used += n;
+                    let was_known = from.is_some();
+                    if let Err(reason) = apply(&broker, &mesh, &cluster, &mut from, frame).await {
+                        tracing::warn!(?peer, %reason, "refused a link");
+                        refused = true;
+                        break;
+                    }
+                    if !was_known && let (Some(node), Some(back)) = (&from, &back) {
+                        links.returns.write().insert(Arc::clone(node), back.clone());
+                    }
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::warn!(?peer, %error, "a node sent a bad frame; dropping its link");
+                    refused = true;
+                    break;
+                }
+            }
+        }
+        if refused {
+            break "refused";
+        }
+        buffer.drain(..used);
+        if buffer.capacity() - buffer.len() < 16 << 10 {
+            buffer.reserve(64 << 10);
+        }
+        let read = tokio::select! {
+            () = stop.cancelled() => break "stopping",
+            read = reading.read_buf(&mut buffer) => read,
+        };
+        match read {
+            Ok(0) => break "closed",
+            Ok(_) => {}
+            Err(_) => break "read failed",
+        }
+    };
+    if let Some(node) = &from
+        && !dialled
+    {
+        tracing::info!(node = %node, reason = ended, "link from node ended");
+    }
+    from
+}
+
+/// Applies one frame from node `from` (set by its hello). `Err` ends the link.
+async fn apply(
+    broker: &Arc<Broker>,
+    mesh: &Mesh,
+    cluster: &str,
+    from: &mut Option<Arc<str>>,
+    frame: Frame<'_>,
+) -> Result<(), String> {
+    let node = match (&*from, &frame) {
+        (
+            None,
+            Frame::Hello {
+                cluster: theirs,
+                node,
+                ..
+            },
+        ) => {
+            if *theirs != cluster {
+                return Err(format!("node {node} is of cluster {theirs}"));
+            }
+            *from = Some(Arc::from(*node));
+            return Ok(());
+        }
+        (None, _) => return Err("a link must start with a hello".into()),
+        (Some(node), _) => Arc::clone(node),
+    };
+    match frame {
+        Frame::Hello { .. } => {}
+        Frame::Interest {
+            add,
+            tenant,
+            pattern,
+            queue,
+        } => {
+            mesh.note_interest(&broker.tenant(tenant), &node, pattern, queue, add);
+        }
+        Frame::Msg(msg) => broker.route_from_link(&msg),
+        Frame::Append(append) => store_forwarded(broker, mesh, &node, append).await,
+        Frame::Ack { id, outcome } => {
+            broker.answer(mesh.acked(id, mesh::outcome_from_wire(&outcome)));
+        }
+    }
+    Ok(())
+}
+
+/// Stores an append another node forwarded here, its ack going back to that node.
+async fn store_forwarded(broker: &Broker, mesh: &Mesh, from: &Arc<str>, append: link::Append<'_>) {
+    let ack = append.ack.map(|flags| AckTo {
+        address: mesh::remote_ack_address(from, append.id),
+        flags: ACK_REMOTE | (flags & ACK_JETSTREAM),
+        cargo: None,
+    });
+    let request = AppendRequest {
+        tenant: Arc::from(append.tenant),
+        subject: Arc::from(append.subject),
+        messages: append
+            .messages
+            .iter()
+            .map(|m| NewMessage {
+                headers: Bytes::copy_from_slice(m.headers),
+                payload: Bytes::copy_from_slice(m.payload),
+                flags: m.flags,
+            })
+            .collect(),
+        expect: append.expect.map(mesh::expect_from_wire),
+        msg_id: append.msg_id.map(Box::from),
+        durability: if append.durable {
+            Durability::Durable
+        } else {
+            Durability::Received
+        },
+        ack,
+        route: RouteTag {
+            origin: append.origin,
+            flags: append.route_flags,
+            reply: append.reply.map(Bytes::copy_from_slice),
+        },
+        compaction: append.compaction.map(|c| Compaction {
+            every: c.every,
+            reducer: if c.reducer == 1 {
+                crate::store::reduce::ReducerKind::JsonMerge
+            } else {
+                crate::store::reduce::ReducerKind::Last
+            },
+            keep_history: c.keep_history,
+        }),
+        max_versions: append.max_versions,
+        retain: append.retain,
+    };
+    match mesh.home(append.tenant) {
+        mesh::Home::Here(store) => {
+            if store.append(request).await.is_err() {
+                tracing::warn!(
+                    tenant = append.tenant,
+                    "a forwarded append found its shard's store closing"
+                );
+            }
+        }
+        // The shard moved on: the entry node answers its publisher as not stored.
+        _ => broker.answer(mesh.refuse_append(
+            request,
+            "the tenant's shard moved to another node while the publish was on its way; not \
+             stored, try again",
+        )),
+    }
+}
+
+/// Aborts a task when dropped: a link's reader ends with its writer.
+struct AbortOnDrop(tokio::task::JoinHandle<Option<Arc<str>>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
