@@ -30,6 +30,7 @@ const INTEREST_REMOVE: u8 = 3;
 const MSG: u8 = 4;
 const APPEND: u8 = 5;
 const ACK: u8 = 6;
+const CALL: u8 = 7;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum LinkError {
@@ -166,6 +167,24 @@ pub enum Frame<'a> {
         id: u64,
         outcome: Outcome<'a>,
     },
+    /// An API call (`$CANOPY.…`, `$JS.…`) for the owner of its tenant's shard, which
+    /// answers on the reply subject like any call.
+    Call(Call<'a>),
+}
+
+/// An API call another node took from its client, with who made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call<'a> {
+    pub tenant: &'a str,
+    pub user: Option<&'a str>,
+    pub client: &'a str,
+    pub origin: u64,
+    pub operation: &'a str,
+    pub reply: Option<&'a str>,
+    pub body: &'a [u8],
+    /// The calling connection's limits: subject length and tokens, payload bytes,
+    /// subscriptions.
+    pub limits: [u64; 4],
 }
 
 /// Appends `frame`'s bytes to `out`.
@@ -221,6 +240,19 @@ pub fn encode(frame: &Frame<'_>, out: &mut Vec<u8>) {
             out.push(ACK);
             out.extend_from_slice(&id.to_be_bytes());
             encode_outcome(outcome, out);
+        }
+        Frame::Call(call) => {
+            out.push(CALL);
+            put_str(out, call.tenant);
+            put_opt(out, call.user, put_str);
+            put_str(out, call.client);
+            out.extend_from_slice(&call.origin.to_be_bytes());
+            put_str(out, call.operation);
+            put_opt(out, call.reply, put_str);
+            put_bytes(out, call.body);
+            for n in call.limits {
+                out.extend_from_slice(&n.to_be_bytes());
+            }
         }
     }
     let length = (out.len() - start - 4) as u32;
@@ -379,6 +411,21 @@ pub fn decode(buf: &[u8], max: usize) -> Result<Option<(Frame<'_>, usize)>, Link
             id: r.u64("id")?,
             outcome: decode_outcome(&mut r)?,
         },
+        CALL => Frame::Call(Call {
+            tenant: r.str("tenant")?,
+            user: r.opt(|r| r.str("user"))?,
+            client: r.str("client")?,
+            origin: r.u64("origin")?,
+            operation: r.str("operation")?,
+            reply: r.opt(|r| r.str("reply"))?,
+            body: r.bytes("body")?,
+            limits: [
+                r.u64("limits")?,
+                r.u64("limits")?,
+                r.u64("limits")?,
+                r.u64("limits")?,
+            ],
+        }),
         other => return Err(LinkError::UnknownKind(other)),
     };
     if !r.buf.is_empty() {
@@ -658,6 +705,16 @@ mod tests {
                 id: 14,
                 outcome: Outcome::Failed { reason: "fenced" },
             },
+            Frame::Call(Call {
+                tenant: "acme",
+                user: Some("ana"),
+                client: "ana's laptop",
+                origin: 77,
+                operation: "replay",
+                reply: Some("_INBOX.q.1"),
+                body: br#"{"subject":"orders.1"}"#,
+                limits: [4096, 128, 1 << 20, 0],
+            }),
         ]
     }
 

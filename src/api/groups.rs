@@ -193,8 +193,8 @@ async fn create(broker: &Arc<Broker>, store: &Store, call: &ApiCall) -> Result<V
         .create_group(tenant, &stored.spec.name, &record)
         .await?;
     let body = group_json(&stored);
-    if let Some(store) = broker.store() {
-        broker.groups().start(broker, store, &call.routes, stored);
+    if let Some(store) = broker.store_of(&call.routes.name) {
+        broker.groups().start(broker, &store, &call.routes, stored);
     }
     Ok(body)
 }

@@ -38,6 +38,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::broker::mesh::Home;
 use crate::broker::{Broker, Message, RouteScratch, Tenant, Wakes};
 use crate::store::{Snapshot, Store, StoreError, StoredMessage};
 use crate::tenancy::quota::ApiCallSlot;
@@ -95,6 +96,12 @@ pub struct ApiCall {
 /// Runs `call` in its own task. Without a reply subject there is nobody to answer,
 /// so the call is dropped.
 pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
+    if let Some(mesh) = broker.mesh()
+        && !matches!(mesh.home(&call.routes.name), Home::Here(_))
+    {
+        forward(&broker, mesh, &call);
+        return;
+    }
     if call.operation.starts_with("group.ack.") {
         groups::reply(&broker, &call);
         return;
@@ -130,14 +137,68 @@ pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
     }
     tokio::spawn(async move {
         answer.work = Some(Work::begin(slot).await);
-        let result = match broker.store() {
-            Some(store) => dispatch(&broker, store, &call, &mut answer).await,
+        let result = match broker.store_of(&call.routes.name) {
+            Some(store) => dispatch(&broker, &store, &call, &mut answer).await,
             None => Err(ApiError::new(503, "no store is configured")),
         };
         if let Err(error) = result {
             answer.error(error.code, &error.description);
         }
     });
+}
+
+/// Sends a call whose tenant's shard another node owns to that node, which answers
+/// it; refuses it when no node does this moment, or when the caller's rights cannot
+/// travel yet (a logged-in user or a guest: users are not yet seen by every node).
+fn forward(broker: &Arc<Broker>, mesh: &crate::broker::mesh::Mesh, call: &ApiCall) {
+    let refuse = |code, reason: &str| {
+        if let Some(reply) = &call.reply {
+            broker.refuse(&call.routes, reply, code, reason);
+        }
+    };
+    let owner = match mesh.home(&call.routes.name) {
+        Home::Owner(owner) => owner,
+        _ => {
+            refuse(
+                503,
+                "the tenant's shard is moving to another node; try again",
+            );
+            return;
+        }
+    };
+    if call.principal.acl.is_some() {
+        refuse(
+            503,
+            "this node does not own the tenant's shard, and calls of logged-in users are \
+             not forwarded yet in a cluster: connect to its owner",
+        );
+        return;
+    }
+    let limits = &call.limits;
+    let forwarded = mesh.forward_call(
+        &owner,
+        canopy_protocols::link::Call {
+            tenant: &call.routes.name,
+            user: call.principal.user.as_deref(),
+            client: &call.principal.client,
+            origin: call.origin,
+            operation: &call.operation,
+            reply: call.reply.as_deref(),
+            body: &call.body,
+            limits: [
+                limits.subjects.max_len as u64,
+                limits.subjects.max_tokens as u64,
+                limits.max_payload as u64,
+                limits.max_subscriptions as u64,
+            ],
+        },
+    );
+    if !forwarded {
+        refuse(
+            503,
+            &format!("the tenant's shard owner (node {owner}) cannot be reached"),
+        );
+    }
 }
 
 /// The header block of a 413 answer.

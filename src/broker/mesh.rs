@@ -46,6 +46,14 @@ pub enum Home {
     Moving,
 }
 
+/// A node's interest as a tenant's remote trie holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteNode {
+    pub node: Arc<str>,
+    /// The pattern is one subject exactly: a subscription that answers requests.
+    pub literal: bool,
+}
+
 /// One interest a node announced: its pattern (as [`interest_text`]) and queue group.
 pub type Interest = (String, Option<Box<str>>);
 
@@ -194,12 +202,16 @@ impl Mesh {
         );
         let mut all = self.interest_of.lock();
         let of_node = all.entry(Arc::clone(from)).or_default();
+        let value = RemoteNode {
+            node: Arc::clone(from),
+            literal: parsed.is_literal(),
+        };
         if add {
             if of_node.insert(key) {
-                tenant.remote.insert(&parsed, queue, Arc::clone(from));
+                tenant.remote.insert(&parsed, queue, value);
             }
         } else if of_node.remove(&key) {
-            tenant.remote.remove(&parsed, queue, from);
+            tenant.remote.remove(&parsed, queue, &value);
         }
     }
 
@@ -212,11 +224,37 @@ impl Mesh {
         let node: Arc<str> = Arc::from(node);
         for (name, (pattern, queue)) in interest {
             if let Some(parsed) = parse_interest(&pattern) {
+                let value = RemoteNode {
+                    node: Arc::clone(&node),
+                    literal: parsed.is_literal(),
+                };
                 tenant(&name)
                     .remote
-                    .remove(&parsed, queue.as_deref(), &node);
+                    .remove(&parsed, queue.as_deref(), &value);
             }
         }
+    }
+
+    /// Whether any subscription on another node matches `subject`.
+    pub fn has_interest(&self, tenant: &Tenant, subject: &str) -> bool {
+        let mut found = false;
+        tenant.remote.for_each_match(subject, &mut |plain, groups| {
+            found = found || !plain.is_empty() || groups.iter().any(|g| !g.members.is_empty());
+        });
+        found
+    }
+
+    /// Whether a subscription on another node answers requests on `subject` (a
+    /// queue group member, or a subscription to exactly it), as
+    /// `Broker::has_responder` asks of this node's own.
+    pub fn has_responder(&self, tenant: &Tenant, subject: &str) -> bool {
+        let mut found = false;
+        tenant.remote.for_each_match(subject, &mut |plain, groups| {
+            found = found
+                || groups.iter().any(|g| !g.members.is_empty())
+                || plain.iter().any(|remote| remote.literal);
+        });
+        found
     }
 
     /// Sends `msg`, routed here, to every other node with matching interest; the
@@ -235,9 +273,9 @@ impl Mesh {
         tenant
             .remote
             .for_each_match(msg.subject, &mut |nodes, groups| {
-                for node in nodes {
-                    if !plain.contains(node) {
-                        plain.push(Arc::clone(node));
+                for remote in nodes {
+                    if !plain.contains(&remote.node) {
+                        plain.push(Arc::clone(&remote.node));
                     }
                 }
                 for group in groups {
@@ -259,10 +297,10 @@ impl Mesh {
             let mut pick: Option<Arc<str>> = None;
             tenant.remote.for_each_match(msg.subject, &mut |_, groups| {
                 for group in groups.iter().filter(|g| g.name == name) {
-                    for node in &group.members {
+                    for remote in &group.members {
                         seen += 1;
                         if fastrand::u64(..seen) == 0 {
-                            pick = Some(Arc::clone(node));
+                            pick = Some(Arc::clone(&remote.node));
                         }
                     }
                 }
@@ -305,6 +343,14 @@ impl Mesh {
             self.send(node, frame);
         }
         targets.len()
+    }
+
+    /// Sends an API call to `owner`, which answers it on its reply subject (routed
+    /// back here by this node's interest in it). False when the link is down.
+    pub fn forward_call(&self, owner: &str, call: link::Call<'_>) -> bool {
+        let mut frame = Vec::with_capacity(128 + call.body.len());
+        link::encode(&Frame::Call(call), &mut frame);
+        self.send(owner, frame)
     }
 
     /// Sends an append to `owner`, to be stored there; its ack comes back as an

@@ -201,6 +201,18 @@ impl Broker {
         self.store.get()
     }
 
+    /// The store holding `tenant`'s data on this node: the one store, or in a
+    /// cluster its shard's when this node owns it.
+    pub fn store_of(&self, tenant: &str) -> Option<Arc<Store>> {
+        match self.mesh.get() {
+            Some(mesh) => match mesh.home(tenant) {
+                mesh::Home::Here(store) => Some(store),
+                _ => None,
+            },
+            None => self.store.get().cloned(),
+        }
+    }
+
     /// The policy under which `subject` is stored, when it is and a store is open.
     pub fn store_policy(&self, subject: &str) -> Option<&crate::config::StorePolicy> {
         if self.store.get().is_none() && self.mesh.get().is_none() {

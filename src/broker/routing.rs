@@ -208,6 +208,9 @@ impl Broker {
             found = found || !plain.is_empty() || groups.iter().any(|g| !g.members.is_empty());
         });
         found
+            || self
+                .mesh()
+                .is_some_and(|mesh| mesh.has_interest(routes, subject))
     }
 
     /// Whether a subscription that answers requests on `subject` matches it: a member
@@ -226,6 +229,9 @@ impl Broker {
                     .any(|sub| sub.pattern.is_literal() && other(sub));
         });
         found
+            || self
+                .mesh()
+                .is_some_and(|mesh| mesh.has_responder(routes, subject))
     }
 }
 

@@ -38,7 +38,7 @@ pub struct Tenant {
     /// Serialises the tenant's schema puts and deletes.
     pub schema_changes: tokio::sync::Mutex<()>,
     /// In a cluster: the other nodes' interest, each node the value of its patterns.
-    pub remote: SharedTrie<Arc<str>>,
+    pub remote: SharedTrie<super::mesh::RemoteNode>,
     /// In a cluster: how many subscriptions here make each interest (pattern as
     /// [`super::mesh::interest_text`], queue), so the others hear of its first and last.
     pub(super) interest: parking_lot::Mutex<std::collections::HashMap<super::mesh::Interest, u32>>,

@@ -428,8 +428,51 @@ async fn apply(
         Frame::Ack { id, outcome } => {
             broker.answer(mesh.acked(id, mesh::outcome_from_wire(&outcome)));
         }
+        Frame::Call(call) => run_forwarded_call(broker, call),
     }
     Ok(())
+}
+
+/// Runs an API call another node took from its client, as that client's: its
+/// answer goes to the reply subject, which routing carries back to that node.
+fn run_forwarded_call(broker: &Arc<Broker>, call: link::Call<'_>) {
+    // Never sent on again: two nodes whose views disagree for a moment would
+    // otherwise pass it back and forth.
+    if broker.store_of(call.tenant).is_none() {
+        if let Some(reply) = call.reply {
+            let reason =
+                "the tenant's shard moved to another node while the call was on its way; try again";
+            broker.refuse(&broker.tenant(call.tenant), reply, 503, reason);
+        }
+        return;
+    }
+    let [max_len, max_tokens, max_payload, max_subscriptions] = call
+        .limits
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    crate::api::spawn(
+        Arc::clone(broker),
+        crate::api::ApiCall {
+            principal: crate::tenancy::Principal {
+                tenant: Arc::from(call.tenant),
+                user: call.user.map(Arc::from),
+                client: Arc::from(call.client),
+                acl: None,
+            },
+            routes: broker.tenant(call.tenant),
+            limits: Arc::new(crate::publish::SessionLimits {
+                subjects: canopy_subjects::Limits {
+                    max_len,
+                    max_tokens,
+                },
+                max_payload,
+                max_subscriptions,
+            }),
+            origin: call.origin,
+            operation: call.operation.to_owned(),
+            reply: call.reply.map(str::to_owned),
+            body: Bytes::copy_from_slice(call.body),
+        },
+    );
 }
 
 /// Stores an append another node forwarded here, its ack going back to that node.

@@ -123,8 +123,8 @@ pub(super) fn ack(broker: &Arc<Broker>, call: &ApiCall) {
 
 /// Answers one `$JS.API.` call.
 pub(super) async fn dispatch(broker: &Arc<Broker>, call: &ApiCall, answer: &mut Answer) {
-    let result = match broker.store() {
-        Some(store) => call_api(broker, store, call, answer).await,
+    let result = match broker.store_of(&call.routes.name) {
+        Some(store) => call_api(broker, &store, call, answer).await,
         None => Err(JsError::new(
             503,
             10039,

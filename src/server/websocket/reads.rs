@@ -133,9 +133,13 @@ impl Connection {
 
     pub(super) fn store(&self) -> Result<Arc<crate::store::Store>, Refusal> {
         self.broker
-            .store()
-            .cloned()
-            .ok_or_else(|| refusal(ErrorCode::Unavailable, "the store is not open"))
+            .store_of(&self.session.routes().name)
+            .ok_or_else(|| {
+                refusal(
+                    ErrorCode::Unavailable,
+                    "the tenant's store is not open on this node",
+                )
+            })
     }
 }
 

@@ -2,6 +2,7 @@
 //! scripts/test-all.sh): membership, shard ownership, handover and lease loss.
 
 mod coordination;
+mod data;
 mod processes;
 
 /// The etcd the tests share; each test uses a cluster name of its own.

@@ -299,3 +299,65 @@ async fn a_wildcard_subscriber_on_one_node_gets_what_publishers_on_the_others_se
     );
     drop((a, b, c));
 }
+
+/// Three nodes, a, b and c, of a fresh cluster, settled with two shards each.
+pub struct Cluster3 {
+    pub name: String,
+    nodes: Vec<(String, ServeProcess)>,
+}
+
+impl Cluster3 {
+    pub async fn start() -> Cluster3 {
+        let name = fresh_cluster_name();
+        let mut nodes = Vec::new();
+        for id in ["a", "b", "c"] {
+            nodes.push((id.to_owned(), start(&name, id).await));
+        }
+        settled(&name, &[("a", 2), ("b", 2), ("c", 2)]).await;
+        Cluster3 { name, nodes }
+    }
+
+    pub async fn status(&self) -> Value {
+        status(&self.name).await
+    }
+
+    pub fn node(&self, id: &str) -> &ServeProcess {
+        &self
+            .nodes
+            .iter()
+            .find(|(n, _)| n == id)
+            .expect("a node of the cluster")
+            .1
+    }
+
+    /// Kills node `id` with SIGKILL and waits until it is gone.
+    pub async fn kill(&mut self, id: &str) {
+        let (_, node) = self
+            .nodes
+            .iter_mut()
+            .find(|(n, _)| n == id)
+            .expect("a node of the cluster");
+        node.child.start_kill().expect("kill -9");
+        node.child.wait().await.expect("reaped");
+        self.nodes.retain(|(n, _)| n != id);
+    }
+
+    /// A node other than `id`.
+    pub fn not(&self, id: &str) -> &ServeProcess {
+        &self
+            .nodes
+            .iter()
+            .find(|(n, _)| n != id)
+            .expect("another node")
+            .1
+    }
+}
+
+/// The node owning the default tenant's shard, as `status` says.
+pub fn owner_of_default(status: &Value) -> String {
+    let shard = canopy::cluster::share::shard_of("default", SHARDS);
+    status["owners"][shard as usize]["owner"]
+        .as_str()
+        .expect("the default tenant's shard has an owner")
+        .to_owned()
+}

@@ -1,0 +1,199 @@
+//! What a client sees of the data through any node of a cluster: stored publishes,
+//! versions, expectations, dedupe, replay and get through a node that does not own
+//! the tenant's shard are what the owner gives, and request/reply crosses nodes.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use super::processes::{Cluster3, owner_of_default};
+use crate::common::{WAIT, header, publish_acked, replay_subject, store_request};
+
+#[tokio::test]
+async fn a_non_owner_stores_and_reads_exactly_as_the_owner_does() {
+    let cluster = Cluster3::start().await;
+    let owner_id = owner_of_default(&cluster.status().await);
+    let owner = cluster.node(&owner_id);
+    let other = cluster.not(&owner_id);
+    let via_owner = async_nats::connect(&owner.url).await.expect("owner");
+    let via_other = async_nats::connect(&other.url).await.expect("other");
+
+    // Versions continue whichever node takes the publish.
+    let first = publish_acked(&via_other, "accounts.7", "opened").await;
+    let second = publish_acked(&via_owner, "accounts.7", "deposit").await;
+    let third = publish_acked(&via_other, "accounts.7", "withdrawal").await;
+    let versions: Vec<u64> = [&first, &second, &third]
+        .iter()
+        .map(|ack| ack["version"].as_u64().expect("version"))
+        .collect();
+    assert_eq!(versions, [1, 2, 3]);
+
+    // An expected version that no longer holds is a conflict through either node.
+    let mut stale = header("Canopy-Ack", "durable");
+    stale.insert("Canopy-Expected-Version", "2");
+    let conflict = store_request(&via_other, "accounts.7", stale, "late").await;
+    assert!(conflict.get("error").is_some(), "{conflict}");
+    let mut current = header("Canopy-Ack", "durable");
+    current.insert("Canopy-Expected-Version", "3");
+    let fourth = store_request(&via_other, "accounts.7", current, "interest").await;
+    assert_eq!(fourth["version"].as_u64(), Some(4), "{fourth}");
+
+    // A msg id seen through one node is a duplicate through the other.
+    let mut once = header("Canopy-Ack", "durable");
+    once.insert("Canopy-Msg-Id", "transfer-1");
+    let stored = store_request(&via_other, "accounts.7", once.clone(), "transfer").await;
+    let again = store_request(&via_owner, "accounts.7", once, "transfer").await;
+    assert_eq!(stored["version"], again["version"], "{stored} {again}");
+    assert_eq!(again["duplicate"].as_bool(), Some(true), "{again}");
+
+    // Replay and get answer the same through both nodes.
+    let from_owner = replay_subject(&via_owner, "accounts.7").await;
+    let from_other = replay_subject(&via_other, "accounts.7").await;
+    let texts = |all: &[crate::common::Stored]| -> Vec<(u64, String)> {
+        all.iter().map(|m| (m.version, m.text())).collect()
+    };
+    assert_eq!(texts(&from_owner), texts(&from_other));
+    assert_eq!(
+        texts(&from_other),
+        [
+            (1, "opened".to_owned()),
+            (2, "deposit".to_owned()),
+            (3, "withdrawal".to_owned()),
+            (4, "interest".to_owned()),
+            (5, "transfer".to_owned()),
+        ]
+    );
+    let got = tokio::time::timeout(
+        WAIT,
+        via_other.request(
+            "$CANOPY.get",
+            r#"{"subject":"accounts.7","version":2}"#.into(),
+        ),
+    )
+    .await
+    .expect("answered")
+    .expect("answer");
+    assert_eq!(&got.payload[..], b"deposit");
+}
+
+#[tokio::test]
+async fn a_request_reaches_a_service_on_another_node_and_its_answer_comes_back() {
+    let cluster = Cluster3::start().await;
+    let (a, b) = (cluster.node("a"), cluster.node("b"));
+    let service = async_nats::connect(&a.url).await.expect("service on a");
+    let mut requests = service
+        .queue_subscribe("prices.quote", "pricers".into())
+        .await
+        .expect("subscribe");
+    service.flush().await.expect("flush");
+    tokio::spawn(async move {
+        while let Some(request) = requests.next().await {
+            if let Some(reply) = request.reply {
+                let _ = service.publish(reply, "42.10".into()).await;
+            }
+        }
+    });
+    let client = async_nats::connect(&b.url).await.expect("client on b");
+    // The service's interest reaches b in the background.
+    let mut answer = None;
+    for _ in 0..50 {
+        match tokio::time::timeout(
+            Duration::from_millis(500),
+            client.request("prices.quote", "EURUSD".into()),
+        )
+        .await
+        {
+            Ok(Ok(message)) => {
+                answer = Some(message);
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let answer = answer.expect("the service on a answered a request made on b");
+    assert_eq!(&answer.payload[..], b"42.10");
+}
+
+/// Publishes `count` messages to `subject` through `client`, each with its own msg
+/// id, retrying each until it is acknowledged: the way a client rides out a node's
+/// failure. Returns how many tries failed.
+async fn publish_until_acked(client: async_nats::Client, subject: String, count: usize) -> usize {
+    let mut failures = 0;
+    for i in 0..count {
+        loop {
+            let mut headers = header("Canopy-Ack", "durable");
+            headers.insert("Canopy-Msg-Id", format!("{subject}-{i}").as_str());
+            let answer = tokio::time::timeout(
+                Duration::from_secs(3),
+                client.request_with_headers(subject.clone(), headers, format!("{i}").into()),
+            )
+            .await;
+            let acked = match answer {
+                Ok(Ok(message)) => serde_json::from_slice::<serde_json::Value>(&message.payload)
+                    .is_ok_and(|ack| ack.get("version").is_some()),
+                _ => false,
+            };
+            if acked {
+                break;
+            }
+            failures += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    failures
+}
+
+#[tokio::test]
+async fn killing_the_owner_under_load_loses_no_acknowledged_message() {
+    let mut cluster = Cluster3::start().await;
+    let owner_id = owner_of_default(&cluster.status().await);
+    let survivors: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .filter(|id| **id != owner_id)
+        .map(|id| id.to_string())
+        .collect();
+    let mut publishers = Vec::new();
+    for (n, id) in survivors.iter().enumerate() {
+        let client = async_nats::connect(&cluster.node(id).url)
+            .await
+            .expect("connect");
+        publishers.push(tokio::spawn(publish_until_acked(
+            client,
+            format!("load.p{n}"),
+            300,
+        )));
+    }
+    // Let them run, then kill the owner mid-stream.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let killed = std::time::Instant::now();
+    cluster.kill(&owner_id).await;
+    let mut failures = 0;
+    for publisher in publishers {
+        failures += tokio::time::timeout(Duration::from_secs(60), publisher)
+            .await
+            .expect("the publishers finish once the shard has a new owner")
+            .expect("publisher");
+    }
+    eprintln!(
+        "all acknowledged {:?} after kill -9 of the owner; {failures} tries failed meanwhile",
+        killed.elapsed()
+    );
+    let reader = async_nats::connect(&cluster.node(&survivors[0]).url)
+        .await
+        .expect("connect");
+    for n in 0..survivors.len() {
+        let stored = replay_subject(&reader, &format!("load.p{n}")).await;
+        let payloads: Vec<String> = stored.iter().map(crate::common::Stored::text).collect();
+        let expected: Vec<String> = (0..300).map(|i| i.to_string()).collect();
+        assert_eq!(
+            payloads, expected,
+            "load.p{n}: every acked message once, in order"
+        );
+        let versions: Vec<u64> = stored.iter().map(|m| m.version).collect();
+        assert_eq!(
+            versions,
+            (1..=300).collect::<Vec<u64>>(),
+            "load.p{n}: versions contiguous"
+        );
+    }
+}
