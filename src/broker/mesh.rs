@@ -132,9 +132,50 @@ impl Mesh {
         }
     }
 
-    /// Records the owners of every shard, as the cluster's view says.
-    pub fn set_owners(&self, owners: Vec<Option<Arc<str>>>) {
-        *self.owners.write() = owners;
+    /// Records the owners of every shard, as the cluster's view says. Appends
+    /// forwarded to a shard's previous owner and not answered yet never will be
+    /// (it died or stalled): their answers, to give now.
+    pub fn set_owners(&self, owners: Vec<Option<Arc<str>>>) -> Vec<Answer> {
+        let moved: Vec<(u32, Arc<str>)> = {
+            let mut current = self.owners.write();
+            let moved = current
+                .iter()
+                .zip(&owners)
+                .enumerate()
+                .filter_map(|(shard, (before, now))| match (before, now) {
+                    (Some(before), now) if now.as_ref() != Some(before) => {
+                        Some((shard as u32, Arc::clone(before)))
+                    }
+                    _ => None,
+                })
+                .collect();
+            *current = owners;
+            moved
+        };
+        if moved.is_empty() {
+            return Vec::new();
+        }
+        let lost: Vec<Pending> = {
+            let mut pending = self.pending.lock();
+            let ids: Vec<u64> = pending
+                .iter()
+                .filter(|(_, p)| {
+                    moved.iter().any(|(shard, node)| {
+                        *p.node == **node && self.shard_of(&p.tenant) == *shard
+                    })
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| pending.remove(&id))
+                .collect()
+        };
+        lost.into_iter()
+            .filter_map(|p| {
+                let node = Arc::clone(&p.node);
+                answer(p, unavailable(&node))
+            })
+            .collect()
     }
 
     /// A shard's store, open on this node from now on.
@@ -476,9 +517,14 @@ fn answer(pending: Pending, outcome: AppendOutcome) -> Option<Answer> {
     })
 }
 
+/// The answer to an append whose owner went away before answering: it may have
+/// stored it, or not; a retry with the same msg id is stored once either way.
 fn unavailable(node: &str) -> AppendOutcome {
     AppendOutcome::Failed {
-        reason: format!("the tenant's shard owner (node {node}) cannot be reached; not stored"),
+        reason: format!(
+            "the tenant's shard owner (node {node}) was lost before it answered; the publish \
+             may or may not be stored: retry with a msg id to store it once"
+        ),
     }
 }
 

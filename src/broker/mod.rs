@@ -232,8 +232,22 @@ impl Broker {
     /// forwarded append that cannot reach its owner is answered as not stored.
     pub async fn append(&self, request: crate::store::AppendRequest) -> Result<(), ()> {
         if let Some(mesh) = self.mesh.get() {
+            let request = match mesh.home(&request.tenant) {
+                mesh::Home::Here(store) => match store.try_append(request).await {
+                    Ok(()) => return Ok(()),
+                    // The shard was handed over meanwhile: where it is now.
+                    Err(request) => *request,
+                },
+                _ => request,
+            };
             return match mesh.home(&request.tenant) {
-                mesh::Home::Here(store) => store.append(request).await.map_err(drop),
+                mesh::Home::Here(_) => {
+                    self.answer(mesh.refuse_append(
+                        request,
+                        "the tenant's shard is closing on this node; not stored, try again",
+                    ));
+                    Ok(())
+                }
                 mesh::Home::Owner(owner) => {
                     let _ = mesh.forward_append(&owner, request);
                     Ok(())

@@ -110,7 +110,7 @@ async fn dial_all(
                     .map(|o| Arc::from(o.node.as_str()))
             })
             .collect();
-        mesh.set_owners(owners);
+        broker.answer(mesh.set_owners(owners));
         dialers.retain(|node, (address, token)| {
             let keep = current
                 .nodes
@@ -519,22 +519,20 @@ async fn store_forwarded(broker: &Broker, mesh: &Mesh, from: &Arc<str>, append: 
         max_versions: append.max_versions,
         retain: append.retain,
     };
-    match mesh.home(append.tenant) {
-        mesh::Home::Here(store) => {
-            if store.append(request).await.is_err() {
-                tracing::warn!(
-                    tenant = append.tenant,
-                    "a forwarded append found its shard's store closing"
-                );
-            }
-        }
-        // The shard moved on: the entry node answers its publisher as not stored.
-        _ => broker.answer(mesh.refuse_append(
-            request,
-            "the tenant's shard moved to another node while the publish was on its way; not \
-             stored, try again",
-        )),
-    }
+    let request = match mesh.home(append.tenant) {
+        mesh::Home::Here(store) => match store.try_append(request).await {
+            Ok(()) => return,
+            Err(request) => *request,
+        },
+        _ => request,
+    };
+    // The shard moved on (or is closing here): the entry node answers its
+    // publisher as not stored, and the publisher tries again.
+    broker.answer(mesh.refuse_append(
+        request,
+        "the tenant's shard moved to another node while the publish was on its way; not \
+         stored, try again",
+    ));
 }
 
 /// Aborts a task when dropped: a link's reader ends with its writer.

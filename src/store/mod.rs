@@ -428,10 +428,22 @@ impl Store {
 
     /// Queues an append; waits only while the sequencer's queue is full.
     pub async fn append(&self, request: AppendRequest) -> Result<(), StoreError> {
-        self.appends
-            .send(Input::Append(request))
+        self.try_append(request)
             .await
             .map_err(|_| StoreError::Closed)
+    }
+
+    /// [`Store::append`] that gives the request back when the store is closed, so
+    /// the caller can take it elsewhere (a cluster node whose shard just moved).
+    pub async fn try_append(&self, request: AppendRequest) -> Result<(), Box<AppendRequest>> {
+        match self.appends.send(Input::Append(request)).await {
+            Ok(()) => Ok(()),
+            Err(tokio::sync::mpsc::error::SendError(Input::Append(request))) => {
+                Err(Box::new(request))
+            }
+            // Only appends are sent here.
+            Err(_) => unreachable_append(),
+        }
     }
 
     /// Makes the sequencer forget a tenant before its data is purged.
@@ -531,6 +543,13 @@ impl Store {
     pub(crate) fn db(&self) -> &Db {
         &self.db
     }
+}
+
+#[cold]
+fn unreachable_append() -> Result<(), Box<AppendRequest>> {
+    // A send error hands back what was sent, which here is always an append; this
+    // arm exists for the type checker.
+    Ok(())
 }
 
 /// Writes `batch` and waits until it is durable: for the writes outside the

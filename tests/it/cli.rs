@@ -23,8 +23,17 @@ impl ServeProcess {
 
     /// Starts `canopy serve` with extra flags and environment variables.
     pub(crate) async fn start_with_env(extra: &[&str], env: &[(String, String)]) -> ServeProcess {
+        Self::start_on("127.0.0.1:0", extra, env).await
+    }
+
+    /// [`ServeProcess::start_with_env`] with the native listener on `listen`.
+    pub(crate) async fn start_on(
+        listen: &str,
+        extra: &[&str],
+        env: &[(String, String)],
+    ) -> ServeProcess {
         let data = tempfile::tempdir().expect("tempdir");
-        let mut child = canopy_serve("127.0.0.1:0")
+        let mut child = canopy_serve(listen)
             .args(extra)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .current_dir(data.path())

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use super::processes::{Cluster3, owner_of_default};
+use super::processes::{Cluster3, owner_of_default, signal};
 use crate::common::{WAIT, header, publish_acked, replay_subject, store_request};
 
 #[tokio::test]
@@ -114,6 +114,28 @@ async fn a_request_reaches_a_service_on_another_node_and_its_answer_comes_back()
     assert_eq!(&answer.payload[..], b"42.10");
 }
 
+/// Publishes `text` to `subject` with `text` as its msg id until it is acknowledged;
+/// returns the ack.
+async fn until_acked(client: &async_nats::Client, subject: &str, text: &str) -> serde_json::Value {
+    for _ in 0..100 {
+        let mut headers = header("Canopy-Ack", "durable");
+        headers.insert("Canopy-Msg-Id", text);
+        let answer = tokio::time::timeout(
+            Duration::from_secs(3),
+            client.request_with_headers(subject.to_owned(), headers, text.to_owned().into()),
+        )
+        .await;
+        if let Ok(Ok(message)) = answer
+            && let Ok(ack) = serde_json::from_slice::<serde_json::Value>(&message.payload)
+            && ack.get("version").is_some()
+        {
+            return ack;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{text} was never acknowledged");
+}
+
 /// Publishes `count` messages to `subject` through `client`, each with its own msg
 /// id, retrying each until it is acknowledged: the way a client rides out a node's
 /// failure. Returns how many tries failed.
@@ -194,6 +216,130 @@ async fn killing_the_owner_under_load_loses_no_acknowledged_message() {
             versions,
             (1..=300).collect::<Vec<u64>>(),
             "load.p{n}: versions contiguous"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_owner_that_wakes_after_its_shard_moved_stores_nothing() {
+    let cluster = Cluster3::start().await;
+    let owner_id = owner_of_default(&cluster.status().await);
+    let owner = cluster.node(&owner_id);
+    let other = cluster.not(&owner_id);
+    let on_owner = async_nats::connect(&owner.url).await.expect("owner");
+    let on_other = async_nats::connect(&other.url).await.expect("other");
+    let mut acked = Vec::new();
+    for i in 0..3 {
+        let text = format!("before{i}");
+        acked.push((until_acked(&on_other, "ledger.1", &text).await, text));
+    }
+
+    signal(owner, "-STOP");
+    crate::common::eventually(
+        "another node owns the shard",
+        Duration::from_secs(30),
+        || async {
+            let status = cluster.status().await;
+            let owners = status["owners"].as_array()?;
+            let shard = canopy::cluster::share::shard_of("default", owners.len() as u32);
+            let now = owners[shard as usize]["owner"].as_str()?;
+            (now != owner_id).then_some(())
+        },
+    )
+    .await;
+    for i in 0..3 {
+        let text = format!("after{i}");
+        acked.push((until_acked(&on_other, "ledger.1", &text).await, text));
+    }
+    signal(owner, "-CONT");
+    // The stale owner's own client publishes the moment it wakes: either its node
+    // already knows it lost the shard and forwards it, or it tries its old store,
+    // which the new owner's opening has fenced. Acked or refused, never both.
+    let mut stale = Vec::new();
+    for i in 0..5 {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            on_owner.request_with_headers(
+                "ledger.1",
+                header("Canopy-Ack", "durable"),
+                format!("stale{i}").into(),
+            ),
+        )
+        .await;
+        let ack = match answer {
+            Ok(Ok(message)) => serde_json::from_slice::<serde_json::Value>(&message.payload).ok(),
+            _ => None,
+        };
+        stale.push((ack, format!("stale{i}")));
+    }
+    eprintln!("the woken owner's client got: {stale:?}");
+    let stored = replay_subject(&on_other, "ledger.1").await;
+    let versions: Vec<u64> = stored.iter().map(|m| m.version).collect();
+    assert_eq!(
+        versions,
+        (1..=stored.len() as u64).collect::<Vec<_>>(),
+        "contiguous"
+    );
+    let texts: Vec<String> = stored.iter().map(crate::common::Stored::text).collect();
+    for (ack, text) in &acked {
+        assert!(texts.contains(text), "acked {text} ({ack}) lost: {texts:?}");
+    }
+    for (ack, text) in &stale {
+        let was_acked = ack.as_ref().is_some_and(|a| a.get("version").is_some());
+        assert_eq!(
+            texts.contains(text),
+            was_acked,
+            "{text}: stored must mean acked ({ack:?}); stored: {texts:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_rolling_restart_of_every_node_under_load_loses_nothing_acknowledged() {
+    let mut cluster = Cluster3::start().await;
+    let mut publishers = Vec::new();
+    for (n, id) in ["a", "b", "c"].iter().enumerate() {
+        let client = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect(&cluster.node(id).url)
+            .await
+            .expect("connect");
+        publishers.push(tokio::spawn(publish_until_acked(
+            client,
+            format!("rolling.p{n}"),
+            400,
+        )));
+    }
+    for id in ["a", "b", "c"] {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let log = cluster.restart(id).await;
+        let handed = log
+            .iter()
+            .filter(|l| l.contains("handed the shard over"))
+            .count();
+        assert!(
+            handed > 0,
+            "{id} handed nothing over when told to stop: {log:#?}"
+        );
+    }
+    let mut failures = 0;
+    for publisher in publishers {
+        failures += tokio::time::timeout(Duration::from_secs(120), publisher)
+            .await
+            .expect("the publishers finish")
+            .expect("publisher");
+    }
+    eprintln!("rolling restart: {failures} tries failed and were retried");
+    let reader = async_nats::connect(&cluster.node("a").url)
+        .await
+        .expect("connect");
+    for n in 0..3 {
+        let stored = replay_subject(&reader, &format!("rolling.p{n}")).await;
+        let payloads: Vec<String> = stored.iter().map(crate::common::Stored::text).collect();
+        let expected: Vec<String> = (0..400).map(|i| i.to_string()).collect();
+        assert_eq!(
+            payloads, expected,
+            "rolling.p{n}: every acked message once, in order"
         );
     }
 }

@@ -37,7 +37,7 @@ async fn start(cluster: &str, node: &str) -> ServeProcess {
 }
 
 /// `canopy cluster status --json`.
-async fn status(cluster: &str) -> Value {
+pub async fn status(cluster: &str) -> Value {
     let out = run(&[
         "cluster",
         "status",
@@ -89,7 +89,7 @@ async fn settled(cluster: &str, expected: &[(&str, u64)]) -> Value {
     .await
 }
 
-fn signal(process: &ServeProcess, signal: &str) {
+pub fn signal(process: &ServeProcess, signal: &str) {
     let pid = process.child.id().expect("running").to_string();
     let status = std::process::Command::new("kill")
         .args([signal, &pid])
@@ -300,10 +300,18 @@ async fn a_wildcard_subscriber_on_one_node_gets_what_publishers_on_the_others_se
     drop((a, b, c));
 }
 
-/// Three nodes, a, b and c, of a fresh cluster, settled with two shards each.
+/// Three nodes, a, b and c, of a fresh cluster, settled with two shards each. Each
+/// node's NATS listener keeps its port across restarts, so clients reconnect to it.
 pub struct Cluster3 {
     pub name: String,
-    nodes: Vec<(String, ServeProcess)>,
+    nodes: Vec<(String, String, ServeProcess)>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
 }
 
 impl Cluster3 {
@@ -311,10 +319,28 @@ impl Cluster3 {
         let name = fresh_cluster_name();
         let mut nodes = Vec::new();
         for id in ["a", "b", "c"] {
-            nodes.push((id.to_owned(), start(&name, id).await));
+            let listen = format!("127.0.0.1:{}", free_port());
+            let node = ServeProcess::start_on(&listen, &[], &node_env(&name, id)).await;
+            nodes.push((id.to_owned(), listen, node));
         }
         settled(&name, &[("a", 2), ("b", 2), ("c", 2)]).await;
         Cluster3 { name, nodes }
+    }
+
+    /// Stops node `id` with SIGTERM (it hands its shards over) and starts it again
+    /// on the same port; returns the stopped process's log.
+    pub async fn restart(&mut self, id: &str) -> Vec<String> {
+        let at = self
+            .nodes
+            .iter()
+            .position(|(n, _, _)| n == id)
+            .expect("a node of the cluster");
+        let (id, listen, old) = self.nodes.remove(at);
+        // The old process frees the port before the new one binds it.
+        let log = log_of(old).await;
+        let new = ServeProcess::start_on(&listen, &[], &node_env(&self.name, &id)).await;
+        self.nodes.insert(at, (id, listen, new));
+        log
     }
 
     pub async fn status(&self) -> Value {
@@ -325,21 +351,21 @@ impl Cluster3 {
         &self
             .nodes
             .iter()
-            .find(|(n, _)| n == id)
+            .find(|(n, _, _)| n == id)
             .expect("a node of the cluster")
-            .1
+            .2
     }
 
     /// Kills node `id` with SIGKILL and waits until it is gone.
     pub async fn kill(&mut self, id: &str) {
-        let (_, node) = self
+        let (_, _, node) = self
             .nodes
             .iter_mut()
-            .find(|(n, _)| n == id)
+            .find(|(n, _, _)| n == id)
             .expect("a node of the cluster");
         node.child.start_kill().expect("kill -9");
         node.child.wait().await.expect("reaped");
-        self.nodes.retain(|(n, _)| n != id);
+        self.nodes.retain(|(n, _, _)| n != id);
     }
 
     /// A node other than `id`.
@@ -347,9 +373,9 @@ impl Cluster3 {
         &self
             .nodes
             .iter()
-            .find(|(n, _)| n != id)
+            .find(|(n, _, _)| n != id)
             .expect("another node")
-            .1
+            .2
     }
 }
 
