@@ -80,6 +80,8 @@ pub struct Mesh {
     me: Arc<str>,
     shards: u32,
     links: std::sync::OnceLock<Arc<dyn Links>>,
+    /// Every live node's NATS address, for INFO's `connect_urls`.
+    client_urls: RwLock<Vec<String>>,
     /// Each shard's owner as last seen.
     owners: RwLock<Vec<Option<Arc<str>>>>,
     /// The stores of the shards this node owns.
@@ -98,6 +100,7 @@ impl Mesh {
             me: Arc::from(me),
             shards,
             links: std::sync::OnceLock::new(),
+            client_urls: RwLock::default(),
             owners: RwLock::new(vec![None; shards as usize]),
             stores: RwLock::default(),
             interest_of: Mutex::default(),
@@ -130,6 +133,16 @@ impl Mesh {
             Some(owner) if owner != self.me => Home::Owner(owner),
             _ => Home::Moving,
         }
+    }
+
+    /// Every live node's NATS address.
+    pub fn client_urls(&self) -> Vec<String> {
+        self.client_urls.read().clone()
+    }
+
+    /// Records every live node's NATS address, as the cluster's view says.
+    pub fn set_client_urls(&self, urls: Vec<String>) {
+        *self.client_urls.write() = urls;
     }
 
     /// Records the owners of every shard, as the cluster's view says. Appends

@@ -103,7 +103,7 @@ impl Broker {
     /// warning.
     pub async fn open_tenant(self: &Arc<Self>, name: &str) -> Result<Arc<Tenant>, StoreError> {
         let tenant = self.tenant(name);
-        let Some(store) = self.store().cloned() else {
+        let Some(store) = self.store_of(name) else {
             return Ok(tenant);
         };
         if let Some(record) = self.tenant_records.get(name) {
@@ -142,6 +142,44 @@ impl Broker {
             self.open_tenant(&record.name).await?;
         }
         Ok(())
+    }
+
+    /// Opens the tenants a shard's store holds, now that this node owns it: the
+    /// default tenant when it lives there, and every tenant recorded there. A tenant
+    /// that cannot be opened is logged and skipped.
+    pub async fn open_shard_tenants(self: &Arc<Self>, store: &crate::store::Store, shard: u32) {
+        let Some(mesh) = self.mesh() else {
+            return;
+        };
+        let mut names: Vec<String> = match store.tenants().await {
+            Ok(records) => records.into_iter().map(|r| r.name).collect(),
+            Err(error) => {
+                tracing::warn!(shard, %error, "the shard's tenant records cannot be read");
+                Vec::new()
+            }
+        };
+        let default = crate::tenancy::DEFAULT_TENANT;
+        if mesh.shard_of(default) == shard && !names.iter().any(|n| n == default) {
+            names.push(default.to_owned());
+        }
+        for name in names {
+            if let Err(error) = self.open_tenant(&name).await {
+                tracing::warn!(tenant = name, %error, "could not open a tenant of a shard this node now owns");
+            }
+        }
+    }
+
+    /// Stops what runs for the tenants of a shard this node no longer owns (their
+    /// consumer groups); their connections stay, served through the new owner.
+    pub fn release_shard_tenants(&self, shard: u32) {
+        let Some(mesh) = self.mesh() else {
+            return;
+        };
+        for tenant in self.tenants() {
+            if mesh.shard_of(&tenant.name) == shard {
+                tenant.groups.stop_all();
+            }
+        }
     }
 
     /// Makes a tenant's record current: the registry, the live quotas of its

@@ -111,6 +111,7 @@ async fn dial_all(
             })
             .collect();
         broker.answer(mesh.set_owners(owners));
+        mesh.set_client_urls(current.nodes.values().map(|n| n.native.clone()).collect());
         dialers.retain(|node, (address, token)| {
             let keep = current
                 .nodes

@@ -69,7 +69,8 @@ impl ShardHost for ShardStores {
             .map_err(|e| e.to_string())?;
         let store = Arc::new(store);
         open.insert(shard, Arc::clone(&store));
-        self.mesh.open_shard(shard, store);
+        self.mesh.open_shard(shard, Arc::clone(&store));
+        self.broker.open_shard_tenants(&store, shard).await;
         Ok(())
     }
 
@@ -79,6 +80,7 @@ impl ShardHost for ShardStores {
         };
         // Publishes for its tenants go to the next owner from now on.
         self.mesh.close_shard(shard);
+        self.broker.release_shard_tenants(shard);
         match (how, store.close().await) {
             (_, Ok(())) => {}
             (Closing::Handover, Err(error)) => {

@@ -97,6 +97,10 @@ pub struct ServerInfo {
     pub tls_required: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nonce: Option<String>,
+    /// The client addresses (`host:port`) of every node of the server's cluster,
+    /// which clients add to the servers they reconnect to.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub connect_urls: Vec<String>,
 }
 
 #[cfg(test)]

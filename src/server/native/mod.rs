@@ -108,6 +108,11 @@ impl NativeContext {
             auth_required: self.config.authz.require_login,
             tls_required: self.tls.is_some(),
             nonce: None,
+            connect_urls: self
+                .broker
+                .mesh()
+                .map(|mesh| mesh.client_urls())
+                .unwrap_or_default(),
         }
     }
 }

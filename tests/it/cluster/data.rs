@@ -343,3 +343,77 @@ async fn a_rolling_restart_of_every_node_under_load_loses_nothing_acknowledged()
         );
     }
 }
+
+#[tokio::test]
+async fn a_consumer_group_works_from_any_node_and_goes_on_after_its_owner_dies() {
+    use crate::groups::{await_cursors_stored, delivered, next, reply};
+    let mut cluster = Cluster3::start().await;
+    let owner_id = owner_of_default(&cluster.status().await);
+    let others: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .filter(|id| **id != owner_id)
+        .map(|id| id.to_string())
+        .collect();
+    let member = async_nats::connect(&cluster.node(&others[0]).url)
+        .await
+        .expect("member");
+    let publisher = async_nats::connect(&cluster.node(&others[1]).url)
+        .await
+        .expect("publisher");
+    let (status, created) = crate::common::api(
+        &member,
+        "group.create",
+        serde_json::json!({"name": "billing", "pattern": "invoices.>", "start": "all"}),
+    )
+    .await;
+    assert_eq!(
+        status, 200,
+        "created through a node that does not own it: {created}"
+    );
+    for n in 1..=3 {
+        publish_acked(&publisher, &format!("invoices.{n}"), "v1").await;
+    }
+    let body = serde_json::json!({"group": "billing", "max": 10});
+    let first = next(&member, body.clone()).await;
+    assert_eq!(
+        delivered(&first),
+        [
+            ("invoices.1".into(), 1, 1),
+            ("invoices.2".into(), 1, 1),
+            ("invoices.3".into(), 1, 1)
+        ]
+    );
+    for message in &first {
+        reply(&member, message, "+ACK").await;
+    }
+    await_cursors_stored(&member, "billing", 3).await;
+
+    cluster.kill(&owner_id).await;
+    let acked = until_acked(&publisher, "invoices.1", "v2").await;
+    assert_eq!(acked["version"].as_u64(), Some(2), "{acked}");
+    // The new owner runs the group from its stored cursors: only what is new comes.
+    let mut again = Vec::new();
+    for _ in 0..100 {
+        let info = tokio::time::timeout(
+            Duration::from_secs(3),
+            crate::common::api(
+                &member,
+                "group.info",
+                serde_json::json!({"name": "billing"}),
+            ),
+        )
+        .await;
+        if matches!(info, Ok((200, _))) {
+            again = next(&member, body.clone()).await;
+            if !again.is_empty() {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        delivered(&again),
+        [("invoices.1".into(), 2, 1)],
+        "no acknowledged message comes again"
+    );
+}

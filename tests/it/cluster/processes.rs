@@ -125,6 +125,20 @@ async fn three_nodes_share_the_shards_and_survivors_take_a_killed_nodes_shards()
         "{natives:?}"
     );
 
+    // NATS clients learn every node from INFO, to reconnect to another.
+    let info = first_line(a.url.trim_start_matches("nats://")).await;
+    let info: Value = serde_json::from_str(info.trim_start_matches("INFO ")).expect("INFO JSON");
+    let mut urls: Vec<&str> = info["connect_urls"]
+        .as_array()
+        .expect("connect_urls")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    urls.sort_unstable();
+    let mut expected: Vec<&str> = natives.clone();
+    expected.sort_unstable();
+    assert_eq!(urls, expected);
+
     let killed = Instant::now();
     c.child.start_kill().expect("kill -9");
     c.child.wait().await.expect("reaped");
@@ -386,4 +400,18 @@ pub fn owner_of_default(status: &Value) -> String {
         .as_str()
         .expect("the default tenant's shard has an owner")
         .to_owned()
+}
+
+/// The first line a server sends on a new connection (its INFO).
+async fn first_line(address: &str) -> String {
+    use tokio::io::AsyncBufReadExt;
+    let stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    let mut line = String::new();
+    tokio::io::BufReader::new(stream)
+        .read_line(&mut line)
+        .await
+        .expect("INFO");
+    line
 }
