@@ -92,6 +92,12 @@ pub struct Mesh {
     next_append: AtomicU64,
     /// Frames dropped because a link was down or full.
     pub dropped: AtomicU64,
+    /// Messages sent to other nodes (one per interested node per message).
+    pub messages_sent: AtomicU64,
+    /// Publishes forwarded to their shard's owner.
+    pub appends_forwarded: AtomicU64,
+    /// API calls forwarded to their tenant's owner.
+    pub calls_forwarded: AtomicU64,
 }
 
 impl Mesh {
@@ -107,6 +113,9 @@ impl Mesh {
             pending: Mutex::default(),
             next_append: AtomicU64::new(1),
             dropped: AtomicU64::new(0),
+            messages_sent: AtomicU64::new(0),
+            appends_forwarded: AtomicU64::new(0),
+            calls_forwarded: AtomicU64::new(0),
         }
     }
 
@@ -133,6 +142,11 @@ impl Mesh {
             Some(owner) if owner != self.me => Home::Owner(owner),
             _ => Home::Moving,
         }
+    }
+
+    /// How many shards this node owns now, of how many.
+    pub fn shards_here(&self) -> (usize, u32) {
+        (self.stores.read().len(), self.shards)
     }
 
     /// Every live node's NATS address.
@@ -396,6 +410,8 @@ impl Mesh {
             );
             self.send(node, frame);
         }
+        self.messages_sent
+            .fetch_add(targets.len() as u64, Ordering::Relaxed);
         targets.len()
     }
 
@@ -404,6 +420,7 @@ impl Mesh {
     pub fn forward_call(&self, owner: &str, call: link::Call<'_>) -> bool {
         let mut frame = Vec::with_capacity(128 + call.body.len());
         link::encode(&Frame::Call(call), &mut frame);
+        self.calls_forwarded.fetch_add(1, Ordering::Relaxed);
         self.send(owner, frame)
     }
 
@@ -455,6 +472,7 @@ impl Mesh {
                 ack: request.ack,
             },
         );
+        self.appends_forwarded.fetch_add(1, Ordering::Relaxed);
         if self.send(owner, frame) {
             return None;
         }

@@ -117,8 +117,10 @@ impl Joining {
         settings: StoreSettings,
     ) -> Result<Self, ServerError> {
         tracing::warn!(
-            "cluster mode is being built (issue 28): publishes and subscriptions work across \
-             nodes; reads, groups, tenants and users do not yet"
+            "cluster mode is being built (issue 28): publishes, subscriptions, API calls and \
+             groups work through every node; logins and users, tenants other than the \
+             default, schema checks on nodes that do not own the tenant, MQTT persistent \
+             sessions and /ws reads through such nodes do not yet"
         );
         let mesh = Arc::new(Mesh::new(&cluster.node_id, cluster.shards));
         broker.attach_mesh(Arc::clone(&mesh));

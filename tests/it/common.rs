@@ -657,3 +657,14 @@ pub fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
         }
     }
 }
+
+/// The value of one sample line (`name{labels} value`) in a metrics page.
+pub fn metric_sample(page: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|line| {
+        line.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}

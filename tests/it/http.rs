@@ -7,7 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use serde_json::json;
 
-use crate::common::{publish_acked, start_default};
+use crate::common::{metric_sample as sample, publish_acked, start_default};
 
 /// GETs `path` and returns the status code and the body.
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
@@ -17,17 +17,6 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 /// Sends one HTTP/1.1 request with a (JSON) body; returns the status code and the body.
 async fn call(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
     crate::common::http_request(addr, method, path, &[], body).await
-}
-
-/// The value of one sample line (`name{labels} value`) in a metrics page.
-fn sample(page: &str, series: &str) -> Option<f64> {
-    page.lines().find_map(|line| {
-        line.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
 }
 
 #[tokio::test]

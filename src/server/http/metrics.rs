@@ -92,8 +92,69 @@ pub fn render(state: &HttpState, scope: &MetricsScope, subjects: Option<u64>) ->
     render_tenants(&mut out, state, only, subjects);
     if only.is_none() {
         render_mqtt_and_store(&mut out, state);
+        render_cluster(&mut out, state);
     }
     out
+}
+
+/// This node's part in its cluster, when it is in one.
+fn render_cluster(out: &mut String, state: &HttpState) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(mesh) = state.broker.mesh() else {
+        return;
+    };
+    let (here, shards) = mesh.shards_here();
+    let gauges = [
+        (
+            "canopy_cluster_nodes",
+            "Live nodes of the cluster, as this node sees it.",
+            mesh.client_urls().len() as f64,
+        ),
+        (
+            "canopy_cluster_shards",
+            "Shards of the cluster's store.",
+            f64::from(shards),
+        ),
+        (
+            "canopy_cluster_shards_owned",
+            "Shards this node owns.",
+            here as f64,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        metric(out, name, "gauge", help, &[(String::new(), value)]);
+    }
+    let counters = [
+        (
+            "canopy_cluster_messages_sent_total",
+            "Messages sent to other nodes, one per interested node.",
+            &mesh.messages_sent,
+        ),
+        (
+            "canopy_cluster_appends_forwarded_total",
+            "Publishes forwarded to their shard's owner.",
+            &mesh.appends_forwarded,
+        ),
+        (
+            "canopy_cluster_calls_forwarded_total",
+            "API calls forwarded to their tenant's owner.",
+            &mesh.calls_forwarded,
+        ),
+        (
+            "canopy_cluster_frames_dropped_total",
+            "Frames dropped because a link to a node was down or full.",
+            &mesh.dropped,
+        ),
+    ];
+    for (name, help, counter) in counters {
+        metric(
+            out,
+            name,
+            "counter",
+            help,
+            &[(String::new(), counter.load(Relaxed) as f64)],
+        );
+    }
 }
 
 /// Appends one metric: its help, its type and its lines (labels, value).

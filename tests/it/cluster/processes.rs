@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::{etcd_endpoint, fresh_cluster_name};
 use crate::cli::{ServeProcess, run};
-use crate::common::{eventually, publish_acked, s3_env};
+use crate::common::{eventually, metric_sample as sample, publish_acked, s3_env};
 
 const SHARDS: u32 = 6;
 const LEASE_SECS: u64 = 2;
@@ -311,7 +311,43 @@ async fn a_wildcard_subscriber_on_one_node_gets_what_publishers_on_the_others_se
             .is_err(),
         "a message came twice"
     );
+
+    // Each node's /metrics shows its part: at most one of b and c owns the default
+    // tenant, so the other forwarded its 20 or 30 publishes.
+    let mut forwarded = 0.0;
+    for id in ["a", "b", "c"] {
+        let page = metrics_of(&status, id).await;
+        assert_eq!(sample(&page, "canopy_cluster_nodes"), Some(3.0), "{page}");
+        assert_eq!(
+            sample(&page, "canopy_cluster_shards_owned"),
+            Some(2.0),
+            "{page}"
+        );
+        forwarded += sample(&page, "canopy_cluster_appends_forwarded_total").unwrap_or(0.0);
+    }
+    assert!(forwarded >= 20.0, "{forwarded} publishes forwarded");
     drop((a, b, c));
+}
+
+/// Node `node`'s `/metrics` page.
+async fn metrics_of(status: &Value, node: &str) -> String {
+    let address = status["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["id"] == node)
+        .and_then(|n| n["http"].as_str())
+        .expect("the node's HTTP address");
+    let (code, page) = crate::common::http_request(
+        address.parse().expect("address"),
+        "GET",
+        "/metrics",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(code, 200, "{page}");
+    page
 }
 
 /// Three nodes, a, b and c, of a fresh cluster, settled with two shards each. Each
