@@ -383,8 +383,15 @@ impl Server {
         }
         if let Some(cluster) = self.cluster {
             // Every shard handed over (its store flushed and closed) before the
-            // node's lease ends.
-            cluster.leave().await;
+            // node's lease ends; bounded, since handing over needs etcd and the
+            // object store: past the bound the lease ends by itself and the other
+            // nodes take the shards then.
+            if tokio::time::timeout(drain, cluster.leave()).await.is_err() {
+                tracing::warn!(
+                    "handing the shards over did not finish within the drain timeout; \
+                     the other nodes take them when this node's lease expires"
+                );
+            }
         }
         self.links_stop.cancel();
         if let Some(store) = self.broker.store()
