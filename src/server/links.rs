@@ -434,6 +434,25 @@ async fn apply(
     Ok(())
 }
 
+/// Why a forwarded append breaks the schema bound to its subject, if it does.
+fn schema_refusal(broker: &Broker, append: &link::Append<'_>) -> Option<String> {
+    let binding = broker
+        .tenant(append.tenant)
+        .schemas
+        .for_subject(append.subject)?;
+    append.messages.iter().find_map(|message| {
+        // MQTT clears a retained message with an empty retained publish.
+        if append.retain && message.payload.is_empty() {
+            return None;
+        }
+        let violation = binding.check(message.payload).err()?;
+        Some(format!(
+            "the message does not match schema {} at {violation}; not stored",
+            binding.reference()
+        ))
+    })
+}
+
 /// Runs an API call another node took from its client, as that client's: its
 /// answer goes to the reply subject, which routing carries back to that node.
 fn run_forwarded_call(broker: &Arc<Broker>, call: link::Call<'_>) {
@@ -520,6 +539,17 @@ async fn store_forwarded(broker: &Broker, mesh: &Mesh, from: &Arc<str>, append: 
         max_versions: append.max_versions,
         retain: append.retain,
     };
+    // The entry node does not see the tenant's schema bindings yet (they live on
+    // the owner): nothing that breaks them is stored through it.
+    if let Some(refused) = schema_refusal(broker, &append) {
+        broker
+            .tenant(append.tenant)
+            .schemas
+            .refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        broker.answer(mesh.refuse_append(request, &refused));
+        return;
+    }
     let request = match mesh.home(append.tenant) {
         mesh::Home::Here(store) => match store.try_append(request).await {
             Ok(()) => return,

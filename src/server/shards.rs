@@ -119,8 +119,9 @@ impl Joining {
         tracing::warn!(
             "cluster mode is being built (issue 28): publishes, subscriptions, API calls and \
              groups work through every node; logins and users, tenants other than the \
-             default, schema checks on nodes that do not own the tenant, MQTT persistent \
-             sessions and /ws reads through such nodes do not yet"
+             default, and through nodes that do not own the tenant MQTT persistent \
+             sessions, /ws reads, dead letters and checks of live-only publishes against \
+             schemas do not yet"
         );
         let mesh = Arc::new(Mesh::new(&cluster.node_id, cluster.shards));
         broker.attach_mesh(Arc::clone(&mesh));

@@ -417,3 +417,47 @@ async fn a_consumer_group_works_from_any_node_and_goes_on_after_its_owner_dies()
         "no acknowledged message comes again"
     );
 }
+
+#[tokio::test]
+async fn a_publish_through_a_non_owner_that_breaks_its_schema_is_not_stored() {
+    let cluster = Cluster3::start().await;
+    let owner_id = owner_of_default(&cluster.status().await);
+    let via_owner = async_nats::connect(&cluster.node(&owner_id).url)
+        .await
+        .expect("owner");
+    let via_other = async_nats::connect(&cluster.not(&owner_id).url)
+        .await
+        .expect("other");
+    // Bound through the owner, which keeps the tenant's bindings.
+    crate::schemas::bind(
+        &via_owner,
+        "meters.*",
+        serde_json::json!({
+            "type": "object",
+            "properties": {"kwh": {"type": "number"}},
+            "required": ["kwh"]
+        }),
+    )
+    .await;
+    let refused = store_request(
+        &via_other,
+        "meters.1",
+        header("Canopy-Ack", "durable"),
+        r#"{"kwh": "lots"}"#,
+    )
+    .await;
+    assert!(
+        refused["error"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("schema")),
+        "{refused}"
+    );
+    let stored = publish_acked(&via_other, "meters.1", r#"{"kwh": 1.5}"#).await;
+    assert_eq!(stored["version"].as_u64(), Some(1), "{stored}");
+    let texts: Vec<String> = replay_subject(&via_other, "meters.1")
+        .await
+        .iter()
+        .map(crate::common::Stored::text)
+        .collect();
+    assert_eq!(texts, [r#"{"kwh": 1.5}"#]);
+}
