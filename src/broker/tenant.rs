@@ -170,15 +170,33 @@ impl Broker {
     }
 
     /// Stops what runs for the tenants of a shard this node no longer owns (their
-    /// consumer groups); their connections stay, served through the new owner.
-    pub fn release_shard_tenants(&self, shard: u32) {
+    /// consumer groups); their connections stay, served through the new owner. On a
+    /// handover the groups write their cursors first (waited for up to a few
+    /// seconds, before the shard's store closes); a lost shard's groups just stop.
+    pub async fn release_shard_tenants(&self, shard: u32, handover: bool) {
         let Some(mesh) = self.mesh() else {
             return;
         };
+        let mut tasks = Vec::new();
         for tenant in self.tenants() {
-            if mesh.shard_of(&tenant.name) == shard {
+            if mesh.shard_of(&tenant.name) != shard {
+                continue;
+            }
+            if handover {
+                tasks.extend(tenant.groups.hand_over_all());
+            } else {
                 tenant.groups.stop_all();
             }
+        }
+        let ended = futures::future::join_all(tasks);
+        if tokio::time::timeout(std::time::Duration::from_secs(5), ended)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                shard,
+                "groups did not finish writing their cursors before the handover"
+            );
         }
     }
 

@@ -80,7 +80,9 @@ impl ShardHost for ShardStores {
         };
         // Publishes for its tenants go to the next owner from now on.
         self.mesh.close_shard(shard);
-        self.broker.release_shard_tenants(shard);
+        self.broker
+            .release_shard_tenants(shard, how == Closing::Handover)
+            .await;
         match (how, store.close().await) {
             (_, Ok(())) => {}
             (Closing::Handover, Err(error)) => {

@@ -18,6 +18,8 @@ pub(super) struct Handle {
     pub(super) overflow: parking_lot::Mutex<Overflow>,
     /// The group's place among its tenant's followers of the log, until it stops.
     pub(super) tap: parking_lot::Mutex<Option<crate::follow::Registration>>,
+    /// The group's task, until someone waits for it to end.
+    pub(super) task: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// The sequencer offers a group each stored message its pattern matches; a full

@@ -699,6 +699,7 @@ mod tests {
             stopped: Arc::default(),
             overflow: parking_lot::Mutex::default(),
             tap: parking_lot::Mutex::default(),
+            task: parking_lot::Mutex::default(),
         });
         (handle, rx)
     }

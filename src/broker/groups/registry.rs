@@ -39,6 +39,21 @@ impl TenantGroups {
         *list = Arc::new(changed);
     }
 
+    /// Hands every group of the tenant over to another node: each leaves its tenant's
+    /// followers and its task ends once its queue is drained, writing its cursors
+    /// as it goes (not stopped, which would skip that). Returns the tasks, to wait
+    /// for before the store closes.
+    pub fn hand_over_all(&self) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        self.edit(|list| {
+            for handle in list.drain(..) {
+                handle.tap.lock().take();
+                tasks.extend(handle.task.lock().take());
+            }
+        });
+        tasks
+    }
+
     /// Stops every group of a tenant that is closing.
     pub fn stop_all(&self) {
         self.edit(|list| {
@@ -339,6 +354,7 @@ impl Groups {
             stopped: Arc::clone(&stopped),
             overflow: parking_lot::Mutex::default(),
             tap: parking_lot::Mutex::default(),
+            task: parking_lot::Mutex::default(),
         });
 
         let task = GroupTask {
@@ -374,7 +390,7 @@ impl Groups {
             &handle.pattern,
             Arc::clone(&handle) as Arc<dyn crate::follow::Tap>,
         ));
-        tokio::spawn(task.run(rx));
+        *handle.task.lock() = Some(tokio::spawn(task.run(rx)));
     }
 
     /// Stops a group's task: its queue closes and the task ends.

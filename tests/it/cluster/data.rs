@@ -392,25 +392,7 @@ async fn a_consumer_group_works_from_any_node_and_goes_on_after_its_owner_dies()
     let acked = until_acked(&publisher, "invoices.1", "v2").await;
     assert_eq!(acked["version"].as_u64(), Some(2), "{acked}");
     // The new owner runs the group from its stored cursors: only what is new comes.
-    let mut again = Vec::new();
-    for _ in 0..100 {
-        let info = tokio::time::timeout(
-            Duration::from_secs(3),
-            crate::common::api(
-                &member,
-                "group.info",
-                serde_json::json!({"name": "billing"}),
-            ),
-        )
-        .await;
-        if matches!(info, Ok((200, _))) {
-            again = next(&member, body.clone()).await;
-            if !again.is_empty() {
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let again = pull_once_moved(&member, "billing", &body).await;
     assert_eq!(
         delivered(&again),
         [("invoices.1".into(), 2, 1)],
@@ -460,4 +442,68 @@ async fn a_publish_through_a_non_owner_that_breaks_its_schema_is_not_stored() {
         .map(crate::common::Stored::text)
         .collect();
     assert_eq!(texts, [r#"{"kwh": 1.5}"#]);
+}
+
+#[tokio::test]
+async fn a_group_handed_over_by_a_stopping_owner_hands_out_nothing_acknowledged_again() {
+    use crate::groups::{delivered, next, reply};
+    let mut cluster = Cluster3::start().await;
+    let owner_id = owner_of_default(&cluster.status().await);
+    let other = ["a", "b", "c"]
+        .into_iter()
+        .find(|id| *id != owner_id)
+        .expect("another node");
+    let member = async_nats::connect(&cluster.node(other).url)
+        .await
+        .expect("member");
+    let (status, created) = crate::common::api(
+        &member,
+        "group.create",
+        serde_json::json!({"name": "shipping", "pattern": "parcels.>", "start": "all"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{created}");
+    for n in 1..=3 {
+        publish_acked(&member, &format!("parcels.{n}"), "v1").await;
+    }
+    let body = serde_json::json!({"group": "shipping", "max": 10});
+    let first = next(&member, body.clone()).await;
+    assert_eq!(first.len(), 3);
+    // Acked, and the owner told to stop at once, before its periodic cursor write:
+    // the handover writes them.
+    for message in &first {
+        reply(&member, message, "+ACK").await;
+    }
+    cluster.restart(&owner_id).await;
+    until_acked(&member, "parcels.1", "v2").await;
+    let again = pull_once_moved(&member, "shipping", &body).await;
+    assert_eq!(
+        delivered(&again),
+        [("parcels.1".into(), 2, 1)],
+        "no acknowledged message comes again"
+    );
+}
+
+/// Pulls from `group` until something comes, once the group runs again on its
+/// shard's new owner (its info answers).
+async fn pull_once_moved(
+    member: &async_nats::Client,
+    group: &str,
+    body: &serde_json::Value,
+) -> Vec<async_nats::Message> {
+    for _ in 0..100 {
+        let info = tokio::time::timeout(
+            Duration::from_secs(3),
+            crate::common::api(member, "group.info", serde_json::json!({"name": group})),
+        )
+        .await;
+        if matches!(info, Ok((200, _))) {
+            let got = crate::groups::next(member, body.clone()).await;
+            if !got.is_empty() {
+                return got;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("group {group} never handed anything out again");
 }
