@@ -25,14 +25,7 @@ use crate::store::{
 /// [`RouteTag::flags`](crate::store::RouteTag) bits.
 pub const FLAG_NO_ECHO: u32 = 1;
 pub const FLAG_NO_RESPONDERS: u32 = 2;
-/// [`AckTo::flags`] bit: answer in JetStream's error vocabulary.
-pub const ACK_JETSTREAM: u32 = 1;
-/// [`AckTo::flags`] bit: the ack goes to an MQTT connection's inbox, the address
-/// being [`envelope::ack_address`](super::envelope::ack_address).
-pub const ACK_MQTT: u32 = 2;
-/// The ack of an append another node forwarded: its address names that node and its
-/// handle, and the outcome goes back over the link.
-pub const ACK_REMOTE: u32 = 4;
+pub use super::{ACK_JETSTREAM, ACK_MQTT, ACK_REMOTE};
 
 /// The store policies, compiled: first match in configuration order wins.
 pub struct Policies {

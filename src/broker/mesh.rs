@@ -17,23 +17,28 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use canopy_protocols::link::{self, Frame};
 use canopy_subjects::Pattern;
 use parking_lot::{Mutex, RwLock};
 
 use super::{Message, Tenant};
-use crate::store::{AckTo, AppendOutcome, AppendRequest, Expectation, Store};
+use crate::store::reduce::ReducerKind;
+use crate::store::{
+    AckTo, AppendOutcome, AppendRequest, Compaction, Durability, Expectation, NewMessage, RouteTag,
+    Store,
+};
 
 /// The server's side of the links: sockets, buffers, reconnects.
 pub trait Links: Send + Sync + 'static {
     /// Queues `frame` for node `to`. False when the link is down or its buffer full:
     /// the frame is dropped.
-    fn send(&self, to: &str, frame: Vec<u8>) -> bool;
+    fn send(&self, to: &str, frame: Bytes) -> bool;
     /// Queues `frame` for every node linked now.
-    fn broadcast(&self, frame: &[u8]);
+    fn broadcast(&self, frame: Bytes);
     /// Queues an answer for node `to` on its own link to this node (where what it
     /// answers came from), else on this node's link to it.
-    fn reply(&self, to: &str, frame: Vec<u8>) -> bool;
+    fn reply(&self, to: &str, frame: Bytes) -> bool;
 }
 
 /// Where a tenant's messages are stored, as this node sees it now.
@@ -182,25 +187,26 @@ impl Mesh {
         if moved.is_empty() {
             return Vec::new();
         }
-        let lost: Vec<Pending> = {
-            let mut pending = self.pending.lock();
-            let ids: Vec<u64> = pending
+        self.take_pending(|p| {
+            moved
                 .iter()
-                .filter(|(_, p)| {
-                    moved.iter().any(|(shard, node)| {
-                        *p.node == **node && self.shard_of(&p.tenant) == *shard
-                    })
-                })
-                .map(|(id, _)| *id)
-                .collect();
-            ids.into_iter()
-                .filter_map(|id| pending.remove(&id))
-                .collect()
-        };
-        lost.into_iter()
+                .any(|(shard, node)| *p.node == **node && self.shard_of(&p.tenant) == *shard)
+        })
+    }
+
+    /// Takes the pending appends `lost` picks out, answered as of unknown outcome.
+    fn take_pending(&self, lost: impl Fn(&Pending) -> bool) -> Vec<Answer> {
+        let taken: Vec<Pending> = self
+            .pending
+            .lock()
+            .extract_if(|_, p| lost(p))
+            .map(|(_, p)| p)
+            .collect();
+        taken
+            .into_iter()
             .filter_map(|p| {
-                let node = Arc::clone(&p.node);
-                answer(p, unavailable(&node))
+                let outcome = unavailable(&p.node);
+                answer(p, outcome)
             })
             .collect()
     }
@@ -215,16 +221,12 @@ impl Mesh {
         self.stores.write().remove(&shard)
     }
 
-    /// The stores open on this node.
-    pub fn stores(&self) -> Vec<(u32, Arc<Store>)> {
-        self.stores
-            .read()
-            .iter()
-            .map(|(shard, store)| (*shard, Arc::clone(store)))
-            .collect()
+    /// Whether this node has the shard's store open.
+    pub fn is_open(&self, shard: u32) -> bool {
+        self.stores.read().contains_key(&shard)
     }
 
-    fn send(&self, to: &str, frame: Vec<u8>) -> bool {
+    fn send(&self, to: &str, frame: Bytes) -> bool {
         let sent = self.links.get().is_some_and(|links| links.send(to, frame));
         if !sent {
             self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -248,7 +250,7 @@ impl Mesh {
             },
             &mut frame,
         );
-        links.broadcast(&frame);
+        links.broadcast(Bytes::from(frame));
     }
 
     /// Records node `from`'s interest in `tenant`'s remote trie.
@@ -383,31 +385,43 @@ impl Mesh {
                 targets.push(Arc::clone(node));
             }
         }
+        // Nodes whose frames say the same (almost always all of them: plain
+        // interest, no queue group) share one encoding.
+        let mut encoded: Vec<((bool, Vec<&str>), Bytes)> = Vec::new();
         for node in &targets {
             let queues: Vec<&str> = chosen
                 .iter()
                 .filter(|(_, n)| n == node)
                 .map(|(name, _)| &**name)
                 .collect();
-            let mut frame = Vec::with_capacity(64 + msg.payload.len());
-            link::encode(
-                &Frame::Msg(link::Msg {
-                    tenant: &tenant.name,
-                    subject: msg.subject,
-                    shown_as: msg.shown_as,
-                    reply: msg.reply,
-                    headers: msg.headers,
-                    payload: msg.payload,
-                    origin: msg.origin,
-                    no_echo: skip_conn.is_some_and(|conn| conn == msg.origin),
-                    flags: msg.flags,
-                    version: msg.version,
-                    offset: msg.offset,
-                    plain: plain.contains(node),
-                    queues,
-                }),
-                &mut frame,
-            );
+            let key = (plain.contains(node), queues);
+            let frame = match encoded.iter().find(|(k, _)| *k == key) {
+                Some((_, frame)) => frame.clone(),
+                None => {
+                    let mut frame = Vec::with_capacity(64 + msg.payload.len());
+                    link::encode(
+                        &Frame::Msg(link::Msg {
+                            tenant: &tenant.name,
+                            subject: msg.subject,
+                            shown_as: msg.shown_as,
+                            reply: msg.reply,
+                            headers: msg.headers,
+                            payload: msg.payload,
+                            origin: msg.origin,
+                            no_echo: skip_conn.is_some_and(|conn| conn == msg.origin),
+                            flags: msg.flags,
+                            version: msg.version,
+                            offset: msg.offset,
+                            plain: key.0,
+                            queues: key.1.clone(),
+                        }),
+                        &mut frame,
+                    );
+                    let frame = Bytes::from(frame);
+                    encoded.push((key, frame.clone()));
+                    frame
+                }
+            };
             self.send(node, frame);
         }
         self.messages_sent
@@ -421,7 +435,7 @@ impl Mesh {
         let mut frame = Vec::with_capacity(128 + call.body.len());
         link::encode(&Frame::Call(call), &mut frame);
         self.calls_forwarded.fetch_add(1, Ordering::Relaxed);
-        self.send(owner, frame)
+        self.send(owner, Bytes::from(frame))
     }
 
     /// Sends an append to `owner`, to be stored there; its ack comes back as an
@@ -445,7 +459,7 @@ impl Mesh {
                 subject: &request.subject,
                 expect: request.expect.map(expect_to_wire),
                 msg_id: request.msg_id.as_deref(),
-                durable: request.durability == crate::store::Durability::Durable,
+                durable: request.durability == Durability::Durable,
                 ack: request.ack.as_ref().map(|a| a.flags),
                 origin: request.route.origin,
                 route_flags: request.route.flags,
@@ -453,8 +467,8 @@ impl Mesh {
                 compaction: request.compaction.map(|c| link::Compaction {
                     every: c.every,
                     reducer: match c.reducer {
-                        crate::store::reduce::ReducerKind::Last => 0,
-                        crate::store::reduce::ReducerKind::JsonMerge => 1,
+                        ReducerKind::Last => REDUCER_LAST,
+                        ReducerKind::JsonMerge => REDUCER_JSON_MERGE,
                     },
                     keep_history: c.keep_history,
                 }),
@@ -473,7 +487,7 @@ impl Mesh {
             },
         );
         self.appends_forwarded.fetch_add(1, Ordering::Relaxed);
-        if self.send(owner, frame) {
+        if self.send(owner, Bytes::from(frame)) {
             return None;
         }
         let pending = self.pending.lock().remove(&id)?;
@@ -513,7 +527,7 @@ impl Mesh {
         let sent = self
             .links
             .get()
-            .is_some_and(|links| links.reply(node, frame));
+            .is_some_and(|links| links.reply(node, Bytes::from(frame)));
         if !sent {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
@@ -522,21 +536,7 @@ impl Mesh {
     /// The answers, not stored, to every append forwarded to `node` and not answered
     /// yet: the link it went on broke.
     pub fn fail_pending(&self, node: &str) -> Vec<Answer> {
-        let failed: Vec<Pending> = {
-            let mut pending = self.pending.lock();
-            let ids: Vec<u64> = pending
-                .iter()
-                .filter(|(_, p)| *p.node == *node)
-                .map(|(id, _)| *id)
-                .collect();
-            ids.into_iter()
-                .filter_map(|id| pending.remove(&id))
-                .collect()
-        };
-        failed
-            .into_iter()
-            .filter_map(|pending| answer(pending, unavailable(node)))
-            .collect()
+        self.take_pending(|p| *p.node == *node)
     }
 }
 
@@ -559,9 +559,56 @@ fn unavailable(node: &str) -> AppendOutcome {
     }
 }
 
-/// The ack address of append `id` from node `node`.
-pub fn remote_ack_address(node: &str, id: u64) -> bytes::Bytes {
-    bytes::Bytes::from(format!("{node} {id}"))
+/// A reducer's number on the wire.
+const REDUCER_LAST: u8 = 0;
+const REDUCER_JSON_MERGE: u8 = 1;
+
+/// The append node `from` forwarded, as this node's store takes it: its ack, when
+/// wanted, goes back to `from` (`ACK_REMOTE`), a JetStream ack keeping its shape.
+pub fn append_from_wire(from: &str, append: &link::Append<'_>) -> AppendRequest {
+    use super::{ACK_JETSTREAM, ACK_REMOTE};
+    let copy = bytes::Bytes::copy_from_slice;
+    AppendRequest {
+        tenant: Arc::from(append.tenant),
+        subject: Arc::from(append.subject),
+        messages: append
+            .messages
+            .iter()
+            .map(|m| NewMessage {
+                headers: copy(m.headers),
+                payload: copy(m.payload),
+                flags: m.flags,
+            })
+            .collect(),
+        expect: append.expect.map(expect_from_wire),
+        msg_id: append.msg_id.map(Box::from),
+        durability: if append.durable {
+            Durability::Durable
+        } else {
+            Durability::Received
+        },
+        ack: append.ack.map(|flags| AckTo {
+            address: bytes::Bytes::from(format!("{from} {}", append.id)),
+            flags: ACK_REMOTE | (flags & ACK_JETSTREAM),
+            cargo: None,
+        }),
+        route: RouteTag {
+            origin: append.origin,
+            flags: append.route_flags,
+            reply: append.reply.map(copy),
+        },
+        compaction: append.compaction.map(|c| Compaction {
+            every: c.every,
+            reducer: if c.reducer == REDUCER_JSON_MERGE {
+                ReducerKind::JsonMerge
+            } else {
+                ReducerKind::Last
+            },
+            keep_history: c.keep_history,
+        }),
+        max_versions: append.max_versions,
+        retain: append.retain,
+    }
 }
 
 fn parse_remote_ack(address: &[u8]) -> Option<(&str, u64)> {

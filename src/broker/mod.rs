@@ -39,6 +39,16 @@ use crate::store::Store;
 use crate::tenancy::Authorizer;
 use durable::Policies;
 
+/// [`AckTo::flags`](crate::store::AckTo) bit: answer in JetStream's error vocabulary.
+pub const ACK_JETSTREAM: u32 = 1;
+/// [`AckTo::flags`](crate::store::AckTo) bit: the ack goes to an MQTT connection's
+/// inbox, the address being [`envelope::ack_address`].
+pub const ACK_MQTT: u32 = 2;
+/// [`AckTo::flags`](crate::store::AckTo) bit: the ack of an append another node
+/// forwarded; its address names that node and its handle, and the outcome goes back
+/// over the link.
+pub const ACK_REMOTE: u32 = 4;
+
 /// A message as routing sees it: borrowed from the publisher's frame.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Message<'a> {

@@ -229,8 +229,6 @@ pub trait ShardHost: Send + Sync + 'static {
 /// This node's membership of a cluster: its lease kept alive, its shards claimed and
 /// handed over, and its view of the others.
 pub struct Cluster {
-    etcd: Etcd,
-    keys: Keys,
     view: watch::Receiver<View>,
     /// Stops the ownership task, which hands the shards over.
     stop: CancellationToken,
@@ -289,8 +287,6 @@ impl Cluster {
         let ownership = tokio::spawn(ownership.run());
         tracing::info!(node = %node.id, cluster = %config.name, shards = config.shards, "joined the cluster");
         Ok(Self {
-            etcd,
-            keys,
             view,
             stop,
             end_lease,
@@ -312,15 +308,6 @@ impl Cluster {
         self.end_lease.cancel();
         let _ = self.lease.await;
         tracing::info!("left the cluster");
-    }
-
-    /// The etcd client this node uses.
-    pub fn etcd(&self) -> &Etcd {
-        &self.etcd
-    }
-
-    pub fn keys(&self) -> &Keys {
-        &self.keys
     }
 }
 

@@ -25,10 +25,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
-use crate::broker::durable::{ACK_JETSTREAM, ACK_REMOTE};
 use crate::broker::mesh::{self, Links, Mesh};
 use crate::cluster::View;
-use crate::store::{AckTo, AppendRequest, Compaction, Durability, NewMessage, RouteTag};
 
 /// Frames waiting for one node.
 const QUEUE_FRAMES: usize = 65_536;
@@ -37,13 +35,13 @@ const MAX_FRAME: usize = 64 << 20;
 
 /// The sending side of every link.
 pub struct LinkSet {
-    senders: RwLock<HashMap<Arc<str>, mpsc::Sender<Vec<u8>>>>,
+    senders: RwLock<HashMap<Arc<str>, mpsc::Sender<Bytes>>>,
     /// The way back on each node's own link to this one, for answers.
-    returns: RwLock<HashMap<Arc<str>, mpsc::Sender<Vec<u8>>>>,
+    returns: RwLock<HashMap<Arc<str>, mpsc::Sender<Bytes>>>,
 }
 
 impl Links for LinkSet {
-    fn send(&self, to: &str, frame: Vec<u8>) -> bool {
+    fn send(&self, to: &str, frame: Bytes) -> bool {
         // Either connection between two nodes carries any frame: this node's own
         // link first, the other's when this one is not up yet.
         let sender = self.senders.read().get(to).cloned();
@@ -51,15 +49,15 @@ impl Links for LinkSet {
         sender.is_some_and(|sender| sender.try_send(frame).is_ok())
     }
 
-    fn reply(&self, to: &str, frame: Vec<u8>) -> bool {
+    fn reply(&self, to: &str, frame: Bytes) -> bool {
         let back = self.returns.read().get(to).cloned();
         let back = back.or_else(|| self.senders.read().get(to).cloned());
         back.is_some_and(|sender| sender.try_send(frame).is_ok())
     }
 
-    fn broadcast(&self, frame: &[u8]) {
+    fn broadcast(&self, frame: Bytes) {
         for sender in self.senders.read().values() {
-            let _ = sender.try_send(frame.to_vec());
+            let _ = sender.try_send(frame.clone());
         }
     }
 }
@@ -175,7 +173,7 @@ async fn dial(
                 stop.clone(),
             ));
             let _answers = AbortOnDrop(answers);
-            let (sender, mut queue) = mpsc::channel::<Vec<u8>>(QUEUE_FRAMES);
+            let (sender, mut queue) = mpsc::channel::<Bytes>(QUEUE_FRAMES);
             links
                 .senders
                 .write()
@@ -254,7 +252,7 @@ async fn accept(
         };
         let _ = stream.set_nodelay(true);
         let (reading, writing) = stream.into_split();
-        let (sender, queue) = mpsc::channel::<Vec<u8>>(QUEUE_FRAMES);
+        let (sender, queue) = mpsc::channel::<Bytes>(QUEUE_FRAMES);
         tokio::spawn(write_back(writing, queue, peer));
         tokio::spawn(read_incoming(
             Arc::clone(&broker),
@@ -276,7 +274,7 @@ async fn read_incoming(
     links: Arc<LinkSet>,
     cluster: String,
     reading: OwnedReadHalf,
-    back: mpsc::Sender<Vec<u8>>,
+    back: mpsc::Sender<Bytes>,
     stop: CancellationToken,
 ) {
     let from = read_link(
@@ -302,7 +300,7 @@ async fn read_incoming(
 /// Writes the answers of one incoming link.
 async fn write_back(
     mut writing: OwnedWriteHalf,
-    mut queue: mpsc::Receiver<Vec<u8>>,
+    mut queue: mpsc::Receiver<Bytes>,
     peer: SocketAddr,
 ) {
     let mut batch = Vec::with_capacity(256);
@@ -328,7 +326,7 @@ async fn read_link(
     links: Arc<LinkSet>,
     cluster: String,
     mut reading: OwnedReadHalf,
-    side: Result<Arc<str>, mpsc::Sender<Vec<u8>>>,
+    side: Result<Arc<str>, mpsc::Sender<Bytes>>,
     stop: CancellationToken,
 ) -> Option<Arc<str>> {
     let peer = reading.peer_addr().ok();
@@ -497,48 +495,7 @@ fn run_forwarded_call(broker: &Arc<Broker>, call: link::Call<'_>) {
 
 /// Stores an append another node forwarded here, its ack going back to that node.
 async fn store_forwarded(broker: &Broker, mesh: &Mesh, from: &Arc<str>, append: link::Append<'_>) {
-    let ack = append.ack.map(|flags| AckTo {
-        address: mesh::remote_ack_address(from, append.id),
-        flags: ACK_REMOTE | (flags & ACK_JETSTREAM),
-        cargo: None,
-    });
-    let request = AppendRequest {
-        tenant: Arc::from(append.tenant),
-        subject: Arc::from(append.subject),
-        messages: append
-            .messages
-            .iter()
-            .map(|m| NewMessage {
-                headers: Bytes::copy_from_slice(m.headers),
-                payload: Bytes::copy_from_slice(m.payload),
-                flags: m.flags,
-            })
-            .collect(),
-        expect: append.expect.map(mesh::expect_from_wire),
-        msg_id: append.msg_id.map(Box::from),
-        durability: if append.durable {
-            Durability::Durable
-        } else {
-            Durability::Received
-        },
-        ack,
-        route: RouteTag {
-            origin: append.origin,
-            flags: append.route_flags,
-            reply: append.reply.map(Bytes::copy_from_slice),
-        },
-        compaction: append.compaction.map(|c| Compaction {
-            every: c.every,
-            reducer: if c.reducer == 1 {
-                crate::store::reduce::ReducerKind::JsonMerge
-            } else {
-                crate::store::reduce::ReducerKind::Last
-            },
-            keep_history: c.keep_history,
-        }),
-        max_versions: append.max_versions,
-        retain: append.retain,
-    };
+    let request = mesh::append_from_wire(from, &append);
     // The entry node does not see the tenant's schema bindings yet (they live on
     // the owner): nothing that breaks them is stored through it.
     if let Some(refused) = schema_refusal(broker, &append) {

@@ -4,10 +4,8 @@
 //!
 //! Must never: keep serving a shard after [`ShardHost::close`], or open one twice.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -20,40 +18,30 @@ use crate::cluster::{Closing, ShardHost};
 use crate::config::ClusterConfig;
 use crate::store::{Store, StoreSettings};
 
-/// The node's open shard stores.
+/// Opens and closes the node's shard stores; the mesh keeps the open ones, where
+/// routing looks them up.
 pub struct ShardStores {
     broker: Arc<Broker>,
-    mesh: Arc<crate::broker::mesh::Mesh>,
+    mesh: Arc<Mesh>,
     /// The settings every shard's store is opened with, but for its place.
     settings: StoreSettings,
-    open: tokio::sync::Mutex<BTreeMap<u32, Arc<Store>>>,
 }
 
 impl ShardStores {
-    pub fn new(
-        broker: Arc<Broker>,
-        mesh: Arc<crate::broker::mesh::Mesh>,
-        settings: StoreSettings,
-    ) -> Self {
+    pub fn new(broker: Arc<Broker>, mesh: Arc<Mesh>, settings: StoreSettings) -> Self {
         Self {
             broker,
             mesh,
             settings,
-            open: tokio::sync::Mutex::default(),
         }
-    }
-
-    /// The shards open now.
-    pub async fn open_shards(&self) -> Vec<u32> {
-        self.open.lock().await.keys().copied().collect()
     }
 }
 
 #[async_trait::async_trait]
 impl ShardHost for ShardStores {
     async fn open(&self, shard: u32) -> Result<(), String> {
-        let mut open = self.open.lock().await;
-        if open.contains_key(&shard) {
+        // The ownership task opens and closes shards one at a time.
+        if self.mesh.is_open(shard) {
             return Ok(());
         }
         let mut settings = self.settings.clone();
@@ -68,18 +56,16 @@ impl ShardHost for ShardStores {
             .await
             .map_err(|e| e.to_string())?;
         let store = Arc::new(store);
-        open.insert(shard, Arc::clone(&store));
         self.mesh.open_shard(shard, Arc::clone(&store));
         self.broker.open_shard_tenants(&store, shard).await;
         Ok(())
     }
 
     async fn close(&self, shard: u32, how: Closing) {
-        let Some(store) = self.open.lock().await.remove(&shard) else {
+        // Publishes for its tenants go to the next owner from now on.
+        let Some(store) = self.mesh.close_shard(shard) else {
             return;
         };
-        // Publishes for its tenants go to the next owner from now on.
-        self.mesh.close_shard(shard);
         self.broker
             .release_shard_tenants(shard, how == Closing::Handover)
             .await;

@@ -436,13 +436,15 @@ impl Store {
     /// [`Store::append`] that gives the request back when the store is closed, so
     /// the caller can take it elsewhere (a cluster node whose shard just moved).
     pub async fn try_append(&self, request: AppendRequest) -> Result<(), Box<AppendRequest>> {
-        match self.appends.send(Input::Append(request)).await {
-            Ok(()) => Ok(()),
-            Err(tokio::sync::mpsc::error::SendError(Input::Append(request))) => {
-                Err(Box::new(request))
-            }
-            // Only appends are sent here.
-            Err(_) => unreachable_append(),
+        let Err(tokio::sync::mpsc::error::SendError(refused)) =
+            self.appends.send(Input::Append(request)).await
+        else {
+            return Ok(());
+        };
+        match refused {
+            Input::Append(request) => Err(Box::new(request)),
+            // What was sent is what comes back: an append, never anything else.
+            _ => Ok(()),
         }
     }
 
@@ -543,13 +545,6 @@ impl Store {
     pub(crate) fn db(&self) -> &Db {
         &self.db
     }
-}
-
-#[cold]
-fn unreachable_append() -> Result<(), Box<AppendRequest>> {
-    // A send error hands back what was sent, which here is always an append; this
-    // arm exists for the type checker.
-    Ok(())
 }
 
 /// Writes `batch` and waits until it is durable: for the writes outside the

@@ -114,53 +114,48 @@ async fn a_request_reaches_a_service_on_another_node_and_its_answer_comes_back()
     assert_eq!(&answer.payload[..], b"42.10");
 }
 
-/// Publishes `text` to `subject` with `text` as its msg id until it is acknowledged;
-/// returns the ack.
-async fn until_acked(client: &async_nats::Client, subject: &str, text: &str) -> serde_json::Value {
-    for _ in 0..100 {
+/// Publishes `payload` to `subject` with msg id `id`, trying again until it is
+/// acknowledged, the way a client rides out a node's failure: the ack, and how many
+/// tries failed.
+async fn acked_with_retries(
+    client: &async_nats::Client,
+    subject: &str,
+    id: &str,
+    payload: &str,
+) -> (serde_json::Value, usize) {
+    for failures in 0..300 {
         let mut headers = header("Canopy-Ack", "durable");
-        headers.insert("Canopy-Msg-Id", text);
+        headers.insert("Canopy-Msg-Id", id);
         let answer = tokio::time::timeout(
             Duration::from_secs(3),
-            client.request_with_headers(subject.to_owned(), headers, text.to_owned().into()),
+            client.request_with_headers(subject.to_owned(), headers, payload.to_owned().into()),
         )
         .await;
         if let Ok(Ok(message)) = answer
             && let Ok(ack) = serde_json::from_slice::<serde_json::Value>(&message.payload)
             && ack.get("version").is_some()
         {
-            return ack;
+            return (ack, failures);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("{text} was never acknowledged");
+    panic!("{subject} {id} was never acknowledged");
 }
 
-/// Publishes `count` messages to `subject` through `client`, each with its own msg
-/// id, retrying each until it is acknowledged: the way a client rides out a node's
-/// failure. Returns how many tries failed.
+/// Publishes `text` to `subject`, with `text` as its msg id, until it is acknowledged.
+async fn until_acked(client: &async_nats::Client, subject: &str, text: &str) -> serde_json::Value {
+    acked_with_retries(client, subject, text, text).await.0
+}
+
+/// Publishes `0` to `count - 1` to `subject`, each with its own msg id and until it
+/// is acknowledged. Returns how many tries failed.
 async fn publish_until_acked(client: async_nats::Client, subject: String, count: usize) -> usize {
     let mut failures = 0;
     for i in 0..count {
-        loop {
-            let mut headers = header("Canopy-Ack", "durable");
-            headers.insert("Canopy-Msg-Id", format!("{subject}-{i}").as_str());
-            let answer = tokio::time::timeout(
-                Duration::from_secs(3),
-                client.request_with_headers(subject.clone(), headers, format!("{i}").into()),
-            )
-            .await;
-            let acked = match answer {
-                Ok(Ok(message)) => serde_json::from_slice::<serde_json::Value>(&message.payload)
-                    .is_ok_and(|ack| ack.get("version").is_some()),
-                _ => false,
-            };
-            if acked {
-                break;
-            }
-            failures += 1;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let id = format!("{subject}-{i}");
+        failures += acked_with_retries(&client, &subject, &id, &i.to_string())
+            .await
+            .1;
     }
     failures
 }

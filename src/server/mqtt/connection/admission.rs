@@ -143,7 +143,8 @@ impl Connection {
                 return None;
             }
         };
-        let store = broker.store().cloned();
+        // In a cluster, the tenant's shard's store when this node owns it.
+        let store = broker.store_of(&key.0);
         let saved = match saved_session(broker, store.as_deref(), &key, connect.clean_start).await {
             Ok(saved) => saved,
             Err(refused) => {
