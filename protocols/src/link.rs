@@ -22,7 +22,7 @@
 use thiserror::Error;
 
 /// The version a node speaks, sent in `Hello`.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 
 const HELLO: u8 = 1;
 const INTEREST_ADD: u8 = 2;
@@ -177,6 +177,8 @@ pub enum Frame<'a> {
 pub struct Call<'a> {
     pub tenant: &'a str,
     pub user: Option<&'a str>,
+    /// A caller without a user let in under the tenant's anonymous rules.
+    pub guest: bool,
     pub client: &'a str,
     pub origin: u64,
     pub operation: &'a str,
@@ -245,6 +247,7 @@ pub fn encode(frame: &Frame<'_>, out: &mut Vec<u8>) {
             out.push(CALL);
             put_str(out, call.tenant);
             put_opt(out, call.user, put_str);
+            out.push(u8::from(call.guest));
             put_str(out, call.client);
             out.extend_from_slice(&call.origin.to_be_bytes());
             put_str(out, call.operation);
@@ -414,6 +417,7 @@ pub fn decode(buf: &[u8], max: usize) -> Result<Option<(Frame<'_>, usize)>, Link
         CALL => Frame::Call(Call {
             tenant: r.str("tenant")?,
             user: r.opt(|r| r.str("user"))?,
+            guest: r.u8("guest")? != 0,
             client: r.str("client")?,
             origin: r.u64("origin")?,
             operation: r.str("operation")?,
@@ -708,6 +712,7 @@ mod tests {
             Frame::Call(Call {
                 tenant: "acme",
                 user: Some("ana"),
+                guest: false,
                 client: "ana's laptop",
                 origin: 77,
                 operation: "replay",

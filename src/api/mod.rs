@@ -97,7 +97,7 @@ pub struct ApiCall {
 /// so the call is dropped.
 pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
     if let Some(mesh) = broker.mesh()
-        && !matches!(mesh.home(&call.routes.name), Home::Here(_))
+        && !matches!(mesh.home(&home_of(&call)), Home::Here(_))
     {
         forward(&broker, mesh, &call);
         return;
@@ -137,7 +137,7 @@ pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
     }
     tokio::spawn(async move {
         answer.work = Some(Work::begin(slot).await);
-        let result = match broker.store_of(&call.routes.name) {
+        let result = match broker.store_of(&home_of(&call)) {
             Some(store) => dispatch(&broker, &store, &call, &mut answer).await,
             None => Err(ApiError::new(503, "no store is configured")),
         };
@@ -147,16 +147,69 @@ pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
     });
 }
 
-/// Sends a call whose tenant's shard another node owns to that node, which answers
-/// it; refuses it when no node does this moment, or when the caller's rights cannot
-/// travel yet (a logged-in user or a guest: users are not yet seen by every node).
+/// The tenant whose store a call works on: the one a tenant or user call names
+/// (the default tenant's administrators manage the others), else the caller's.
+/// In a cluster, the call runs on that tenant's shard's owner.
+pub fn home_of(call: &ApiCall) -> std::borrow::Cow<'_, str> {
+    home_tenant(&call.routes.name, &call.operation, &call.body)
+}
+
+/// [`home_of`] from a call's parts, as another node sent them.
+pub fn home_tenant<'a>(caller: &'a str, operation: &str, body: &[u8]) -> std::borrow::Cow<'a, str> {
+    #[derive(serde::Deserialize)]
+    struct Names {
+        name: Option<String>,
+        tenant: Option<String>,
+    }
+    let named = |names: Names| {
+        if operation.starts_with("tenant.") && operation != "tenant.list" {
+            names.name
+        } else if operation.starts_with("user.") {
+            names.tenant
+        } else {
+            None
+        }
+    };
+    if !operation.starts_with("tenant.") && !operation.starts_with("user.") {
+        return std::borrow::Cow::Borrowed(caller);
+    }
+    match serde_json::from_slice::<Names>(body).ok().and_then(named) {
+        Some(tenant) if crate::store::check_tenant_name(&tenant).is_ok() => {
+            std::borrow::Cow::Owned(tenant)
+        }
+        _ => std::borrow::Cow::Borrowed(caller),
+    }
+}
+
+/// The store a request by another door than a native publish (HTTP) works on for
+/// `tenant`: the one store, or in a cluster its shard's when this node owns it. Such
+/// a request is not forwarded (its answer has no reply subject to come back by).
+pub fn store_for(broker: &Broker, tenant: &str) -> Result<Arc<Store>, ApiError> {
+    if let Some(store) = broker.store_of(tenant) {
+        return Ok(store);
+    }
+    let description = match broker.mesh().map(|mesh| mesh.home(tenant)) {
+        None => "the store is not open".to_owned(),
+        Some(Home::Owner(node)) => format!(
+            "this node does not own tenant {tenant}'s shard; node {node} does: send the \
+             request there, or use the NATS API ($CANOPY.…), which every node forwards"
+        ),
+        Some(_) => format!("tenant {tenant}'s shard is moving to another node; try again"),
+    };
+    Err(ApiError::new(503, description))
+}
+
+/// Sends a call whose home tenant's shard another node owns to that node, which
+/// answers it (the caller's rights are made again there from the user or the
+/// tenant's anonymous rules every node sees); refuses it when no node owns the
+/// shard this moment.
 fn forward(broker: &Arc<Broker>, mesh: &crate::broker::mesh::Mesh, call: &ApiCall) {
     let refuse = |code, reason: &str| {
         if let Some(reply) = &call.reply {
             broker.refuse(&call.routes, reply, code, reason);
         }
     };
-    let owner = match mesh.home(&call.routes.name) {
+    let owner = match mesh.home(&home_of(call)) {
         Home::Owner(owner) => owner,
         _ => {
             refuse(
@@ -166,20 +219,13 @@ fn forward(broker: &Arc<Broker>, mesh: &crate::broker::mesh::Mesh, call: &ApiCal
             return;
         }
     };
-    if call.principal.acl.is_some() {
-        refuse(
-            503,
-            "this node does not own the tenant's shard, and calls of logged-in users are \
-             not forwarded yet in a cluster: connect to its owner",
-        );
-        return;
-    }
     let limits = &call.limits;
     let forwarded = mesh.forward_call(
         &owner,
         canopy_protocols::link::Call {
             tenant: &call.routes.name,
             user: call.principal.user.as_deref(),
+            guest: call.principal.is_guest(),
             client: &call.principal.client,
             origin: call.origin,
             operation: &call.operation,

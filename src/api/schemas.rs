@@ -303,6 +303,7 @@ pub async fn put(
         .await?;
     let value = binding_json(&binding);
     schemas.set(bindings.with(Arc::from(binding)));
+    broker.mirror_definitions(tenant).await;
     Ok(value)
 }
 
@@ -614,6 +615,7 @@ pub async fn delete(
         .put_schema_version(tenant, pattern, version, &record)
         .await?;
     schemas.set(bindings.without(pattern));
+    broker.mirror_definitions(tenant).await;
     Ok(json!({"pattern": pattern, "deleted": true, "version": version}))
 }
 

@@ -57,7 +57,7 @@ impl Anonymous {
 
 pub(super) async fn dispatch(
     broker: &Arc<Broker>,
-    store: &Store,
+    store: &Arc<Store>,
     call: &ApiCall,
     answer: &mut Answer,
 ) -> Result<(), ApiError> {
@@ -152,7 +152,9 @@ async fn save(broker: &Broker, store: &Store, record: TenantRecord) -> Result<Va
     check_limits(&record.limits)?;
     store.put_tenant(&record).await?;
     let body = record_json(&record);
+    let name = record.name.clone();
     broker.set_tenant(record).await?;
+    broker.mirror_definitions(&name).await;
     Ok(body)
 }
 
@@ -198,7 +200,7 @@ pub async fn update(
 }
 
 /// Deletes a tenant: hidden at once, its data purged in the background.
-pub async fn delete(broker: &Broker, store: &Store, name: &str) -> Result<Value, ApiError> {
+pub async fn delete(broker: &Broker, store: &Arc<Store>, name: &str) -> Result<Value, ApiError> {
     if name == DEFAULT_TENANT {
         return Err(ApiError::new(
             400,
@@ -214,10 +216,8 @@ pub async fn delete(broker: &Broker, store: &Store, name: &str) -> Result<Value,
     broker.tenant_records().remove(&record.name);
     // Its clients go before its data: nothing they send can outlive the purge.
     broker.close_tenant(&record.name);
-    match broker.store() {
-        Some(store) => spawn_purge(Arc::clone(store), record.name.clone()),
-        None => tracing::warn!(tenant = record.name, "no store to purge from"),
-    }
+    Arc::clone(store).purge_in_background(record.name.clone());
+    broker.mirror_definitions(&record.name).await;
     Ok(json!({"name": record.name, "deleted": true}))
 }
 
@@ -226,22 +226,4 @@ fn usable(broker: &Broker, name: &str) -> Result<Arc<TenantRecord>, ApiError> {
         .tenant_records()
         .get(name)
         .ok_or_else(|| ApiError::new(404, format!("no tenant {name}")))
-}
-
-/// Purges a deleted tenant's data in the background; a failure is logged and the
-/// purge runs again at the next start (the record stays marked until it is done).
-pub fn spawn_purge(store: Arc<Store>, tenant: String) {
-    tokio::spawn(async move {
-        let purged = async {
-            store.forget_tenant(&tenant).await?;
-            store.purge_tenant(&tenant).await
-        }
-        .await;
-        match purged {
-            Ok(keys) => tracing::info!(tenant, keys, "deleted tenant purged"),
-            Err(error) => {
-                tracing::warn!(tenant, %error, "purging a deleted tenant failed; it resumes at the next start")
-            }
-        }
-    });
 }

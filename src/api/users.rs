@@ -71,6 +71,7 @@ pub(super) async fn dispatch(
             let _change = CHANGES.lock().await;
             found(store, &tenant, &name).await?;
             store.delete_user(&tenant, &name).await?;
+            broker.mirror_definitions(&tenant).await;
             json!({"tenant": tenant, "name": name, "deleted": true})
         }
         "user.token.create" => {
@@ -85,6 +86,7 @@ pub(super) async fn dispatch(
                 created_ms: broker.clock().now_ms(),
             });
             store.put_user(&tenant, &user).await?;
+            broker.mirror_definitions(&tenant).await;
             json!({"tenant": tenant, "name": name, "id": issued.id, "token": issued.token})
         }
         "user.token.revoke" => {
@@ -97,6 +99,7 @@ pub(super) async fn dispatch(
                 return Err(ApiError::new(404, format!("{name} has no token {id}")));
             }
             store.put_user(&tenant, &user).await?;
+            broker.mirror_definitions(&tenant).await;
             json!({"tenant": tenant, "name": name, "id": id, "revoked": true})
         }
         other => {
@@ -173,5 +176,6 @@ async fn create(broker: &Broker, store: &Store, request: NewUser) -> Result<Valu
         permissions: request.permissions,
     };
     store.put_user(&request.tenant, &user).await?;
+    broker.mirror_definitions(&request.tenant).await;
     Ok(user_json(&user))
 }

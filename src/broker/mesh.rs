@@ -89,8 +89,10 @@ pub struct Mesh {
     client_urls: RwLock<Vec<String>>,
     /// Each shard's owner as last seen.
     owners: RwLock<Vec<Option<Arc<str>>>>,
-    /// The stores of the shards this node owns.
-    stores: RwLock<BTreeMap<u32, Arc<Store>>>,
+    /// The stores of the shards this node owns, with the etcd revision of each claim.
+    stores: RwLock<BTreeMap<u32, (Arc<Store>, i64)>>,
+    /// Where the owner of a shard mirrors its tenants' definitions for every node.
+    definitions: std::sync::OnceLock<crate::cluster::Definitions>,
     /// What each other node said it is interested in: (tenant, pattern, queue).
     interest_of: Mutex<InterestOf>,
     pending: Mutex<HashMap<u64, Pending>>,
@@ -114,6 +116,7 @@ impl Mesh {
             client_urls: RwLock::default(),
             owners: RwLock::new(vec![None; shards as usize]),
             stores: RwLock::default(),
+            definitions: std::sync::OnceLock::new(),
             interest_of: Mutex::default(),
             pending: Mutex::default(),
             next_append: AtomicU64::new(1),
@@ -140,7 +143,7 @@ impl Mesh {
     /// Where `tenant`'s messages are stored now.
     pub fn home(&self, tenant: &str) -> Home {
         let shard = self.shard_of(tenant);
-        if let Some(store) = self.stores.read().get(&shard) {
+        if let Some((store, _)) = self.stores.read().get(&shard) {
             return Home::Here(Arc::clone(store));
         }
         match self.owners.read().get(shard as usize).cloned().flatten() {
@@ -212,13 +215,27 @@ impl Mesh {
     }
 
     /// A shard's store, open on this node from now on.
-    pub fn open_shard(&self, shard: u32, store: Arc<Store>) {
-        self.stores.write().insert(shard, store);
+    pub fn open_shard(&self, shard: u32, store: Arc<Store>, claim: i64) {
+        self.stores.write().insert(shard, (store, claim));
     }
 
     /// Takes a shard's store away from this node.
     pub fn close_shard(&self, shard: u32) -> Option<Arc<Store>> {
-        self.stores.write().remove(&shard)
+        self.stores.write().remove(&shard).map(|(store, _)| store)
+    }
+
+    /// The store and claim of a shard this node has open.
+    pub fn open_store(&self, shard: u32) -> Option<(Arc<Store>, i64)> {
+        self.stores.read().get(&shard).cloned()
+    }
+
+    /// Attaches the cluster's definitions; later calls are ignored.
+    pub fn attach_definitions(&self, definitions: crate::cluster::Definitions) {
+        let _ = self.definitions.set(definitions);
+    }
+
+    pub fn definitions(&self) -> Option<&crate::cluster::Definitions> {
+        self.definitions.get()
     }
 
     /// Whether this node has the shard's store open.

@@ -10,6 +10,7 @@
 //! trie match (the left-right trie would wait for itself), so subscriptions that reach
 //! their UNSUB maximum during a match are removed after it.
 
+pub mod definitions;
 pub mod durable;
 pub mod envelope;
 pub mod groups;
@@ -128,6 +129,8 @@ pub struct Broker {
     max_answer: usize,
     /// The other nodes, when this one is in a cluster.
     mesh: OnceLock<Arc<mesh::Mesh>>,
+    /// In a cluster: the definitions this node has seen in etcd.
+    seen: definitions::Seen,
 }
 
 impl Broker {
@@ -147,6 +150,7 @@ impl Broker {
             tenant_defaults: crate::tenancy::quota::TenantDefaults::default(),
             max_answer: crate::config::NativeConfig::default().max_payload,
             mesh: OnceLock::new(),
+            seen: definitions::Seen::default(),
         }
     }
 

@@ -90,6 +90,19 @@ impl Broker {
         Arc::clone(found)
     }
 
+    /// The tenant a connection of `principal` joins. A login that raced its tenant's
+    /// deletion (the record checked before it went, the object taken after it was
+    /// closed) would hold an object nobody closes: checked again after the object
+    /// is taken, such a tenant is closed at once, and the connection with it.
+    pub fn tenant_for(&self, principal: &crate::tenancy::Principal) -> Arc<Tenant> {
+        let tenant = self.tenant(&principal.tenant);
+        if principal.acl.is_some() && self.tenant_records.get(&principal.tenant).is_none() {
+            self.close_tenant(&principal.tenant);
+            tenant.deleted.cancel();
+        }
+        tenant
+    }
+
     /// Every tenant this node has open.
     pub fn tenants(&self) -> Vec<Arc<Tenant>> {
         let mut all: Vec<_> = self.tenants.read().values().cloned().collect();
@@ -145,27 +158,58 @@ impl Broker {
     }
 
     /// Opens the tenants a shard's store holds, now that this node owns it: the
-    /// default tenant when it lives there, and every tenant recorded there. A tenant
-    /// that cannot be opened is logged and skipped.
-    pub async fn open_shard_tenants(self: &Arc<Self>, store: &crate::store::Store, shard: u32) {
+    /// default tenant when it lives there (its record written if the store has none),
+    /// and every tenant recorded there; purges of deleted ones go on. Their
+    /// definitions are then mirrored for every node, as are those of tenants the
+    /// cluster showed in this shard and the store does not hold (gone). A tenant that
+    /// cannot be opened is logged and skipped.
+    pub async fn open_shard_tenants(
+        self: &Arc<Self>,
+        store: &Arc<crate::store::Store>,
+        shard: u32,
+    ) {
         let Some(mesh) = self.mesh() else {
             return;
         };
-        let mut names: Vec<String> = match store.tenants().await {
-            Ok(records) => records.into_iter().map(|r| r.name).collect(),
+        let mut records = match store.tenants().await {
+            Ok(records) => records,
             Err(error) => {
                 tracing::warn!(shard, %error, "the shard's tenant records cannot be read");
                 Vec::new()
             }
         };
         let default = crate::tenancy::DEFAULT_TENANT;
-        if mesh.shard_of(default) == shard && !names.iter().any(|n| n == default) {
-            names.push(default.to_owned());
+        if mesh.shard_of(default) == shard && !records.iter().any(|r| r.name == default) {
+            let record = crate::store::new_tenant(
+                default,
+                crate::store::TenantLimits::default(),
+                self.clock.now_ms(),
+            );
+            match store.put_tenant(&record).await {
+                Ok(()) => records.push(record),
+                Err(error) => tracing::warn!(%error, "could not write the default tenant's record"),
+            }
         }
-        for name in names {
+        let mut names = std::collections::BTreeSet::new();
+        for record in records {
+            names.insert(record.name.clone());
+            if record.deleting {
+                Arc::clone(store).purge_in_background(record.name);
+                continue;
+            }
+            let name = record.name.clone();
+            self.tenant_records.set(record);
             if let Err(error) = self.open_tenant(&name).await {
                 tracing::warn!(tenant = name, %error, "could not open a tenant of a shard this node now owns");
             }
+        }
+        for record in self.tenant_records.list() {
+            if mesh.shard_of(&record.name) == shard {
+                names.insert(record.name.clone());
+            }
+        }
+        for name in names {
+            self.mirror_definitions(&name).await;
         }
     }
 
@@ -187,6 +231,9 @@ impl Broker {
             } else {
                 tenant.groups.stop_all();
             }
+            // Its bindings now come from what the cluster shows, as on any node that
+            // does not own it.
+            self.rebind(&tenant.name);
         }
         let ended = futures::future::join_all(tasks);
         if tokio::time::timeout(std::time::Duration::from_secs(5), ended)
@@ -203,7 +250,7 @@ impl Broker {
     /// Makes a tenant's record current: the registry, the live quotas of its
     /// connections, and the store's limits.
     pub async fn set_tenant(&self, record: crate::store::TenantRecord) -> Result<(), StoreError> {
-        if let Some(store) = self.store() {
+        if let Some(store) = self.store_of(&record.name) {
             store
                 .set_limits(&record.name, stored_limits(&record.limits))
                 .await?;

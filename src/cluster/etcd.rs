@@ -201,6 +201,108 @@ impl Etcd {
         Ok(answer.get("succeeded").and_then(Value::as_bool) == Some(true))
     }
 
+    /// Puts `key` only while `guard` is still the key created at `created_at`: how
+    /// an owner writes for its shard, so a node whose claim is gone writes nothing.
+    /// False when the guard no longer holds.
+    pub async fn put_guarded(
+        &self,
+        key: &str,
+        value: &[u8],
+        guard: &str,
+        created_at: i64,
+    ) -> Result<bool, EtcdError> {
+        let request = json!({ "request_put": put_body(key, value, 0) });
+        self.guarded(guard, created_at, request).await
+    }
+
+    /// Deletes `key` only while `guard` is still the key created at `created_at`.
+    pub async fn delete_guarded(
+        &self,
+        key: &str,
+        guard: &str,
+        created_at: i64,
+    ) -> Result<bool, EtcdError> {
+        let request = json!({ "request_delete_range": { "key": B64.encode(key) } });
+        self.guarded(guard, created_at, request).await
+    }
+
+    async fn guarded(
+        &self,
+        guard: &str,
+        created_at: i64,
+        request: Value,
+    ) -> Result<bool, EtcdError> {
+        let body = json!({
+            "compare": [{ "key": B64.encode(guard), "target": "CREATE",
+                          "result": "EQUAL", "create_revision": created_at.to_string() }],
+            "success": [request],
+        });
+        let answer = self.call(TXN, body).await?;
+        Ok(answer.get("succeeded").and_then(Value::as_bool) == Some(true))
+    }
+
+    /// Follows everything under `prefix` until `stop`: a listing (handed to
+    /// `listed` with its revision; false sends it back for another listing a moment
+    /// later), then a watch from the listing's revision (each batch of events to
+    /// `changed`), listed again whenever the watch breaks.
+    pub async fn follow(
+        &self,
+        prefix: &str,
+        stop: &tokio_util::sync::CancellationToken,
+        mut listed: impl FnMut(Vec<KeyValue>, i64) -> bool,
+        mut changed: impl FnMut(&[Event]),
+    ) {
+        let pause = || async {
+            tokio::select! {
+                () = stop.cancelled() => true,
+                () = tokio::time::sleep(Duration::from_millis(500)) => false,
+            }
+        };
+        loop {
+            let revision = match self.list(prefix).await {
+                Ok((kvs, revision)) => {
+                    if !listed(kvs, revision) {
+                        if pause().await {
+                            return;
+                        }
+                        continue;
+                    }
+                    revision
+                }
+                Err(e) => {
+                    tracing::warn!(prefix, error = %e, "could not list in etcd; trying again");
+                    if pause().await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let mut watch = match self.watch(prefix, revision + 1).await {
+                Ok(watch) => watch,
+                Err(e) => {
+                    tracing::warn!(prefix, error = %e, "could not watch in etcd; listing again");
+                    if pause().await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            loop {
+                let events = tokio::select! {
+                    () = stop.cancelled() => return,
+                    events = watch.next() => events,
+                };
+                match events {
+                    Ok(events) => changed(&events),
+                    Err(e) => {
+                        tracing::debug!(prefix, error = %e, "the watch ended; listing again");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
     /// The key, if it exists.
     pub async fn get(&self, key: &str) -> Result<Option<KeyValue>, EtcdError> {
         let answer = self.call(RANGE, json!({ "key": B64.encode(key) })).await?;

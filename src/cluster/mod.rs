@@ -13,6 +13,7 @@
 //! Must never: decide anything from the wall clock of another machine, or keep a
 //! shard whose owner key is not this node's own creation.
 
+mod definitions;
 pub mod etcd;
 mod lease;
 mod ownership;
@@ -27,6 +28,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ClusterConfig;
+pub use definitions::{DefKey, Definition, DefinitionChange, Definitions, DefinitionsHost};
 pub use etcd::{Etcd, EtcdError};
 
 /// What joining or reading a cluster can fail with.
@@ -219,9 +221,10 @@ pub enum Closing {
 /// What a node does with the shards it wins.
 #[async_trait::async_trait]
 pub trait ShardHost: Send + Sync + 'static {
-    /// Opens `shard`; from its return on, this node serves it. An error gives the
-    /// claim back.
-    async fn open(&self, shard: u32) -> Result<(), String>;
+    /// Opens `shard`, claimed at etcd revision `claim` (what writes made as its
+    /// owner are guarded by); from its return on, this node serves it. An error
+    /// gives the claim back.
+    async fn open(&self, shard: u32, claim: i64) -> Result<(), String>;
     /// Closes `shard`: this node no longer serves it.
     async fn close(&self, shard: u32, how: Closing);
 }

@@ -168,7 +168,7 @@ impl Ownership {
         });
         self.free_since.remove(&shard);
         let opening = Instant::now();
-        match self.host.open(shard).await {
+        match self.host.open(shard, claim).await {
             Ok(()) => {
                 self.held.insert(shard, claim);
                 tracing::info!(
@@ -235,63 +235,19 @@ async fn keep_view(
     view: Arc<watch::Sender<View>>,
     stop: CancellationToken,
 ) {
-    let pause = |time| {
-        let stop = stop.clone();
-        async move {
-            tokio::select! {
-                () = stop.cancelled() => true,
-                () = tokio::time::sleep(time) => false,
-            }
+    let listed = |kvs: Vec<super::etcd::KeyValue>, revision| match keys.view_of(&kvs) {
+        Ok(mut listed) => {
+            listed.revision = revision;
+            view.send_replace(listed);
+            true
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the cluster's keys cannot be read");
+            false
         }
     };
-    loop {
-        let (kvs, revision) = match etcd.list(keys.root()).await {
-            Ok(listed) => listed,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not list the cluster in etcd; trying again");
-                if pause(Duration::from_millis(500)).await {
-                    return;
-                }
-                continue;
-            }
-        };
-        match keys.view_of(&kvs) {
-            Ok(mut listed) => {
-                listed.revision = revision;
-                view.send_replace(listed);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "the cluster's keys cannot be read");
-                if pause(Duration::from_secs(1)).await {
-                    return;
-                }
-                continue;
-            }
-        }
-        let mut watch = match etcd.watch(keys.root(), revision + 1).await {
-            Ok(watch) => watch,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not watch the cluster in etcd; listing again");
-                if pause(Duration::from_millis(500)).await {
-                    return;
-                }
-                continue;
-            }
-        };
-        loop {
-            let events = tokio::select! {
-                () = stop.cancelled() => return,
-                events = watch.next() => events,
-            };
-            match events {
-                Ok(events) => apply(&keys, &view, &events),
-                Err(e) => {
-                    tracing::debug!(error = %e, "the cluster watch ended; listing again");
-                    break;
-                }
-            }
-        }
-    }
+    let changed = |events: &[Event]| apply(&keys, &view, events);
+    etcd.follow(keys.root(), &stop, listed, changed).await;
 }
 
 fn apply(keys: &Keys, view: &watch::Sender<View>, events: &[Event]) {

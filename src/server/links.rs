@@ -456,26 +456,40 @@ fn schema_refusal(broker: &Broker, append: &link::Append<'_>) -> Option<String> 
 fn run_forwarded_call(broker: &Arc<Broker>, call: link::Call<'_>) {
     // Never sent on again: two nodes whose views disagree for a moment would
     // otherwise pass it back and forth.
-    if broker.store_of(call.tenant).is_none() {
+    let refuse = |code, reason: &str| {
         if let Some(reply) = call.reply {
-            let reason =
-                "the tenant's shard moved to another node while the call was on its way; try again";
-            broker.refuse(&broker.tenant(call.tenant), reply, 503, reason);
+            broker.refuse(&broker.tenant(call.tenant), reply, code, reason);
         }
+    };
+    let home = crate::api::home_tenant(call.tenant, call.operation, call.body);
+    if broker.store_of(&home).is_none() {
+        refuse(
+            503,
+            "the tenant's shard moved to another node while the call was on its way; try again",
+        );
         return;
     }
+    let Ok(principal) = crate::tenancy::login::of_forwarded(
+        broker.user_book(),
+        broker.tenant_records(),
+        call.tenant,
+        call.user,
+        call.guest,
+        call.client,
+    ) else {
+        refuse(
+            503,
+            "the caller's user or tenant is not known on the tenant's owner yet; try again",
+        );
+        return;
+    };
     let [max_len, max_tokens, max_payload, max_subscriptions] = call
         .limits
         .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     crate::api::spawn(
         Arc::clone(broker),
         crate::api::ApiCall {
-            principal: crate::tenancy::Principal {
-                tenant: Arc::from(call.tenant),
-                user: call.user.map(Arc::from),
-                client: Arc::from(call.client),
-                acl: None,
-            },
+            principal,
             routes: broker.tenant(call.tenant),
             limits: Arc::new(crate::publish::SessionLimits {
                 subjects: canopy_subjects::Limits {

@@ -121,7 +121,7 @@ async fn open_single_store(
         bootstrap_admin(&store, password).await?;
     }
     for tenant in deleting {
-        crate::api::tenants::spawn_purge(Arc::clone(&store), tenant);
+        Arc::clone(&store).purge_in_background(tenant);
     }
     broker.attach_store(store);
     Ok(())
@@ -227,7 +227,15 @@ impl Server {
                 open_single_store(&config, &broker, settings).await?;
                 None
             }
-            Some(cluster) => Some(shards::Joining::prepare(cluster, &broker, settings).await?),
+            Some(cluster) => Some(
+                shards::Joining::prepare(
+                    cluster,
+                    &broker,
+                    settings,
+                    config.authz.bootstrap_admin_password.clone(),
+                )
+                .await?,
+            ),
         };
         let tls_on = |listener: &str| config.tls.on(listener);
         let mut listeners = vec![crate::schemas::asyncapi::Listener {

@@ -25,21 +25,29 @@ pub struct ShardStores {
     mesh: Arc<Mesh>,
     /// The settings every shard's store is opened with, but for its place.
     settings: StoreSettings,
+    /// `authz.bootstrap_admin_password`: the default tenant's owner makes the admin.
+    bootstrap_admin: Option<String>,
 }
 
 impl ShardStores {
-    pub fn new(broker: Arc<Broker>, mesh: Arc<Mesh>, settings: StoreSettings) -> Self {
+    pub fn new(
+        broker: Arc<Broker>,
+        mesh: Arc<Mesh>,
+        settings: StoreSettings,
+        bootstrap_admin: Option<String>,
+    ) -> Self {
         Self {
             broker,
             mesh,
             settings,
+            bootstrap_admin,
         }
     }
 }
 
 #[async_trait::async_trait]
 impl ShardHost for ShardStores {
-    async fn open(&self, shard: u32) -> Result<(), String> {
+    async fn open(&self, shard: u32, claim: i64) -> Result<(), String> {
         // The ownership task opens and closes shards one at a time.
         if self.mesh.is_open(shard) {
             return Ok(());
@@ -56,7 +64,13 @@ impl ShardHost for ShardStores {
             .await
             .map_err(|e| e.to_string())?;
         let store = Arc::new(store);
-        self.mesh.open_shard(shard, Arc::clone(&store));
+        self.mesh.open_shard(shard, Arc::clone(&store), claim);
+        if let Some(password) = self.bootstrap_admin.clone()
+            && self.mesh.shard_of(crate::tenancy::DEFAULT_TENANT) == shard
+            && let Err(error) = super::bootstrap_admin(&store, password).await
+        {
+            tracing::warn!(%error, "could not make the bootstrap admin");
+        }
         self.broker.open_shard_tenants(&store, shard).await;
         Ok(())
     }
@@ -103,15 +117,16 @@ impl Joining {
         cluster: &ClusterConfig,
         broker: &Arc<Broker>,
         settings: StoreSettings,
+        bootstrap_admin: Option<String>,
     ) -> Result<Self, ServerError> {
         tracing::warn!(
-            "cluster mode is being built (issue 28): publishes, subscriptions, API calls and \
-             groups work through every node; logins and users, tenants other than the \
-             default, and through nodes that do not own the tenant MQTT persistent \
-             sessions, /ws reads, dead letters and checks of live-only publishes against \
-             schemas do not yet"
+            "cluster mode is being built (issue 28): publishes, subscriptions, logins, \
+             tenants, users, schemas, API calls and groups work through every node; MQTT \
+             persistent sessions and /ws reads through nodes that do not own the tenant, \
+             and the HTTP admin API on them, do not yet"
         );
         let mesh = Arc::new(Mesh::new(&cluster.node_id, cluster.shards));
+        mesh.attach_definitions(crate::cluster::Definitions::new(cluster)?);
         broker.attach_mesh(Arc::clone(&mesh));
         let listener =
             TcpListener::bind(cluster.listen)
@@ -126,6 +141,7 @@ impl Joining {
                 Arc::clone(broker),
                 Arc::clone(&mesh),
                 settings,
+                bootstrap_admin,
             )),
             mesh,
             listener,
@@ -161,6 +177,10 @@ impl Joining {
             http: addresses.http.map(advertised),
             joined_ms: crate::clock::system_ms(),
         };
+        if let Some(definitions) = self.mesh.definitions() {
+            let seen = crate::broker::definitions::SeenByBroker(Arc::clone(broker));
+            definitions.watch(Arc::new(seen), stop.clone());
+        }
         let joined = crate::cluster::Cluster::join(cluster, node, self.shards).await?;
         super::links::start(
             Arc::clone(broker),

@@ -120,7 +120,7 @@ impl Session {
     /// Puts the connection in its logged-in principal's tenant (before anything
     /// else happened on it).
     pub fn log_in(&mut self, principal: Principal) {
-        let routes = self.publisher.broker.tenant(&principal.tenant);
+        let routes = self.publisher.broker.tenant_for(&principal);
         self.publisher.routes = routes;
         self.publisher.principal = principal;
     }

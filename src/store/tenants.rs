@@ -95,6 +95,24 @@ impl Store {
         Ok(all)
     }
 
+    /// Purges a deleted tenant's data in the background; a failure is logged and the
+    /// purge runs again at the next opening (the record stays marked until it is done).
+    pub fn purge_in_background(self: std::sync::Arc<Self>, tenant: String) {
+        tokio::spawn(async move {
+            let purged = async {
+                self.forget_tenant(&tenant).await?;
+                self.purge_tenant(&tenant).await
+            }
+            .await;
+            match purged {
+                Ok(keys) => tracing::info!(tenant, keys, "deleted tenant purged"),
+                Err(error) => {
+                    tracing::warn!(tenant, %error, "purging a deleted tenant failed; it resumes at the next opening")
+                }
+            }
+        });
+    }
+
     /// Deletes every key of `tenant` (messages, markers, batches, msg ids, snapshots,
     /// retained messages, sessions, counters), then its record. Returns the keys
     /// deleted. Safe to run again after a crash half way.

@@ -14,9 +14,8 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 use super::acl::Acl;
-use super::{DEFAULT_TENANT, Principal, Tenants, credentials};
+use super::{DEFAULT_TENANT, Principal, Tenants, Users, credentials};
 use crate::metrics::Metrics;
-use crate::store::Store;
 
 /// Password checks running at once.
 pub const HASHING_AT_ONCE: usize = 2;
@@ -47,7 +46,7 @@ pub struct LoginRefused;
 
 /// Checks what a client presented; the principal of the user it proves to be.
 pub async fn login(
-    store: &Store,
+    store: Users<'_>,
     tenants: &Tenants,
     metrics: &Metrics,
     presented: &Presented,
@@ -68,7 +67,7 @@ pub async fn login(
     };
     let (name, tenant) = user.split_once('@').unwrap_or((user, DEFAULT_TENANT));
     let record = match tenants.get(tenant) {
-        Some(_) => store.user(tenant, name).await.map_err(|_| LoginRefused)?,
+        Some(_) => store.get(tenant, name).await.map_err(|_| LoginRefused)?,
         None => None,
     };
     let stored = record.as_ref().and_then(|r| r.password.clone());
@@ -117,7 +116,7 @@ fn login_anonymously(tenants: &Tenants, presented: &Presented) -> Result<Princip
 
 /// The TLS handshake proved the certificate; the user must exist in a usable tenant.
 async fn login_with_certificate(
-    store: &Store,
+    store: Users<'_>,
     tenants: &Tenants,
     certified: &str,
     client: &str,
@@ -127,7 +126,7 @@ async fn login_with_certificate(
         .unwrap_or((certified, DEFAULT_TENANT));
     tenants.get(tenant).ok_or(LoginRefused)?;
     let user = store
-        .user(tenant, name)
+        .get(tenant, name)
         .await
         .map_err(|_| LoginRefused)?
         .ok_or(LoginRefused)?;
@@ -140,7 +139,7 @@ async fn login_with_certificate(
 }
 
 async fn login_with_token(
-    store: &Store,
+    store: Users<'_>,
     tenants: &Tenants,
     token: &str,
     client: &str,
@@ -148,7 +147,7 @@ async fn login_with_token(
     let parts = credentials::parse_token(token).ok_or(LoginRefused)?;
     tenants.get(parts.tenant).ok_or(LoginRefused)?;
     let user = store
-        .user(parts.tenant, parts.user)
+        .get(parts.tenant, parts.user)
         .await
         .map_err(|_| LoginRefused)?
         .ok_or(LoginRefused)?;
@@ -169,5 +168,38 @@ async fn login_with_token(
             parts.user,
             client,
         ))),
+    })
+}
+
+/// The principal of a caller another node let in, made again here from what every
+/// node sees: the user's record, or the tenant's anonymous rules for a guest. A
+/// caller with neither (no logins required) is the anonymous principal.
+pub fn of_forwarded(
+    users: &super::UserBook,
+    tenants: &Tenants,
+    tenant: &str,
+    user: Option<&str>,
+    guest: bool,
+    client: &str,
+) -> Result<Principal, LoginRefused> {
+    let record = tenants.get(tenant).ok_or(LoginRefused)?;
+    let (name, rules) = match user {
+        Some(name) => {
+            let user = users.get(tenant, name).ok_or(LoginRefused)?;
+            (name, user.permissions.clone())
+        }
+        None if guest => ("", record.anonymous.clone().ok_or(LoginRefused)?),
+        None => {
+            return Ok(Principal {
+                tenant: Arc::from(tenant),
+                ..Principal::anonymous(client)
+            });
+        }
+    };
+    Ok(Principal {
+        tenant: Arc::from(tenant),
+        user: user.map(Arc::from),
+        client: Arc::from(client),
+        acl: Some(Arc::new(Acl::compile(&rules, name, client))),
     })
 }

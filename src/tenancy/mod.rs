@@ -11,6 +11,7 @@ mod hash_memory;
 pub mod login;
 pub mod quota;
 mod registry;
+mod user_book;
 
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use canopy_subjects::{Pattern, PatternToken, SubjectError};
 
 use crate::config::AuthzConfig;
 pub use registry::Tenants;
+pub use user_book::{UserBook, Users};
 
 pub use crate::store::DEFAULT_TENANT;
 

@@ -53,11 +53,11 @@ pub(super) async fn caller(
         )
             .into_response()
     };
-    let Some(store) = state.broker.store() else {
+    let Some(users) = state.broker.users() else {
         return Err(refused());
     };
     let tenants = state.broker.tenant_records();
-    match crate::tenancy::login::login(store, tenants, state.broker.metrics(), &presented).await {
+    match crate::tenancy::login::login(users, tenants, state.broker.metrics(), &presented).await {
         Ok(principal) => Ok(principal),
         Err(_) => {
             tokio::time::sleep(crate::tenancy::login::FAILED_LOGIN_DELAY).await;

@@ -243,7 +243,7 @@ async fn healthz() -> &'static str {
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
     if state.shutdown.is_cancelled() {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
-    } else if state.broker.store().is_none() {
+    } else if !state.broker.stores_messages() {
         (StatusCode::SERVICE_UNAVAILABLE, "store not open\n")
     } else {
         (StatusCode::OK, "ready\n")

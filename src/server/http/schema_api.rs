@@ -33,10 +33,7 @@ use super::tenant_api::{api_answer, json_body};
 /// The store and the caller's right to `$CANOPY.schema.<op>`.
 fn allowed(state: &HttpState, principal: &Principal, op: &str) -> Result<Arc<Store>, ApiError> {
     crate::api::admit(&state.broker, principal, &format!("schema.{op}"))?;
-    state.broker.store().cloned().ok_or(ApiError {
-        code: 503,
-        description: "the store is not open".into(),
-    })
+    crate::api::store_for(&state.broker, &principal.tenant)
 }
 
 #[derive(Deserialize)]

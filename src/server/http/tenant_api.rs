@@ -34,18 +34,16 @@ pub(super) fn api_answer(result: Result<serde_json::Value, ApiError>) -> Respons
         .into_response()
 }
 
-/// The store and the caller's right to `$CANOPY.tenant.<op>`, as on the native API:
-/// the default tenant's users only.
+/// The store of `tenant` and the caller's right to `$CANOPY.tenant.<op>`, as on the
+/// native API: the default tenant's users only.
 pub(super) fn tenant_admin(
     state: &HttpState,
     principal: &Principal,
     op: &str,
+    tenant: &str,
 ) -> Result<Arc<crate::store::Store>, ApiError> {
     crate::api::admit_admin(&state.broker, principal, &format!("tenant.{op}"))?;
-    state.broker.store().cloned().ok_or(ApiError {
-        code: 503,
-        description: "the store is not open".into(),
-    })
+    crate::api::store_for(&state.broker, tenant)
 }
 
 pub(super) fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -59,7 +57,8 @@ pub(super) async fn list_tenants(
     State(state): State<HttpState>,
     Caller(principal): Caller,
 ) -> Response {
-    api_answer(tenant_admin(&state, &principal, "list").map(|_| tenants::list(&state.broker)))
+    let admitted = crate::api::admit_admin(&state.broker, &principal, "tenant.list");
+    api_answer(admitted.map(|()| tenants::list(&state.broker)))
 }
 
 pub(super) async fn create_tenant(
@@ -68,8 +67,10 @@ pub(super) async fn create_tenant(
     body: Bytes,
 ) -> Response {
     let result = async {
-        let store = tenant_admin(&state, &principal, "create")?;
-        tenants::create(&state.broker, &store, json_body(&body)?).await
+        crate::api::admit_admin(&state.broker, &principal, "tenant.create")?;
+        let request: tenants::WithLimits = json_body(&body)?;
+        let store = tenant_admin(&state, &principal, "create", &request.name)?;
+        tenants::create(&state.broker, &store, request).await
     };
     api_answer(result.await)
 }
@@ -80,7 +81,7 @@ pub(super) async fn describe_tenant(
     Path(name): Path<String>,
 ) -> Response {
     let result = async {
-        let store = tenant_admin(&state, &principal, "describe")?;
+        let store = tenant_admin(&state, &principal, "describe", &name)?;
         tenants::describe(&state.broker, &store, &name).await
     };
     api_answer(result.await)
@@ -104,7 +105,7 @@ pub(super) async fn update_tenant(
     body: Bytes,
 ) -> Response {
     let result = async {
-        let store = tenant_admin(&state, &principal, "update")?;
+        let store = tenant_admin(&state, &principal, "update", &name)?;
         let NewLimits { limits, anonymous } = json_body(&body)?;
         let request = tenants::WithLimits {
             name,
@@ -122,7 +123,7 @@ pub(super) async fn delete_tenant(
     Path(name): Path<String>,
 ) -> Response {
     let result = async {
-        let store = tenant_admin(&state, &principal, "delete")?;
+        let store = tenant_admin(&state, &principal, "delete", &name)?;
         tenants::delete(&state.broker, &store, &name).await
     };
     api_answer(result.await)

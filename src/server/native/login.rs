@@ -48,11 +48,11 @@ impl Connection {
                 .filter(|n| !n.is_empty())
                 .unwrap_or_else(|| format!("native-{}", self.id)),
         };
-        let Some(store) = self.broker.store().cloned() else {
+        let Some(users) = self.broker.users() else {
             return Err("Authorization Violation");
         };
         let login = crate::tenancy::login::login(
-            &store,
+            users,
             self.broker.tenant_records(),
             self.broker.metrics(),
             &presented,

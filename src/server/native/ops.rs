@@ -218,7 +218,8 @@ impl Connection {
         // Shutting down when not taken: what was not taken is lost, and never acked.
         let _ = self.session.send_appends().await;
         if self.pongs_owed > 0 || self.deferred.is_some() {
-            if let Some(store) = self.broker.store().cloned() {
+            // In a cluster, the barrier of the tenant's store when this node owns it.
+            if let Some(store) = self.broker.store_of(&self.session.routes().name) {
                 let _ = store.barrier().await;
             }
             self.unsequenced = false;

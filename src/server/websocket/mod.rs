@@ -226,7 +226,7 @@ impl Connection {
         ));
         let acks = Arc::new(AckInbox::new(Arc::clone(&outbox)));
         broker.mqtt_acks().register(id, Arc::clone(&acks));
-        let tenant = broker.tenant(&principal.tenant);
+        let tenant = broker.tenant_for(&principal);
         let session = Session::new(
             Arc::clone(&broker),
             tenant,

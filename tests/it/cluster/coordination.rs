@@ -22,7 +22,7 @@ struct Recorder {
 
 #[async_trait::async_trait]
 impl ShardHost for Recorder {
-    async fn open(&self, shard: u32) -> Result<(), String> {
+    async fn open(&self, shard: u32, _claim: i64) -> Result<(), String> {
         assert!(
             self.serving.lock().insert(shard),
             "shard {shard} opened twice"

@@ -3,6 +3,7 @@
 
 mod coordination;
 mod data;
+mod definitions;
 mod processes;
 
 /// The etcd the tests share; each test uses a cluster name of its own.

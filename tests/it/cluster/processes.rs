@@ -355,6 +355,8 @@ async fn metrics_of(status: &Value, node: &str) -> String {
 pub struct Cluster3 {
     pub name: String,
     nodes: Vec<(String, String, ServeProcess)>,
+    /// Settings every node gets beside the cluster's.
+    extra: Vec<(String, String)>,
 }
 
 fn free_port() -> u16 {
@@ -366,15 +368,26 @@ fn free_port() -> u16 {
 
 impl Cluster3 {
     pub async fn start() -> Cluster3 {
+        Self::start_with(&[]).await
+    }
+
+    /// Three nodes with `extra` settings (environment variables) each.
+    pub async fn start_with(extra: &[(&str, &str)]) -> Cluster3 {
         let name = fresh_cluster_name();
+        let extra: Vec<(String, String)> = extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         let mut nodes = Vec::new();
         for id in ["a", "b", "c"] {
             let listen = format!("127.0.0.1:{}", free_port());
-            let node = ServeProcess::start_on(&listen, &[], &node_env(&name, id)).await;
+            let mut env = node_env(&name, id);
+            env.extend(extra.iter().cloned());
+            let node = ServeProcess::start_on(&listen, &[], &env).await;
             nodes.push((id.to_owned(), listen, node));
         }
         settled(&name, &[("a", 2), ("b", 2), ("c", 2)]).await;
-        Cluster3 { name, nodes }
+        Cluster3 { name, nodes, extra }
     }
 
     /// Stops node `id` with SIGTERM (it hands its shards over) and starts it again
@@ -388,7 +401,9 @@ impl Cluster3 {
         let (id, listen, old) = self.nodes.remove(at);
         // The old process frees the port before the new one binds it.
         let log = log_of(old).await;
-        let new = ServeProcess::start_on(&listen, &[], &node_env(&self.name, &id)).await;
+        let mut env = node_env(&self.name, &id);
+        env.extend(self.extra.iter().cloned());
+        let new = ServeProcess::start_on(&listen, &[], &env).await;
         self.nodes.insert(at, (id, listen, new));
         log
     }
@@ -431,7 +446,12 @@ impl Cluster3 {
 
 /// The node owning the default tenant's shard, as `status` says.
 pub fn owner_of_default(status: &Value) -> String {
-    let shard = canopy::cluster::share::shard_of("default", SHARDS);
+    owner_of(status, "default")
+}
+
+/// The node owning `tenant`'s shard, as `status` says.
+pub fn owner_of(status: &Value, tenant: &str) -> String {
+    let shard = canopy::cluster::share::shard_of(tenant, SHARDS);
     status["owners"][shard as usize]["owner"]
         .as_str()
         .expect("the default tenant's shard has an owner")

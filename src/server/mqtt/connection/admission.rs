@@ -214,7 +214,7 @@ impl Connection {
                 .unwrap_or(config.max_inflight)
                 .min(config.max_inflight.max(1)),
         );
-        let routes = broker.tenant(&opening.principal.tenant);
+        let routes = broker.tenant_for(&opening.principal);
         let mut session = Session::new(
             Arc::clone(&broker),
             routes,
@@ -306,8 +306,8 @@ pub(super) async fn log_in(
         certified,
         client: client_id.to_owned(),
     };
-    let store = broker.store()?;
-    crate::tenancy::login::login(store, broker.tenant_records(), broker.metrics(), &presented)
+    let users = broker.users()?;
+    crate::tenancy::login::login(users, broker.tenant_records(), broker.metrics(), &presented)
         .await
         .ok()
 }
