@@ -9,10 +9,13 @@ with nats-py (a client from another project):
     forwards them to it;
   - fan-out: subscribers on every node, stored publishes through a non-owner; the
     messages the owner sends to other nodes per publish (goal: one per interested
-    node) and the deliveries per second seen by all subscribers together.
+    node) and the deliveries per second seen by all subscribers together; then, the
+    cluster stopped, the same clients against one node without `[cluster]` on the
+    same S3 server (its own prefix), for the cluster's rate against one node's.
 
     PYTHON=target/py-venv/bin/python
     $PYTHON benches/cluster.py [--canopy target/release/canopy] [--kills 20]
+    $PYTHON benches/cluster.py --figures fanout --fan 20000 --rounds 3
 
 Prints one JSON line per figure and writes them to target/bench-out/cluster.jsonl.
 """
@@ -156,7 +159,7 @@ class Cluster:
                 for line in page.splitlines()
                 if line and not line.startswith("#") and " " in line and "{" not in line}
 
-    def stop(self):
+    def stop_nodes(self):
         for proc in self.procs.values():
             proc.send_signal(signal.SIGTERM)
         for proc in self.procs.values():
@@ -164,6 +167,30 @@ class Cluster:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        self.procs = {}
+
+    def start_single(self, prefix):
+        """One node without `[cluster]` on the same S3 server, under its own prefix;
+        returns its NATS URL. Stopped by stop_nodes."""
+        native, http = free_port(), free_port()
+        env = {k: v for k, v in self.env("a").items() if not k.startswith("CANOPY_CLUSTER__")}
+        env["CANOPY_STORE__URL"] = f"s3://bench/{prefix}"
+        log = open(os.path.join(self.dir, "single.log"), "ab")
+        self.procs["single"] = subprocess.Popen(
+            [self.canopy, "serve", "--listen", f"127.0.0.1:{native}",
+             "--mqtt-listen", "127.0.0.1:0", "--http-listen", f"127.0.0.1:{http}"],
+            env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=self.dir)
+        until = time.time() + 30
+        while time.time() < until:
+            try:
+                socket.create_connection(("127.0.0.1", native), timeout=1).close()
+                return f"nats://127.0.0.1:{native}"
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("the single node did not start")
+
+    def stop(self):
+        self.stop_nodes()
         for proc in (self.etcd, self.moto):
             proc.terminate()
             proc.wait()
@@ -221,26 +248,26 @@ async def hop(cluster, count):
     return rows
 
 
-async def fanout(cluster, count):
-    cluster.settled("abc")
-    owner = cluster.owner()
-    other = next(n for n in "abc" if n != owner)
+async def fan(sub_urls, pub_url, count):
+    """One subscriber on `fan.>` at each of `sub_urls`, `count` acked stored
+    publishes (256 in flight) through `pub_url`; deliveries per second, all
+    subscribers together."""
     subs, received = [], [0]
     done = asyncio.Event()
+    expected = count * len(sub_urls)
 
     async def on_message(_msg):
         received[0] += 1
-        if received[0] == count * 3:
+        if received[0] == expected:
             done.set()
 
-    for node in "abc":
-        nc = await nats.connect(cluster.url(node))
+    for url in sub_urls:
+        nc = await nats.connect(url)
         await nc.subscribe("fan.>", cb=on_message)
         await nc.flush()
         subs.append(nc)
     await asyncio.sleep(1.0)  # interest reaches every node
-    before = cluster.metrics(owner).get("canopy_cluster_messages_sent_total", 0.0)
-    pub = await nats.connect(cluster.url(other))
+    pub = await nats.connect(pub_url)
     start = time.perf_counter()
     window = 256
     pending = []
@@ -253,33 +280,71 @@ async def fanout(cluster, count):
     await asyncio.gather(*pending)
     await asyncio.wait_for(done.wait(), 60)
     elapsed = time.perf_counter() - start
-    after = cluster.metrics(owner).get("canopy_cluster_messages_sent_total", 0.0)
     for nc in subs + [pub]:
         await nc.close()
+    return round(expected / elapsed)
+
+
+async def fanout(cluster, count):
+    cluster.settled("abc")
+    owner = cluster.owner()
+    other = next(n for n in "abc" if n != owner)
+    before = cluster.metrics(owner).get("canopy_cluster_messages_sent_total", 0.0)
+    delivered = await fan([cluster.url(n) for n in "abc"], cluster.url(other), count)
+    after = cluster.metrics(owner).get("canopy_cluster_messages_sent_total", 0.0)
     return {"figure": "fanout", "published": count, "subscribers_per_node": 1, "nodes": 3,
             "node_messages_per_publish": round((after - before) / count, 3),
-            "delivered_per_sec": round(count * 3 / elapsed)}
+            "delivered_per_sec": delivered}
+
+
+def single_fanout(cluster, count, rnd):
+    """The fan-out's clients against one node without `[cluster]`: three subscribers
+    and the publisher on it. Run with the cluster's nodes stopped."""
+    url = cluster.start_single(f"single-{os.getpid()}-{rnd}")
+    try:
+        delivered = asyncio.run(fan([url, url, url], url, count))
+    finally:
+        cluster.stop_nodes()
+    return {"figure": "fanout-one-node", "published": count, "subscribers": 3,
+            "delivered_per_sec": delivered}
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--canopy", default="target/release/canopy")
+    parser.add_argument("--figures", default="hop,fanout,takeover")
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--lease", type=int, default=5)
     parser.add_argument("--acks", type=int, default=2000)
     parser.add_argument("--fan", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=1, help="fan-out rounds")
     args = parser.parse_args()
+    figures = set(args.figures.split(","))
     os.makedirs("target/bench-out", exist_ok=True)
-    cluster = Cluster(args.canopy, args.lease)
     rows = []
+    cluster = Cluster(args.canopy, args.lease)
     try:
-        cluster.settled("abc", timeout=120)
-        rows += asyncio.run(hop(cluster, args.acks))
-        rows.append(asyncio.run(fanout(cluster, args.fan)))
-        times = takeover(cluster, args.kills)
-        rows.append({"figure": "takeover", "kills": len(times), "lease_secs": args.lease,
-                     "median_s": round(statistics.median(times), 2), "max_s": round(max(times), 2),
-                     "all_s": [round(t, 2) for t in times]})
+        for rnd in range(args.rounds if "fanout" in figures else 0):
+            if not cluster.procs:
+                for node in "abc":
+                    cluster.start(node)
+            cluster.settled("abc", timeout=120)
+            rows.append(dict(asyncio.run(fanout(cluster, args.fan)), round=rnd))
+            # Each server alone on the machine: the cluster stops before one node runs.
+            cluster.stop_nodes()
+            rows.append(dict(single_fanout(cluster, args.fan, rnd), round=rnd))
+        if figures & {"hop", "takeover"}:
+            if not cluster.procs:
+                for node in "abc":
+                    cluster.start(node)
+            cluster.settled("abc", timeout=120)
+        if "hop" in figures:
+            rows += asyncio.run(hop(cluster, args.acks))
+        if "takeover" in figures:
+            times = takeover(cluster, args.kills)
+            rows.append({"figure": "takeover", "kills": len(times), "lease_secs": args.lease,
+                         "median_s": round(statistics.median(times), 2),
+                         "max_s": round(max(times), 2), "all_s": [round(t, 2) for t in times]})
     finally:
         cluster.stop()
     with open("target/bench-out/cluster.jsonl", "w") as out:

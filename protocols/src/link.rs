@@ -6,7 +6,10 @@
 //! group: like NATS routes' RS+ and RS-), forwards a publish for a shard it does not
 //! own to the shard's owner (`Append`) and gets its outcome back (`Ack`), and sends
 //! each message once to every node with matching interest (`Msg`), which delivers it
-//! to its own subscribers and never passes it on.
+//! to its own subscribers and never passes it on. A connection that starts with
+//! `Relay` instead of `Hello` is no link: after that one frame it carries the bytes
+//! of one MQTT client's connection, which the entry node relays to the owner of the
+//! client's tenant.
 //!
 //! ```text
 //! frame   := length:u32 kind:u8 body          (length counts kind and body)
@@ -31,6 +34,7 @@ const MSG: u8 = 4;
 const APPEND: u8 = 5;
 const ACK: u8 = 6;
 const CALL: u8 = 7;
+const RELAY: u8 = 8;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum LinkError {
@@ -170,6 +174,21 @@ pub enum Frame<'a> {
     /// An API call (`$CANOPY.…`, `$JS.…`) for the owner of its tenant's shard, which
     /// answers on the reply subject like any call.
     Call(Call<'a>),
+    /// The first and only frame of a relayed MQTT connection: who the client logged
+    /// in as at the entry node. Its MQTT bytes follow, CONNECT first.
+    Relay(Relay<'a>),
+}
+
+/// An MQTT client another node let in, relayed to the owner of its tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relay<'a> {
+    pub cluster: &'a str,
+    pub tenant: &'a str,
+    pub user: Option<&'a str>,
+    /// Let in under the tenant's anonymous rules.
+    pub guest: bool,
+    /// The client's address as the entry node saw it.
+    pub peer: &'a str,
 }
 
 /// An API call another node took from its client, with who made it.
@@ -256,6 +275,14 @@ pub fn encode(frame: &Frame<'_>, out: &mut Vec<u8>) {
             for n in call.limits {
                 out.extend_from_slice(&n.to_be_bytes());
             }
+        }
+        Frame::Relay(relay) => {
+            out.push(RELAY);
+            put_str(out, relay.cluster);
+            put_str(out, relay.tenant);
+            put_opt(out, relay.user, put_str);
+            out.push(u8::from(relay.guest));
+            put_str(out, relay.peer);
         }
     }
     let length = (out.len() - start - 4) as u32;
@@ -429,6 +456,13 @@ pub fn decode(buf: &[u8], max: usize) -> Result<Option<(Frame<'_>, usize)>, Link
                 r.u64("limits")?,
                 r.u64("limits")?,
             ],
+        }),
+        RELAY => Frame::Relay(Relay {
+            cluster: r.str("cluster")?,
+            tenant: r.str("tenant")?,
+            user: r.opt(|r| r.str("user"))?,
+            guest: r.u8("guest")? != 0,
+            peer: r.str("peer")?,
         }),
         other => return Err(LinkError::UnknownKind(other)),
     };
@@ -719,6 +753,13 @@ mod tests {
                 reply: Some("_INBOX.q.1"),
                 body: br#"{"subject":"orders.1"}"#,
                 limits: [4096, 128, 1 << 20, 0],
+            }),
+            Frame::Relay(Relay {
+                cluster: "prod",
+                tenant: "acme",
+                user: None,
+                guest: true,
+                peer: "10.0.0.9:51234",
             }),
         ]
     }

@@ -87,6 +87,8 @@ pub struct Mesh {
     links: std::sync::OnceLock<Arc<dyn Links>>,
     /// Every live node's NATS address, for INFO's `connect_urls`.
     client_urls: RwLock<Vec<String>>,
+    /// Where each live node takes links (and relayed MQTT connections).
+    link_addresses: RwLock<HashMap<Arc<str>, String>>,
     /// Each shard's owner as last seen.
     owners: RwLock<Vec<Option<Arc<str>>>>,
     /// The stores of the shards this node owns, with the etcd revision of each claim.
@@ -114,6 +116,7 @@ impl Mesh {
             shards,
             links: std::sync::OnceLock::new(),
             client_urls: RwLock::default(),
+            link_addresses: RwLock::default(),
             owners: RwLock::new(vec![None; shards as usize]),
             stores: RwLock::default(),
             definitions: std::sync::OnceLock::new(),
@@ -152,6 +155,17 @@ impl Mesh {
         }
     }
 
+    /// Whether `tenant`'s shard is this node's and still being opened.
+    pub fn opening(&self, tenant: &str) -> bool {
+        let shard = self.shard_of(tenant);
+        !self.stores.read().contains_key(&shard)
+            && self
+                .owners
+                .read()
+                .get(shard as usize)
+                .is_some_and(|owner| owner.as_deref() == Some(&*self.me))
+    }
+
     /// How many shards this node owns now, of how many.
     pub fn shards_here(&self) -> (usize, u32) {
         (self.stores.read().len(), self.shards)
@@ -165,6 +179,16 @@ impl Mesh {
     /// Records every live node's NATS address, as the cluster's view says.
     pub fn set_client_urls(&self, urls: Vec<String>) {
         *self.client_urls.write() = urls;
+    }
+
+    /// Records where every live node takes links, as the cluster's view says.
+    pub fn set_link_addresses(&self, addresses: HashMap<Arc<str>, String>) {
+        *self.link_addresses.write() = addresses;
+    }
+
+    /// Where `node` takes links, if it is alive.
+    pub fn link_address(&self, node: &str) -> Option<String> {
+        self.link_addresses.read().get(node).cloned()
     }
 
     /// Records the owners of every shard, as the cluster's view says. Appends

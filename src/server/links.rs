@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::Broker;
 use crate::broker::mesh::{self, Links, Mesh};
 use crate::cluster::View;
+use crate::server::mqtt::RelayHost;
 
 /// Frames waiting for one node.
 const QUEUE_FRAMES: usize = 65_536;
@@ -70,6 +71,7 @@ pub fn start(
     cluster: String,
     listener: TcpListener,
     view: watch::Receiver<View>,
+    relays: Arc<RelayHost>,
     stop: CancellationToken,
 ) {
     let links = Arc::new(LinkSet {
@@ -77,14 +79,15 @@ pub fn start(
         returns: RwLock::default(),
     });
     mesh.attach_links(links.clone());
-    tokio::spawn(accept(
-        Arc::clone(&broker),
-        Arc::clone(&mesh),
-        Arc::clone(&links),
-        cluster.clone(),
-        listener,
-        stop.clone(),
-    ));
+    let incoming = Incoming {
+        broker: Arc::clone(&broker),
+        mesh: Arc::clone(&mesh),
+        links: Arc::clone(&links),
+        cluster: cluster.clone(),
+        relays,
+        stop: stop.clone(),
+    };
+    tokio::spawn(accept(Arc::new(incoming), listener));
     tokio::spawn(dial_all(broker, mesh, links, cluster, view, stop));
 }
 
@@ -110,6 +113,13 @@ async fn dial_all(
             .collect();
         broker.answer(mesh.set_owners(owners));
         mesh.set_client_urls(current.nodes.values().map(|n| n.native.clone()).collect());
+        mesh.set_link_addresses(
+            current
+                .nodes
+                .values()
+                .map(|n| (Arc::from(n.id.as_str()), n.link.clone()))
+                .collect(),
+        );
         dialers.retain(|node, (address, token)| {
             let keep = current
                 .nodes
@@ -168,7 +178,10 @@ async fn dial(
                 Arc::clone(&mesh),
                 Arc::clone(&links),
                 cluster.clone(),
-                reading,
+                Reading {
+                    half: reading,
+                    buffer: Vec::with_capacity(64 << 10),
+                },
                 Ok(Arc::clone(&node)),
                 stop.clone(),
             ));
@@ -233,17 +246,20 @@ async fn dial(
     }
 }
 
-async fn accept(
+/// What a connection another node opened is served with.
+struct Incoming {
     broker: Arc<Broker>,
     mesh: Arc<Mesh>,
     links: Arc<LinkSet>,
     cluster: String,
-    listener: TcpListener,
+    relays: Arc<RelayHost>,
     stop: CancellationToken,
-) {
+}
+
+async fn accept(incoming: Arc<Incoming>, listener: TcpListener) {
     loop {
         let accepted = tokio::select! {
-            () = stop.cancelled() => return,
+            () = incoming.stop.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
         let Ok((stream, peer)) = accepted else {
@@ -251,40 +267,73 @@ async fn accept(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let (reading, writing) = stream.into_split();
-        let (sender, queue) = mpsc::channel::<Bytes>(QUEUE_FRAMES);
-        tokio::spawn(write_back(writing, queue, peer));
-        tokio::spawn(read_incoming(
-            Arc::clone(&broker),
-            Arc::clone(&mesh),
-            Arc::clone(&links),
-            cluster.clone(),
-            reading,
-            sender,
-            stop.clone(),
-        ));
+        tokio::spawn(take_incoming(Arc::clone(&incoming), stream, peer));
     }
 }
 
-/// Reads a link another node dialled, answering on its way back; when it ends,
-/// forgets what that node said it was interested in.
+/// The first frame of a connection another node opened says what it is: a link
+/// (`Hello`), or an MQTT client relayed here (`Relay`).
+async fn take_incoming(incoming: Arc<Incoming>, mut stream: TcpStream, peer: SocketAddr) {
+    let mut buffer: Vec<u8> = Vec::with_capacity(64 << 10);
+    let first = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match link::decode(&buffer, MAX_FRAME) {
+                Ok(Some((Frame::Relay(_), _))) => return Some(true),
+                Ok(Some(_)) => return Some(false),
+                Ok(None) => {}
+                Err(_) => return None,
+            }
+            match stream.read_buf(&mut buffer).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    match first {
+        Ok(Some(true)) => {
+            if let Ok(Some((Frame::Relay(relay), used))) = link::decode(&buffer, MAX_FRAME) {
+                let leftover = buffer.get(used..).unwrap_or_default().to_vec();
+                incoming.relays.accept(stream, leftover, &relay, peer);
+            }
+        }
+        Ok(Some(false)) => {
+            let (reading, writing) = stream.into_split();
+            let (sender, queue) = mpsc::channel::<Bytes>(QUEUE_FRAMES);
+            tokio::spawn(write_back(writing, queue, peer));
+            read_incoming(&incoming, reading, buffer, sender).await;
+        }
+        Ok(None) | Err(_) => {
+            tracing::debug!(%peer, "a connection to the cluster port said nothing usable")
+        }
+    }
+}
+
+/// Reads a link another node dialled (`buffer` holding its first bytes), answering
+/// on its way back; when it ends, forgets what that node said it was interested in.
 async fn read_incoming(
-    broker: Arc<Broker>,
-    mesh: Arc<Mesh>,
-    links: Arc<LinkSet>,
-    cluster: String,
+    incoming: &Incoming,
     reading: OwnedReadHalf,
+    buffer: Vec<u8>,
     back: mpsc::Sender<Bytes>,
-    stop: CancellationToken,
 ) {
+    let Incoming {
+        broker,
+        mesh,
+        links,
+        ..
+    } = incoming;
     let from = read_link(
-        Arc::clone(&broker),
-        Arc::clone(&mesh),
-        Arc::clone(&links),
-        cluster,
-        reading,
+        Arc::clone(broker),
+        Arc::clone(mesh),
+        Arc::clone(links),
+        incoming.cluster.clone(),
+        Reading {
+            half: reading,
+            buffer,
+        },
         Err(back.clone()),
-        stop,
+        incoming.stop.clone(),
     )
     .await;
     if let Some(node) = from {
@@ -317,6 +366,12 @@ async fn write_back(
     }
 }
 
+/// The read half of a link, and what was read of it already.
+struct Reading {
+    half: OwnedReadHalf,
+    buffer: Vec<u8>,
+}
+
 /// Reads frames from one link until it ends; returns the node it was from. `side`
 /// is the node this one dialled, or for an incoming link (which says who it is in
 /// its hello) the way back to it, for answers.
@@ -325,17 +380,20 @@ async fn read_link(
     mesh: Arc<Mesh>,
     links: Arc<LinkSet>,
     cluster: String,
-    mut reading: OwnedReadHalf,
+    reading: Reading,
     side: Result<Arc<str>, mpsc::Sender<Bytes>>,
     stop: CancellationToken,
 ) -> Option<Arc<str>> {
+    let Reading {
+        half: mut reading,
+        mut buffer,
+    } = reading;
     let peer = reading.peer_addr().ok();
     let dialled = side.is_ok();
     let (mut from, back) = match side {
         Ok(node) => (Some(node), None),
         Err(back) => (None, Some(back)),
     };
-    let mut buffer: Vec<u8> = Vec::with_capacity(64 << 10);
     let ended = loop {
         let mut used = 0;
         let mut refused = false;
@@ -428,6 +486,7 @@ async fn apply(
             broker.answer(mesh.acked(id, mesh::outcome_from_wire(&outcome)));
         }
         Frame::Call(call) => run_forwarded_call(broker, call),
+        Frame::Relay(_) => return Err("a relayed client's frame on a link".into()),
     }
     Ok(())
 }
@@ -461,12 +520,10 @@ fn run_forwarded_call(broker: &Arc<Broker>, call: link::Call<'_>) {
             broker.refuse(&broker.tenant(call.tenant), reply, code, reason);
         }
     };
-    let home = crate::api::home_tenant(call.tenant, call.operation, call.body);
-    if broker.store_of(&home).is_none() {
-        refuse(
-            503,
-            "the tenant's shard moved to another node while the call was on its way; try again",
-        );
+    let home = crate::api::home_tenant(call.tenant, call.operation, call.body).into_owned();
+    let opening = broker.mesh().is_some_and(|mesh| mesh.opening(&home));
+    if broker.store_of(&home).is_none() && !opening {
+        refuse(503, MOVED);
         return;
     }
     let Ok(principal) = crate::tenancy::login::of_forwarded(
@@ -486,26 +543,45 @@ fn run_forwarded_call(broker: &Arc<Broker>, call: link::Call<'_>) {
     let [max_len, max_tokens, max_payload, max_subscriptions] = call
         .limits
         .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-    crate::api::spawn(
-        Arc::clone(broker),
-        crate::api::ApiCall {
-            principal,
-            routes: broker.tenant(call.tenant),
-            limits: Arc::new(crate::publish::SessionLimits {
-                subjects: canopy_subjects::Limits {
-                    max_len,
-                    max_tokens,
-                },
-                max_payload,
-                max_subscriptions,
-            }),
-            origin: call.origin,
-            operation: call.operation.to_owned(),
-            reply: call.reply.map(str::to_owned),
-            body: Bytes::copy_from_slice(call.body),
-        },
-    );
+    let forwarded = crate::api::ApiCall {
+        principal,
+        routes: broker.tenant(call.tenant),
+        limits: Arc::new(crate::publish::SessionLimits {
+            subjects: canopy_subjects::Limits {
+                max_len,
+                max_tokens,
+            },
+            max_payload,
+            max_subscriptions,
+        }),
+        origin: call.origin,
+        operation: call.operation.to_owned(),
+        reply: call.reply.map(str::to_owned),
+        body: Bytes::copy_from_slice(call.body),
+    };
+    if !opening {
+        crate::api::spawn(Arc::clone(broker), forwarded);
+        return;
+    }
+    // Claimed here and being opened (a node just started or took the shard over):
+    // the call waits for it a little rather than being refused.
+    let broker = Arc::clone(broker);
+    tokio::spawn(async move {
+        for _ in 0..100 {
+            if broker.store_of(&home).is_some() {
+                crate::api::spawn(broker, forwarded);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if let Some(reply) = &forwarded.reply {
+            broker.refuse(&forwarded.routes, reply, 503, MOVED);
+        }
+    });
 }
+
+const MOVED: &str =
+    "the tenant's shard moved to another node while the call was on its way; try again";
 
 /// Stores an append another node forwarded here, its ack going back to that node.
 async fn store_forwarded(broker: &Broker, mesh: &Mesh, from: &Arc<str>, append: link::Append<'_>) {

@@ -161,6 +161,8 @@ pub struct Server {
     tls: Option<tls::Tls>,
     /// This node's membership, when it is one of a cluster's.
     cluster: Option<crate::cluster::Cluster>,
+    /// In a cluster: where MQTT clients other nodes relay here are served.
+    relays: Option<Arc<mqtt::RelayHost>>,
     /// Ends the links to the other nodes.
     links_stop: CancellationToken,
 }
@@ -263,6 +265,7 @@ impl Server {
         broker.advertise(listeners);
         broker.open_tenants().await?;
         let links_stop = CancellationToken::new();
+        let relays = shards.as_ref().map(shards::Joining::relays);
         let cluster = match (&config.cluster, shards) {
             (Some(cluster), Some(joining)) => {
                 let addresses = shards::Addresses {
@@ -280,6 +283,7 @@ impl Server {
         };
         Ok(Server {
             cluster,
+            relays,
             links_stop,
             config: Arc::new(config),
             broker,
@@ -328,6 +332,9 @@ impl Server {
                 self.tls.clone().filter(|_| self.config.tls.on("mqtt")),
             ))
         });
+        if let (Some(relays), Some(context)) = (&self.relays, &mqtt_context) {
+            relays.serve(Arc::clone(context), tracker.clone(), shutdown.clone());
+        }
         let http = self.http.map(|(listener, addr)| {
             tracing::info!(protocol = "http", %addr, "listening");
             let websocket = Arc::new(websocket::WsContext::new(

@@ -16,6 +16,7 @@ use crate::broker::durable::StoreRouter;
 use crate::broker::mesh::Mesh;
 use crate::cluster::{Closing, ShardHost};
 use crate::config::ClusterConfig;
+use crate::server::mqtt::RelayHost;
 use crate::store::{Store, StoreSettings};
 
 /// Opens and closes the node's shard stores; the mesh keeps the open ones, where
@@ -27,6 +28,8 @@ pub struct ShardStores {
     settings: StoreSettings,
     /// `authz.bootstrap_admin_password`: the default tenant's owner makes the admin.
     bootstrap_admin: Option<String>,
+    /// The MQTT clients this node serves for the tenants of its shards.
+    relays: Arc<RelayHost>,
 }
 
 impl ShardStores {
@@ -35,12 +38,14 @@ impl ShardStores {
         mesh: Arc<Mesh>,
         settings: StoreSettings,
         bootstrap_admin: Option<String>,
+        relays: Arc<RelayHost>,
     ) -> Self {
         Self {
             broker,
             mesh,
             settings,
             bootstrap_admin,
+            relays,
         }
     }
 }
@@ -83,6 +88,16 @@ impl ShardHost for ShardStores {
         self.broker
             .release_shard_tenants(shard, how == Closing::Handover)
             .await;
+        // Its MQTT clients save their sessions and connect again, to be served by
+        // the next owner.
+        let wait = match how {
+            Closing::Handover => std::time::Duration::from_secs(5),
+            Closing::Lost => std::time::Duration::from_secs(1),
+        };
+        let mesh = &self.mesh;
+        self.relays
+            .move_away(|tenant| mesh.shard_of(tenant) == shard, wait)
+            .await;
         match (how, store.close().await) {
             (_, Ok(())) => {}
             (Closing::Handover, Err(error)) => {
@@ -103,6 +118,7 @@ pub(super) struct Joining {
     shards: Arc<ShardStores>,
     mesh: Arc<Mesh>,
     listener: TcpListener,
+    relays: Arc<RelayHost>,
 }
 
 /// The addresses a node's clients reach it at.
@@ -121,9 +137,9 @@ impl Joining {
     ) -> Result<Self, ServerError> {
         tracing::warn!(
             "cluster mode is being built (issue 28): publishes, subscriptions, logins, \
-             tenants, users, schemas, API calls and groups work through every node; MQTT \
-             persistent sessions and /ws reads through nodes that do not own the tenant, \
-             and the HTTP admin API on them, do not yet"
+             tenants, users, schemas, API calls, groups and MQTT sessions work through \
+             every node; /ws reads and the HTTP admin API through nodes that do not own \
+             the tenant do not yet"
         );
         let mesh = Arc::new(Mesh::new(&cluster.node_id, cluster.shards));
         mesh.attach_definitions(crate::cluster::Definitions::new(cluster)?);
@@ -136,16 +152,24 @@ impl Joining {
                     addr: cluster.listen,
                     source,
                 })?;
+        let relays = Arc::new(RelayHost::default());
         Ok(Self {
             shards: Arc::new(ShardStores::new(
                 Arc::clone(broker),
                 Arc::clone(&mesh),
                 settings,
                 bootstrap_admin,
+                Arc::clone(&relays),
             )),
             mesh,
             listener,
+            relays,
         })
+    }
+
+    /// Where the MQTT clients other nodes relay here will be served.
+    pub(super) fn relays(&self) -> Arc<RelayHost> {
+        Arc::clone(&self.relays)
     }
 
     /// Joins: the node's record (its addresses as the others reach them) in etcd,
@@ -182,12 +206,40 @@ impl Joining {
             definitions.watch(Arc::new(seen), stop.clone());
         }
         let joined = crate::cluster::Cluster::join(cluster, node, self.shards).await?;
+        // Clients are let in once every shard has an owner (this node's share opened,
+        // or others serving it), so the first of a new cluster's nodes answers its
+        // first clients rather than telling them the shards are moving. Bounded: a
+        // cluster that cannot settle is served as it is.
+        let view = joined.view();
+        let me = cluster.node_id.as_str();
+        let settled = async {
+            loop {
+                let ready = {
+                    let now = view.borrow();
+                    now.shards > 0
+                        && now.owners.len() == now.shards as usize
+                        && now
+                            .owners
+                            .iter()
+                            .all(|(shard, owner)| owner.node != me || self.mesh.is_open(*shard))
+                };
+                if ready {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        };
+        let bound = std::time::Duration::from_secs(cluster.lease_secs.saturating_mul(3));
+        if tokio::time::timeout(bound, settled).await.is_err() {
+            tracing::warn!("not every shard has an owner yet; serving clients anyway");
+        }
         super::links::start(
             Arc::clone(broker),
             self.mesh,
             cluster.name.clone(),
             self.listener,
             joined.view(),
+            self.relays,
             stop,
         );
         Ok(joined)

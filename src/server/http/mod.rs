@@ -205,7 +205,8 @@ async fn mqtt_over_websocket(
         .on_upgrade(move |socket| async move {
             let (inbound, outbound) = super::mqtt::transport::websocket(socket);
             let certified = peer.certified.as_deref().map(str::to_owned);
-            super::mqtt::serve_on(inbound, outbound, peer.addr, context, certified, shutdown).await;
+            let entry = super::mqtt::Entry::Client { certified };
+            super::mqtt::serve_on(inbound, outbound, peer.addr, context, entry, shutdown).await;
             drop(admitted);
         })
 }

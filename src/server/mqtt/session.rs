@@ -141,6 +141,9 @@ struct Live {
 #[derive(Default)]
 pub struct Handoff {
     taken_over: AtomicBool,
+    /// Told to go because this node no longer serves its tenant, not for a new
+    /// connection: it ends as at a shutdown (no will), and the client reconnects.
+    moved: AtomicBool,
     released: AtomicBool,
     changed: Notify,
 }
@@ -149,6 +152,17 @@ impl Handoff {
     fn take_over(&self) {
         self.taken_over.store(true, Ordering::Release);
         self.changed.notify_waiters();
+    }
+
+    /// Tells the holder to go because its tenant is served elsewhere from now on.
+    fn move_away(&self) {
+        self.moved.store(true, Ordering::Release);
+        self.take_over();
+    }
+
+    /// Whether the holder was told to go by [`Sessions::move_away`].
+    pub fn moved(&self) -> bool {
+        self.moved.load(Ordering::Acquire)
     }
 
     /// Marks the session saved and the id let go.
@@ -253,6 +267,21 @@ impl Sessions {
             slots.remove(key);
         }
         due
+    }
+
+    /// Tells every connection of the tenants `of` picks to go (this node no longer
+    /// serves them); their handoffs, to wait for their sessions to be saved.
+    pub fn move_away(&self, of: impl Fn(&str) -> bool) -> Vec<Arc<Handoff>> {
+        let slots = self.slots.lock();
+        slots
+            .iter()
+            .filter(|(key, _)| of(&key.0))
+            .filter_map(|(_, slot)| slot.live.as_ref())
+            .map(|live| {
+                live.handoff.move_away();
+                Arc::clone(&live.handoff)
+            })
+            .collect()
     }
 
     /// How many client ids are claimed or waiting for a will.

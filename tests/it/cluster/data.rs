@@ -143,7 +143,11 @@ async fn acked_with_retries(
 }
 
 /// Publishes `text` to `subject`, with `text` as its msg id, until it is acknowledged.
-async fn until_acked(client: &async_nats::Client, subject: &str, text: &str) -> serde_json::Value {
+pub async fn until_acked(
+    client: &async_nats::Client,
+    subject: &str,
+    text: &str,
+) -> serde_json::Value {
     acked_with_retries(client, subject, text, text).await.0
 }
 

@@ -29,6 +29,20 @@ async fn login_eventually(url: &str, user: &str, password: &str) -> async_nats::
     .await
 }
 
+/// An API call, tried again while it is answered 503 (its shard moving or being
+/// opened: what a client is told to retry).
+async fn call(client: &async_nats::Client, op: &str, body: Value) -> (u16, Value) {
+    eventually(
+        &format!("{op} answered"),
+        Duration::from_secs(10),
+        || async {
+            let (code, answer) = api(client, op, body.clone()).await;
+            (code != 503).then_some((code, answer))
+        },
+    )
+    .await
+}
+
 async fn with_logins() -> Cluster3 {
     Cluster3::start_with(&[
         ("CANOPY_AUTHZ__REQUIRE_LOGIN", "true"),
@@ -60,9 +74,9 @@ async fn tenants_and_users_made_through_one_node_log_in_and_work_on_every_node()
         .iter()
         .position(|id| *id != acme_owner)
         .expect("another node");
-    let (code, made) = api(&admins[maker], "tenant.create", json!({"name": "acme"})).await;
+    let (code, made) = call(&admins[maker], "tenant.create", json!({"name": "acme"})).await;
     assert_eq!(code, 200, "{made}");
-    let (code, made) = api(
+    let (code, made) = call(
         &admins[maker],
         "user.create",
         json!({"tenant": "acme", "name": "ana", "password": "ana-secret-1",
@@ -110,7 +124,7 @@ async fn tenants_and_users_made_through_one_node_log_in_and_work_on_every_node()
     // through every node, one she may not is refused there.
     for ana in &anas {
         assert_eq!(replay_texts(ana, "orders.1").await, ["one"]);
-        let (code, refused) = api(ana, "get", json!({"subject": "secret.1"})).await;
+        let (code, refused) = call(ana, "get", json!({"subject": "secret.1"})).await;
         assert_eq!(code, 403, "{refused}");
     }
     // A token issued through one node logs in at another.
@@ -127,7 +141,7 @@ async fn tenants_and_users_made_through_one_node_log_in_and_work_on_every_node()
     let ack = publish_acked(&by_token, "orders.2", "two").await;
     assert_eq!(ack["version"], 1, "{ack}");
     // Deleting the tenant through one node ends its logins on every node.
-    let (code, gone) = api(&admins[other], "tenant.delete", json!({"name": "acme"})).await;
+    let (code, gone) = call(&admins[other], "tenant.delete", json!({"name": "acme"})).await;
     assert_eq!(code, 200, "{gone}");
     for url in &urls {
         eventually(
@@ -172,7 +186,7 @@ async fn a_binding_made_on_the_owner_checks_stamps_and_dead_letters_on_every_nod
         "properties": {"kwh": {"type": "number"}},
         "required": ["kwh"]
     });
-    let (code, bound) = api(
+    let (code, bound) = call(
         &via_owner,
         "schema.put",
         json!({"pattern": "meters.*", "schema": schema, "on_invalid": "dead_letter"}),

@@ -4,6 +4,7 @@
 mod coordination;
 mod data;
 mod definitions;
+mod mqtt;
 mod processes;
 
 /// The etcd the tests share; each test uses a cluster name of its own.

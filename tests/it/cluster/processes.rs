@@ -200,7 +200,7 @@ async fn a_node_stalled_past_its_lease_drops_its_shards_on_waking_and_rejoins() 
 }
 
 /// The MQTT address of node `node`, from the cluster's status.
-fn mqtt_address(status: &Value, node: &str) -> (String, u16) {
+pub fn mqtt_address(status: &Value, node: &str) -> (String, u16) {
     let address = status["nodes"]
         .as_array()
         .expect("nodes")
@@ -410,6 +410,11 @@ impl Cluster3 {
 
     pub async fn status(&self) -> Value {
         status(&self.name).await
+    }
+
+    /// Waits until the three nodes hold two shards each again.
+    pub async fn settled(&self) -> Value {
+        settled(&self.name, &[("a", 2), ("b", 2), ("c", 2)]).await
     }
 
     pub fn node(&self, id: &str) -> &ServeProcess {

@@ -9,14 +9,14 @@ use crate::tenancy::quota::ConnectionSlot;
 
 /// A refused CONNECT: the CONNACK reason code for MQTT 5 and for 3, and why, which
 /// only MQTT 5 can carry.
-struct Refused {
+pub(super) struct Refused {
     code_v5: u8,
     code_v3: u8,
     why: String,
 }
 
 impl Refused {
-    fn new(code_v5: u8, code_v3: u8, why: impl Into<String>) -> Refused {
+    pub(super) fn new(code_v5: u8, code_v3: u8, why: impl Into<String>) -> Refused {
         Refused {
             code_v5,
             code_v3,
@@ -24,8 +24,14 @@ impl Refused {
         }
     }
 
+    /// Answers a client at `level` with its refusal and closes the connection.
+    pub(super) async fn tell(&self, level: Level, writer: &mut (impl AsyncWrite + Unpin)) {
+        let _ = writer.write_all(&self.connack(level)).await;
+        let _ = writer.shutdown().await;
+    }
+
     /// The CONNACK that tells a client at `level` it was refused.
-    fn connack(&self, level: Level) -> BytesMut {
+    pub(super) fn connack(&self, level: Level) -> BytesMut {
         let mut out = BytesMut::new();
         let mut properties = Properties::default();
         if level == Level::V5 {
@@ -113,7 +119,7 @@ impl Connection {
         connect: Box<Connect>,
         peer: SocketAddr,
         context: &Arc<MqttContext>,
-        certified: Option<String>,
+        login: Login,
         mut decoder: Decoder,
         writer: &mut (impl AsyncWrite + Unpin),
     ) -> Option<Connection> {
@@ -121,7 +127,7 @@ impl Connection {
         decoder.set_level(level);
         let broker = &context.broker;
         let id = broker.next_id();
-        let admitted = match admit(&connect, context, id, certified).await {
+        let admitted = match admit(&connect, context, id, login).await {
             Ok(admitted) => admitted,
             Err(refused) => {
                 let _ = writer.write_all(&refused.connack(level)).await;
@@ -284,6 +290,34 @@ impl Connection {
     }
 }
 
+/// How a connection's login is decided.
+pub enum Login {
+    /// Here, from its CONNECT (and the user a verified TLS certificate names).
+    Here { certified: Option<String> },
+    /// Already: in a cluster, to choose the node that serves the client (or by the
+    /// node that relayed it here). `None`: refused.
+    Decided(Option<Caller>),
+}
+
+/// Who a client logged in as, without its rules (made again where it is served).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub tenant: Arc<str>,
+    pub user: Option<Arc<str>>,
+    /// Let in under the tenant's anonymous rules.
+    pub guest: bool,
+}
+
+impl Caller {
+    pub fn of(principal: &Principal) -> Self {
+        Self {
+            tenant: Arc::clone(&principal.tenant),
+            user: principal.user.clone(),
+            guest: principal.is_guest(),
+        }
+    }
+}
+
 /// Logs an MQTT client in with its CONNECT's user name (`name@tenant`, or `name`) and
 /// password; a password that is a token (`cnp.…`) logs in with the token, whatever the
 /// user name. `None` when refused.
@@ -319,7 +353,7 @@ async fn admit(
     connect: &Connect,
     context: &MqttContext,
     id: u64,
-    certified: Option<String>,
+    login: Login,
 ) -> Result<Admitted, Refused> {
     let broker = &context.broker;
     let level = connect.level;
@@ -343,20 +377,31 @@ async fn admit(
     } else {
         (connect.client_id.clone(), false)
     };
-    let principal = if context.config.authz.require_login {
-        match log_in(broker, connect, &client_id, certified).await {
-            Some(principal) => principal,
-            None => {
-                tokio::time::sleep(crate::tenancy::login::FAILED_LOGIN_DELAY).await;
-                return Err(Refused::new(
-                    reason::BAD_USER_NAME_OR_PASSWORD,
-                    reason::V3_BAD_USER_NAME_OR_PASSWORD,
-                    "bad user name or password",
-                ));
-            }
+    let principal = match login {
+        Login::Here { certified } if context.config.authz.require_login => {
+            log_in(broker, connect, &client_id, certified).await
         }
-    } else {
-        Principal::anonymous(client_id.as_str())
+        Login::Here { .. } => Some(Principal::anonymous(client_id.as_str())),
+        // Made again with the client id it ends up with (`{client_id}` rules).
+        Login::Decided(caller) => caller.and_then(|caller| {
+            crate::tenancy::login::of_forwarded(
+                broker.user_book(),
+                broker.tenant_records(),
+                &caller.tenant,
+                caller.user.as_deref(),
+                caller.guest,
+                &client_id,
+            )
+            .ok()
+        }),
+    };
+    let Some(principal) = principal else {
+        tokio::time::sleep(crate::tenancy::login::FAILED_LOGIN_DELAY).await;
+        return Err(Refused::new(
+            reason::BAD_USER_NAME_OR_PASSWORD,
+            reason::V3_BAD_USER_NAME_OR_PASSWORD,
+            "bad user name or password",
+        ));
     };
     if let Some(will) = &connect.will {
         let publisher = Publisher::new(

@@ -14,6 +14,8 @@ mod backlog;
 mod closing;
 mod inbound;
 mod outbound;
+pub(super) mod relay;
+pub use relay::Entry;
 mod subscriptions;
 
 #[cfg(test)]
@@ -77,7 +79,8 @@ pub(super) async fn serve(
 ) {
     let Some(tls) = context.tls.clone() else {
         let (reader, writer) = stream.into_split();
-        return serve_on(reader, writer, peer, context, None, shutdown).await;
+        let entry = Entry::Client { certified: None };
+        return serve_on(reader, writer, peer, context, entry, shutdown).await;
     };
     // Boxed: a TLS stream is large, and plain connections should not pay for it.
     Box::pin(serve_tls(stream, tls, peer, context, shutdown)).await;
@@ -99,20 +102,24 @@ async fn serve_tls(
         Ok(accepted) => {
             let (reader, writer) = tokio::io::split(accepted.stream);
             let reader = super::transport::StreamInbound::new(reader);
-            serve_on(reader, writer, peer, context, accepted.certified, shutdown).await;
+            let entry = Entry::Client {
+                certified: accepted.certified,
+            };
+            serve_on(reader, writer, peer, context, entry, shutdown).await;
         }
         Err(error) => tracing::debug!(%peer, %error, "mqtt TLS handshake failed"),
     }
 }
 
-/// Serves one MQTT connection on any transport until it ends.
-/// `certified` is the user a TLS client certificate names.
+/// Serves one MQTT connection on any transport until it ends (or, in a cluster,
+/// relays it to the node that serves its tenant). `entry` says how it came in: from
+/// a client (with the user a TLS client certificate names), or relayed here.
 pub async fn serve_on<R: Inbound, W: AsyncWrite + Unpin + Send>(
     mut reader: R,
     mut writer: W,
     peer: SocketAddr,
     context: Arc<MqttContext>,
-    certified: Option<String>,
+    entry: Entry,
     shutdown: CancellationToken,
 ) {
     let mut rbuf = BytesMut::with_capacity(1024);
@@ -136,10 +143,29 @@ pub async fn serve_on<R: Inbound, W: AsyncWrite + Unpin + Send>(
         }
         Ok(Ok(connect)) => connect,
     };
+    // Boxed: a login in it is rare and large.
+    let login = match Box::pin(relay::route(&context, &connect, entry)).await {
+        relay::Route::Here(login) => login,
+        relay::Route::Owner { node, caller } => {
+            let relaying = relay::Relaying {
+                connect: &connect,
+                caller,
+                node: &node,
+                peer,
+                context: &context,
+            };
+            Box::pin(relaying.run(reader, writer, rbuf, &shutdown)).await;
+            return;
+        }
+        relay::Route::Unavailable(refused) => {
+            Box::pin(refused.tell(connect.level, &mut writer)).await;
+            return;
+        }
+    };
     let Some(connection) =
         // Boxed, like every rare step with store reads in it: a task's memory is the
         // size of its largest state, and an idle connection should not pay for them.
-        Box::pin(Connection::accept(connect, peer, &context, certified, decoder, &mut writer)).await
+        Box::pin(Connection::accept(connect, peer, &context, login, decoder, &mut writer)).await
     else {
         return;
     };
@@ -308,6 +334,16 @@ enum Close {
 }
 
 impl Close {
+    /// Why a connection told to go ends: taken over by a new connection, or (its
+    /// tenant now served by another node) as at a shutdown.
+    fn taken_over(handoff: &super::session::Handoff) -> Close {
+        if handoff.moved() {
+            Close::Shutdown
+        } else {
+            Close::TakenOver
+        }
+    }
+
     fn protocol(code: u8, reason: impl Into<String>) -> Close {
         Close::Server {
             code,
@@ -491,7 +527,7 @@ impl Connection {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Err(Close::Shutdown),
-                () = self.claim.handoff.taken_over() => return Err(Close::TakenOver),
+                () = self.claim.handoff.taken_over() => return Err(Close::taken_over(&self.claim.handoff)),
                 () = self.session.routes().deleted.cancelled() => {
                     return Err(Close::protocol(reason::ADMINISTRATIVE_ACTION, "the tenant was deleted"));
                 }
@@ -544,7 +580,7 @@ impl Connection {
             let step = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => Err(Close::Shutdown),
-                () = handoff.taken_over() => Err(Close::TakenOver),
+                () = handoff.taken_over() => Err(Close::taken_over(&handoff)),
                 () = self.session.routes().deleted.cancelled() => {
                     Err(Close::protocol(reason::ADMINISTRATIVE_ACTION, "the tenant was deleted"))
                 }
@@ -736,61 +772,4 @@ fn ids(subscription_id: u32) -> Vec<u32> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_session_matcher_merges_overlapping_filters() {
-        let mut trie = Trie::new();
-        for (filter, qos, id) in [("a/#", 0, 1), ("a/+/c", 2, 2), ("b/#", 1, 0)] {
-            trie.insert(
-                &Pattern::parse_mqtt(filter).expect("filter"),
-                None,
-                SavedSubscription {
-                    filter: filter.into(),
-                    qos,
-                    no_local: false,
-                    retain_as_published: false,
-                    subscription_id: id,
-                },
-            );
-        }
-        let matcher = SessionMatcher { trie };
-        assert!(matcher.matches("a.b.c"));
-        assert!(!matcher.matches("c"));
-        let (qos, mut ids) = matcher.delivery("a.b.c", 0);
-        ids.sort_unstable();
-        assert_eq!((qos, ids), (2, vec![1, 2]));
-        assert_eq!(matcher.delivery("a.b.c", mqtt_flags(1, false)).0, 1);
-        assert_eq!(matcher.delivery("b.x", 0), (1, vec![]));
-    }
-}
-
-#[cfg(test)]
-mod task_size {
-    use super::*;
-
-    /// Every connected device costs at least its task, whose size is the largest
-    /// state of `serve`: rare steps with store reads and the state of serving traffic
-    /// must stay boxed so that a parked connection does not pay for them (the MQTT idle
-    /// benchmark measures the rest).
-    #[tokio::test]
-    async fn an_idle_connection_task_stays_small() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let client = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let broker = Arc::new(Broker::new(
-            Arc::new(crate::tenancy::Authorizer::default()),
-            Arc::new(crate::broker::Metrics::default()),
-            crate::broker::durable::Policies::new(&[]).expect("policies"),
-        ));
-        let config = Arc::new(crate::config::Config::default());
-        let context = Arc::new(MqttContext::new(config, broker, None));
-        let task = serve(client, addr, context, CancellationToken::new());
-        let size = std::mem::size_of_val(&task);
-        assert!(size <= 1_500, "the connection task grew to {size} bytes");
-        assert!(std::mem::size_of::<Connection>() <= 1_000);
-    }
-}
+mod tests;
