@@ -8,6 +8,8 @@
 #
 #   cargo build --release -p canopy -p canopy-bench
 #   PYTHON=target/py-venv/bin/python benches/cluster_cost.sh [ROUNDS=3] [SCALE=1] [SHAPES=...]
+#   ... benches/cluster_cost.sh SHARDS=1   # the cluster with one shard: its own cost, without
+#                                          # sixteen stores' background work
 #
 # PYTHON is a Python with moto[server] (scripts/test-all.sh makes target/py-venv);
 # etcd comes from PATH. Both are started here on free loopback ports and stopped (by
@@ -17,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 for arg in "$@"; do
   case $arg in
-    ROUNDS=* | SCALE=* | SHAPES=* | NATSPY=*) export "${arg?}" ;;
+    ROUNDS=* | SCALE=* | SHAPES=* | NATSPY=* | SHARDS=*) export "${arg?}" ;;
     *) echo "cluster_cost.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -75,7 +77,7 @@ cat >"$out/clustered" <<EOF
 export CANOPY_STORE__URL="s3://bench/clustered-\$(basename "\$CANOPY_STORE__URL")-\$\$"
 $s3_env
 export CANOPY_CLUSTER__ETCD='["http://127.0.0.1:$etcd_client"]' CANOPY_CLUSTER__NAME="cost\$\$" \
-CANOPY_CLUSTER__NODE_ID=solo CANOPY_CLUSTER__LISTEN=127.0.0.1:0
+CANOPY_CLUSTER__NODE_ID=solo CANOPY_CLUSTER__LISTEN=127.0.0.1:0 CANOPY_CLUSTER__SHARDS=${SHARDS:-16}
 exec "$canopy" "\$@"
 EOF
 chmod +x "$out/alone" "$out/clustered"

@@ -179,14 +179,25 @@ pub enum Frame<'a> {
     Relay(Relay<'a>),
 }
 
-/// An MQTT client another node let in, relayed to the owner of its tenant.
+/// A relayed MQTT client: its bytes follow, CONNECT first.
+pub const RELAY_MQTT: u8 = 1;
+/// A relayed `/ws` client: its WebSocket messages follow, each a length-prefixed
+/// frame (`length:u32 kind:u8 body`: text, binary, or close with a code).
+pub const RELAY_WS: u8 = 2;
+
+/// A client another node let in, relayed to the owner of its tenant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Relay<'a> {
+    /// [`RELAY_MQTT`] or [`RELAY_WS`].
+    pub kind: u8,
     pub cluster: &'a str,
     pub tenant: &'a str,
     pub user: Option<&'a str>,
     /// Let in under the tenant's anonymous rules.
     pub guest: bool,
+    /// The client's name as it logged in (for `{client_id}` rules); MQTT's is
+    /// its CONNECT's.
+    pub client: &'a str,
     /// The client's address as the entry node saw it.
     pub peer: &'a str,
 }
@@ -278,10 +289,12 @@ pub fn encode(frame: &Frame<'_>, out: &mut Vec<u8>) {
         }
         Frame::Relay(relay) => {
             out.push(RELAY);
+            out.push(relay.kind);
             put_str(out, relay.cluster);
             put_str(out, relay.tenant);
             put_opt(out, relay.user, put_str);
             out.push(u8::from(relay.guest));
+            put_str(out, relay.client);
             put_str(out, relay.peer);
         }
     }
@@ -458,10 +471,12 @@ pub fn decode(buf: &[u8], max: usize) -> Result<Option<(Frame<'_>, usize)>, Link
             ],
         }),
         RELAY => Frame::Relay(Relay {
+            kind: r.u8("kind")?,
             cluster: r.str("cluster")?,
             tenant: r.str("tenant")?,
             user: r.opt(|r| r.str("user"))?,
             guest: r.u8("guest")? != 0,
+            client: r.str("client")?,
             peer: r.str("peer")?,
         }),
         other => return Err(LinkError::UnknownKind(other)),
@@ -755,10 +770,12 @@ mod tests {
                 limits: [4096, 128, 1 << 20, 0],
             }),
             Frame::Relay(Relay {
+                kind: RELAY_WS,
                 cluster: "prod",
                 tenant: "acme",
                 user: None,
                 guest: true,
+                client: "ws-17",
                 peer: "10.0.0.9:51234",
             }),
         ]

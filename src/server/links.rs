@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::Broker;
 use crate::broker::mesh::{self, Links, Mesh};
 use crate::cluster::View;
-use crate::server::mqtt::RelayHost;
+use crate::server::relays::RelayHost;
 
 /// Frames waiting for one node.
 const QUEUE_FRAMES: usize = 65_536;

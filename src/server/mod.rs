@@ -11,6 +11,7 @@ mod links;
 mod listener;
 pub mod mqtt;
 pub mod native;
+mod relays;
 mod rendered;
 pub mod shards;
 pub mod tls;
@@ -162,7 +163,7 @@ pub struct Server {
     /// This node's membership, when it is one of a cluster's.
     cluster: Option<crate::cluster::Cluster>,
     /// In a cluster: where MQTT clients other nodes relay here are served.
-    relays: Option<Arc<mqtt::RelayHost>>,
+    relays: Option<Arc<relays::RelayHost>>,
     /// Ends the links to the other nodes.
     links_stop: CancellationToken,
 }
@@ -333,7 +334,7 @@ impl Server {
             ))
         });
         if let (Some(relays), Some(context)) = (&self.relays, &mqtt_context) {
-            relays.serve(Arc::clone(context), tracker.clone(), shutdown.clone());
+            relays.serve_mqtt(Arc::clone(context), tracker.clone(), shutdown.clone());
         }
         let http = self.http.map(|(listener, addr)| {
             tracing::info!(protocol = "http", %addr, "listening");
@@ -341,6 +342,9 @@ impl Server {
                 &self.config,
                 Arc::clone(&self.broker),
             ));
+            if let Some(relays) = &self.relays {
+                relays.serve_ws(Arc::clone(&websocket), tracker.clone(), shutdown.clone());
+            }
             let state = http::HttpState {
                 broker: Arc::clone(&self.broker),
                 mqtt: mqtt_context.clone(),

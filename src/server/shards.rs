@@ -16,7 +16,7 @@ use crate::broker::durable::StoreRouter;
 use crate::broker::mesh::Mesh;
 use crate::cluster::{Closing, ShardHost};
 use crate::config::ClusterConfig;
-use crate::server::mqtt::RelayHost;
+use crate::server::relays::RelayHost;
 use crate::store::{Store, StoreSettings};
 
 /// Opens and closes the node's shard stores; the mesh keeps the open ones, where
@@ -152,7 +152,7 @@ impl Joining {
                     addr: cluster.listen,
                     source,
                 })?;
-        let relays = Arc::new(RelayHost::default());
+        let relays = Arc::new(RelayHost::new(&cluster.name));
         Ok(Self {
             shards: Arc::new(ShardStores::new(
                 Arc::clone(broker),

@@ -222,6 +222,12 @@ async fn json_websocket(
     };
     let context = Arc::clone(&state.websocket);
     let shutdown = state.shutdown.clone();
+    // In a cluster, a client whose tenant another node owns is relayed there.
+    let route = super::websocket::relay::route(&context, &principal);
+    if let super::websocket::relay::Route::Moving = route {
+        let why = "the tenant's shard is moving to another node; try again\n";
+        return (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+    }
     // A client that sent its token as a subprotocol offers `canopy` too, which is
     // echoed (a browser drops a connection whose offered protocols none were).
     upgrade
@@ -230,7 +236,13 @@ async fn json_websocket(
         .max_frame_size(context.max_message_bytes)
         .read_buffer_size(WS_READ_BUFFER)
         .on_upgrade(move |socket| async move {
-            super::websocket::serve(socket, context, principal, shutdown).await;
+            match route {
+                super::websocket::relay::Route::Owner(node) => {
+                    super::websocket::relay::relay(socket, node, principal, context, shutdown)
+                        .await;
+                }
+                _ => super::websocket::serve(socket, context, principal, shutdown).await,
+            }
             drop(admitted);
         })
 }

@@ -15,6 +15,7 @@ pub mod state;
 pub mod translate;
 pub mod transport;
 
+pub use connection::relay::serve_relayed;
 pub use connection::{Entry, serve_on};
 
 use std::sync::Arc;
@@ -42,6 +43,21 @@ pub struct MqttContext {
 }
 
 impl MqttContext {
+    /// Ends the connections of the tenants `of` picks, this node no longer serving
+    /// them, and waits (up to `wait`) for their sessions to be saved.
+    pub async fn move_away(&self, of: impl Fn(&str) -> bool, wait: std::time::Duration) {
+        let handoffs = self.sessions.move_away(of);
+        if handoffs.is_empty() {
+            return;
+        }
+        tracing::info!(
+            connections = handoffs.len(),
+            "mqtt clients moving to their tenants' next node"
+        );
+        let released = futures::future::join_all(handoffs.iter().map(|h| h.released()));
+        let _ = tokio::time::timeout(wait, released).await;
+    }
+
     /// Client ids connected or waiting for a delayed will.
     pub fn live_sessions(&self) -> usize {
         self.sessions.len()
@@ -66,79 +82,6 @@ impl MqttContext {
             tracker: TaskTracker::new(),
             tls,
         }
-    }
-}
-
-/// In a cluster: where the MQTT clients other nodes relay here are served, once
-/// the MQTT front end runs (`connection::relay`).
-#[derive(Default)]
-pub struct RelayHost {
-    serving: std::sync::OnceLock<(Arc<MqttContext>, TaskTracker, CancellationToken)>,
-}
-
-impl RelayHost {
-    /// Starts serving relayed clients in `context`, tracked with the other
-    /// connections and ended with them; later calls are ignored.
-    pub fn serve(
-        &self,
-        context: Arc<MqttContext>,
-        tracker: TaskTracker,
-        shutdown: CancellationToken,
-    ) {
-        let _ = self.serving.set((context, tracker, shutdown));
-    }
-
-    /// Serves a client another node relayed: `relay` is the connection's first
-    /// frame, `leftover` what came after it. Closed unserved when this node has no
-    /// MQTT front end or is of another cluster.
-    pub fn accept(
-        &self,
-        stream: tokio::net::TcpStream,
-        leftover: Vec<u8>,
-        relay: &canopy_protocols::link::Relay<'_>,
-        link_peer: std::net::SocketAddr,
-    ) {
-        let Some((context, tracker, shutdown)) = self.serving.get() else {
-            tracing::info!(%link_peer, "a relayed mqtt client came before the mqtt front end runs");
-            return;
-        };
-        let ours = context.config.cluster.as_ref().map(|c| c.name.as_str());
-        if ours != Some(relay.cluster) {
-            tracing::warn!(%link_peer, cluster = relay.cluster, "a relayed mqtt client from another cluster");
-            return;
-        }
-        let caller = (
-            Arc::from(relay.tenant),
-            relay.user.map(Arc::from),
-            relay.guest,
-        );
-        let peer = relay.peer.parse().unwrap_or(link_peer);
-        tracker.spawn(connection::relay::serve_relayed(
-            stream,
-            leftover,
-            caller,
-            peer,
-            Arc::clone(context),
-            shutdown.clone(),
-        ));
-    }
-
-    /// Ends the connections of the tenants `of` picks, this node no longer serving
-    /// them, and waits (up to `wait`) for their sessions to be saved.
-    pub async fn move_away(&self, of: impl Fn(&str) -> bool, wait: std::time::Duration) {
-        let Some((context, ..)) = self.serving.get() else {
-            return;
-        };
-        let handoffs = context.sessions.move_away(of);
-        if handoffs.is_empty() {
-            return;
-        }
-        tracing::info!(
-            connections = handoffs.len(),
-            "mqtt clients moving to their tenants' next node"
-        );
-        let released = futures::future::join_all(handoffs.iter().map(|h| h.released()));
-        let _ = tokio::time::timeout(wait, released).await;
     }
 }
 

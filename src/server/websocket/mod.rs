@@ -14,6 +14,7 @@
 mod groups;
 mod live;
 mod reads;
+pub mod relay;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,7 +34,11 @@ use crate::session::{self, AskAck, Publish, Session, SessionLimits, SubscribeRef
 use crate::store::{AppendOutcome, ReplayFrom, Snapshot};
 use crate::tenancy::Principal;
 
-type Sink = futures::stream::SplitSink<WebSocket, Message>;
+/// Where a connection's messages go: its WebSocket, or a relay's connection to
+/// the node that relayed it here.
+type Sink = std::pin::Pin<Box<dyn futures::Sink<Message, Error = axum::Error> + Send>>;
+/// Where its messages come from.
+type Stream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<Message, axum::Error>> + Send>>;
 
 /// Sends every queued text in order, flushing once, within `deadline`; false once
 /// the socket failed or the deadline passed (the client stopped reading: nothing
@@ -112,6 +117,8 @@ pub struct WsContext {
     pub write_deadline: Duration,
     /// Delivery texts shared by every connection, each rendered once.
     pub rendered: super::rendered::RenderedDeliveries,
+    /// In a cluster, its name: what a relay to another node says it is of.
+    pub cluster: Option<String>,
 }
 
 impl WsContext {
@@ -139,6 +146,7 @@ impl WsContext {
             },
             write_deadline: ws.write_deadline(),
             rendered: super::rendered::RenderedDeliveries::default(),
+            cluster: config.cluster.as_ref().map(|c| c.name.clone()),
         }
     }
 }
@@ -184,8 +192,28 @@ pub async fn serve(
     principal: Principal,
     shutdown: CancellationToken,
 ) {
+    let (sink, stream) = socket.split();
+    let shutdown = relay::while_served(&context, &principal.tenant, &shutdown);
+    let _ended = shutdown.clone().drop_guard();
+    serve_on(
+        Box::pin(sink),
+        Box::pin(stream),
+        context,
+        principal,
+        shutdown,
+    )
+    .await;
+}
+
+/// Serves one connection's messages, from its WebSocket or relayed, until it ends.
+async fn serve_on(
+    mut sink: Sink,
+    mut stream: Stream,
+    context: Arc<WsContext>,
+    principal: Principal,
+    shutdown: CancellationToken,
+) {
     let mut connection = Connection::open(context, principal);
-    let (mut sink, mut stream) = socket.split();
     let deadline = connection.context.write_deadline;
     if !connection.admitted(&mut sink).await {
         return;
@@ -286,7 +314,7 @@ impl Connection {
     async fn turns(
         &mut self,
         sink: &mut Sink,
-        stream: &mut futures::stream::SplitStream<WebSocket>,
+        stream: &mut Stream,
         shutdown: &CancellationToken,
     ) -> Ending {
         let deadline = self.context.write_deadline;

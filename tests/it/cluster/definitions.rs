@@ -99,31 +99,33 @@ async fn tenants_and_users_made_through_one_node_log_in_and_work_on_every_node()
         anas.push(login_eventually(url, "ana@acme", "ana-secret-1").await);
     }
     // A subscriber on one node gets what a publisher on another sends, in acme.
+    // Its interest reaches the other nodes in the background (as NATS routes'
+    // does): stored publishes go on until one is delivered.
     let mut orders = anas[2].subscribe("orders.>").await.expect("subscribe");
     anas[2].flush().await.expect("flush");
-    let stored = eventually(
-        "a stored publish in acme",
-        Duration::from_secs(10),
-        || async {
-            let ack =
-                store_request(&anas[0], "orders.1", header("Canopy-Ack", "durable"), "one").await;
-            ack.get("version").is_some().then_some(ack)
-        },
-    )
-    .await;
-    assert_eq!(stored["version"], 1, "{stored}");
-    let got = tokio::time::timeout(
-        Duration::from_secs(10),
-        futures::StreamExt::next(&mut orders),
-    )
-    .await
-    .expect("delivered in time")
-    .expect("a message");
+    let mut delivered = None;
+    for _ in 0..40 {
+        let ack = store_request(&anas[0], "orders.1", header("Canopy-Ack", "durable"), "one").await;
+        if ack.get("version").is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        let next = futures::StreamExt::next(&mut orders);
+        if let Ok(Some(message)) = tokio::time::timeout(Duration::from_millis(500), next).await {
+            delivered = Some(message);
+            break;
+        }
+    }
+    let got = delivered.expect("a publish through a reached the subscriber on c");
     assert_eq!(&got.payload[..], b"one");
     // ana's rights travel with her calls to acme's owner: a read she may do works
     // through every node, one she may not is refused there.
     for ana in &anas {
-        assert_eq!(replay_texts(ana, "orders.1").await, ["one"]);
+        let texts = replay_texts(ana, "orders.1").await;
+        assert!(
+            !texts.is_empty() && texts.iter().all(|t| t == "one"),
+            "{texts:?}"
+        );
         let (code, refused) = call(ana, "get", json!({"subject": "secret.1"})).await;
         assert_eq!(code, 403, "{refused}");
     }

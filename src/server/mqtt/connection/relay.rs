@@ -153,10 +153,12 @@ impl Relaying<'_> {
         let _ = stream.set_nodelay(true);
         let peer = self.peer.to_string();
         let relay = canopy_protocols::link::Relay {
+            kind: canopy_protocols::link::RELAY_MQTT,
             cluster,
             tenant: &self.caller.tenant,
             user: self.caller.user.as_deref(),
             guest: self.caller.guest,
+            client: &self.connect.client_id,
             peer: &peer,
         };
         let mut first = Vec::new();
