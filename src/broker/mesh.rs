@@ -95,6 +95,8 @@ pub struct Mesh {
     stores: RwLock<BTreeMap<u32, (Arc<Store>, i64)>>,
     /// Where the owner of a shard mirrors its tenants' definitions for every node.
     definitions: std::sync::OnceLock<crate::cluster::Definitions>,
+    /// What this node's connections to others prove, and theirs to it.
+    secret: crate::cluster::LinkSecret,
     /// What each other node said it is interested in: (tenant, pattern, queue).
     interest_of: Mutex<InterestOf>,
     pending: Mutex<HashMap<u64, Pending>>,
@@ -120,6 +122,7 @@ impl Mesh {
             owners: RwLock::new(vec![None; shards as usize]),
             stores: RwLock::default(),
             definitions: std::sync::OnceLock::new(),
+            secret: crate::cluster::LinkSecret::new(None),
             interest_of: Mutex::default(),
             pending: Mutex::default(),
             next_append: AtomicU64::new(1),
@@ -251,6 +254,16 @@ impl Mesh {
     /// The store and claim of a shard this node has open.
     pub fn open_store(&self, shard: u32) -> Option<(Arc<Store>, i64)> {
         self.stores.read().get(&shard).cloned()
+    }
+
+    /// Sets the cluster's shared secret (`cluster.secret`).
+    pub fn with_secret(mut self, secret: Option<&str>) -> Self {
+        self.secret = crate::cluster::LinkSecret::new(secret);
+        self
+    }
+
+    pub fn secret(&self) -> &crate::cluster::LinkSecret {
+        &self.secret
     }
 
     /// Attaches the cluster's definitions; later calls are ignored.

@@ -17,6 +17,7 @@ mod definitions;
 pub mod etcd;
 mod lease;
 mod ownership;
+mod secret;
 pub mod share;
 
 use std::collections::BTreeMap;
@@ -30,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ClusterConfig;
 pub use definitions::{DefKey, Definition, DefinitionChange, Definitions, DefinitionsHost};
 pub use etcd::{Etcd, EtcdError};
+pub use secret::{LinkSecret, Unproven};
 
 /// What joining or reading a cluster can fail with.
 #[derive(Debug, thiserror::Error)]

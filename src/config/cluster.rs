@@ -27,6 +27,11 @@ pub struct ClusterConfig {
     /// Seconds a node's lease outlives its last renewal: how long its shards wait
     /// before another node takes them when it dies.
     pub lease_secs: u64,
+    /// A secret every node of the cluster shares (16 bytes or more): each
+    /// connection between nodes proves it, since a link says who is calling. Unset:
+    /// nodes trust whoever connects to their cluster port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
 }
 
 impl Default for ClusterConfig {
@@ -39,6 +44,7 @@ impl Default for ClusterConfig {
             advertise_host: None,
             shards: 16,
             lease_secs: 5,
+            secret: None,
         }
     }
 }
@@ -69,6 +75,9 @@ impl ClusterConfig {
         }
         if self.etcd.is_empty() {
             return Err("cluster.etcd must name at least one endpoint".into());
+        }
+        if self.secret.as_ref().is_some_and(|s| s.len() < 16) {
+            return Err("cluster.secret must be 16 bytes or more".into());
         }
         if let Some(bad) = self
             .etcd

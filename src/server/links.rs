@@ -197,6 +197,7 @@ async fn dial(
                     version: link::VERSION,
                     cluster: &cluster,
                     node: &me,
+                    proof: mesh.secret().prove_hello(&cluster, &me),
                 },
                 &mut hello,
             );
@@ -293,6 +294,10 @@ async fn take_incoming(incoming: Arc<Incoming>, mut stream: TcpStream, peer: Soc
     match first {
         Ok(Some(true)) => {
             if let Ok(Some((Frame::Relay(relay), used))) = link::decode(&buffer, MAX_FRAME) {
+                if let Err(unproven) = incoming.mesh.secret().check_relay(&relay) {
+                    tracing::warn!(%peer, %unproven, "refused a relayed client");
+                    return;
+                }
                 let leftover = buffer.get(used..).unwrap_or_default().to_vec();
                 incoming.relays.accept(stream, leftover, &relay, peer);
             }
@@ -458,11 +463,15 @@ async fn apply(
             Frame::Hello {
                 cluster: theirs,
                 node,
+                proof,
                 ..
             },
         ) => {
             if *theirs != cluster {
                 return Err(format!("node {node} is of cluster {theirs}"));
+            }
+            if let Err(unproven) = mesh.secret().check_hello(theirs, node, proof) {
+                return Err(format!("the hello of node {node}: {unproven}"));
             }
             *from = Some(Arc::from(*node));
             return Ok(());

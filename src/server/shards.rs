@@ -141,7 +141,15 @@ impl Joining {
              every node; /ws reads and the HTTP admin API through nodes that do not own \
              the tenant do not yet"
         );
-        let mesh = Arc::new(Mesh::new(&cluster.node_id, cluster.shards));
+        let mesh = Arc::new(
+            Mesh::new(&cluster.node_id, cluster.shards).with_secret(cluster.secret.as_deref()),
+        );
+        if cluster.secret.is_none() {
+            tracing::warn!(
+                "cluster.secret is not set: this node trusts whoever reaches its cluster port \
+                 (keep it on a private network)"
+            );
+        }
         mesh.attach_definitions(crate::cluster::Definitions::new(cluster)?);
         broker.attach_mesh(Arc::clone(&mesh));
         let listener =

@@ -172,7 +172,7 @@ async fn open(context: &WsContext, node: &str, principal: &Principal) -> Result<
         .map_err(|_| "connecting timed out".to_owned())?
         .map_err(|e| e.to_string())?;
     let _ = stream.set_nodelay(true);
-    let relay = link::Relay {
+    let mut relay = link::Relay {
         kind: link::RELAY_WS,
         cluster: context.cluster.as_deref().unwrap_or_default(),
         tenant: &principal.tenant,
@@ -180,7 +180,9 @@ async fn open(context: &WsContext, node: &str, principal: &Principal) -> Result<
         guest: principal.is_guest(),
         client: &principal.client,
         peer: "",
+        proof: link::Proof::default(),
     };
+    mesh.secret().prove_relay(&mut relay);
     let mut first = Vec::new();
     link::encode(&link::Frame::Relay(relay), &mut first);
     stream.write_all(&first).await.map_err(|e| e.to_string())?;

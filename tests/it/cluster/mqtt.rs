@@ -11,6 +11,8 @@ use super::data::until_acked;
 use super::processes::{Cluster3, mqtt_address, owner_of_default};
 
 const WAIT: Duration = Duration::from_secs(15);
+/// The cluster's shared secret: every link and relay proves it.
+const SECRET: &str = "a secret the three nodes share";
 
 /// A client of node `node`'s MQTT listener, its session kept (`clean` false).
 fn device(
@@ -86,7 +88,7 @@ async fn publishes(events: &mut EventLoop, count: usize) -> Vec<(String, String,
 
 #[tokio::test]
 async fn an_mqtt_session_follows_its_device_to_any_node_and_across_an_owner_restart() {
-    let mut cluster = Cluster3::start().await;
+    let mut cluster = Cluster3::start_with(&[("CANOPY_CLUSTER__SECRET", SECRET)]).await;
     let status = cluster.status().await;
     let owner = owner_of_default(&status);
     let others: Vec<&str> = ["a", "b", "c"]
@@ -172,4 +174,57 @@ async fn an_mqtt_session_follows_its_device_to_any_node_and_across_an_owner_rest
     );
     let got = publishes(&mut events, 1).await;
     assert_eq!(got[0].1, "alarm 4", "{got:?}");
+}
+
+#[tokio::test]
+async fn a_relay_that_does_not_prove_the_cluster_secret_is_closed_unserved() {
+    use canopy_protocols::link::{self, Frame, Proof, Relay};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cluster = Cluster3::start_with(&[("CANOPY_CLUSTER__SECRET", SECRET)]).await;
+    let status = cluster.status().await;
+    let owner = owner_of_default(&status);
+    let address = status["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["id"] == owner.as_str())
+        .and_then(|n| n["link"].as_str())
+        .expect("the owner's cluster port")
+        .to_owned();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_millis() as u64;
+    // Claims to relay the default tenant's admin, with a proof made without the
+    // secret, then an MQTT 3.1.1 CONNECT.
+    let relay = Relay {
+        kind: link::RELAY_MQTT,
+        cluster: &cluster.name,
+        tenant: "default",
+        user: Some("admin"),
+        guest: false,
+        client: "intruder",
+        peer: "",
+        proof: Proof {
+            time_ms: now,
+            nonce: [1; 16],
+            mac: [0; 32],
+        },
+    };
+    let mut first = Vec::new();
+    link::encode(&Frame::Relay(relay), &mut first);
+    first.extend_from_slice(b"\x10\x14\x00\x04MQTT\x04\x02\x00\x3c\x00\x08intruder");
+    let mut stream = tokio::net::TcpStream::connect(&address)
+        .await
+        .expect("the cluster port");
+    stream.write_all(&first).await.expect("sent");
+    let mut answer = [0u8; 64];
+    let read = tokio::time::timeout(WAIT, stream.read(&mut answer))
+        .await
+        .expect("the node answers or closes in time");
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "closed without a CONNACK, got {:?}",
+        read.map(|n| answer[..n].to_vec())
+    );
 }

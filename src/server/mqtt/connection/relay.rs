@@ -152,7 +152,7 @@ impl Relaying<'_> {
             .map_err(|e| e.to_string())?;
         let _ = stream.set_nodelay(true);
         let peer = self.peer.to_string();
-        let relay = canopy_protocols::link::Relay {
+        let mut relay = canopy_protocols::link::Relay {
             kind: canopy_protocols::link::RELAY_MQTT,
             cluster,
             tenant: &self.caller.tenant,
@@ -160,7 +160,9 @@ impl Relaying<'_> {
             guest: self.caller.guest,
             client: &self.connect.client_id,
             peer: &peer,
+            proof: canopy_protocols::link::Proof::default(),
         };
+        mesh.secret().prove_relay(&mut relay);
         let mut first = Vec::new();
         canopy_protocols::link::encode(&canopy_protocols::link::Frame::Relay(relay), &mut first);
         let mut connect = self.connect.clone();
