@@ -69,6 +69,9 @@ export CANOPY_STORE__S3__SECRET_ACCESS_KEY=demo
 export CANOPY_STORE__S3__ALLOW_HTTP=true
 export CANOPY_STORE__S3__PATH_STYLE=true
 export CANOPY_CLUSTER__ETCD='["http://127.0.0.1:2379"]'
+# Links between the nodes prove this secret; a fresh one each start.
+CANOPY_CLUSTER__SECRET=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+export CANOPY_CLUSTER__SECRET
 n=0
 for node in a b c; do
   CANOPY_CLUSTER__NODE_ID=$node CANOPY_CLUSTER__LISTEN="127.0.0.1:$((7422 + n))" \

@@ -193,8 +193,6 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let (sink, stream) = socket.split();
-    let shutdown = relay::while_served(&context, &principal.tenant, &shutdown);
-    let _ended = shutdown.clone().drop_guard();
     serve_on(
         Box::pin(sink),
         Box::pin(stream),
@@ -205,8 +203,21 @@ pub async fn serve(
     .await;
 }
 
-/// Serves one connection's messages, from its WebSocket or relayed, until it ends.
+/// Serves one connection's messages, from its WebSocket or relayed, until it ends
+/// or (in a cluster) this node no longer serves its tenant.
 async fn serve_on(
+    sink: Sink,
+    stream: Stream,
+    context: Arc<WsContext>,
+    principal: Principal,
+    shutdown: CancellationToken,
+) {
+    let shutdown = relay::while_served(&context, &principal.tenant, &shutdown);
+    let _ended = shutdown.clone().drop_guard();
+    serve_messages(sink, stream, context, principal, shutdown).await;
+}
+
+async fn serve_messages(
     mut sink: Sink,
     mut stream: Stream,
     context: Arc<WsContext>,

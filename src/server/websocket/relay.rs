@@ -253,8 +253,6 @@ pub async fn serve_relayed(
     if !matches!(route(&context, &principal), Route::Here) {
         return;
     }
-    let shutdown = while_served(&context, &principal.tenant, &shutdown);
-    let _ended = shutdown.clone().drop_guard();
     let mut parts = FramedParts::new::<Bytes>(stream, codec(&context));
     parts.read_buf = BytesMut::from(&leftover[..]);
     let (sink, stream) = Framed::from_parts(parts).split();
