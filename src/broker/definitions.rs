@@ -19,8 +19,8 @@ use crate::cluster::{DefKey, Definition, DefinitionChange, DefinitionsHost};
 use crate::store::{Store, StoreError, TenantRecord, UserRecord};
 use crate::tenancy::{UserBook, Users};
 
-/// Mirrorings of one tenant run one at a time (each reads the store afresh, so the
-/// last to run leaves the newest state); tenants share a few locks by hash.
+/// Mirrorings of one shard's tenants run one at a time (each reads the store afresh,
+/// so the last to run leaves the newest state); shards share a few locks.
 static MIRRORING: [tokio::sync::Mutex<()>; 16] = [const { tokio::sync::Mutex::const_new(()) }; 16];
 
 /// A tenant's newest binding versions by pattern: (version, stored record).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
 
 use super::data::until_acked;
-use super::processes::{Cluster3, mqtt_address, owner_of_default};
+use super::processes::{Cluster3, mqtt_address, node_address, others_than, owner_of_default};
 
 const WAIT: Duration = Duration::from_secs(15);
 /// The cluster's shared secret: every link and relay proves it.
@@ -91,10 +91,7 @@ async fn an_mqtt_session_follows_its_device_to_any_node_and_across_an_owner_rest
     let mut cluster = Cluster3::start_with(&[("CANOPY_CLUSTER__SECRET", SECRET)]).await;
     let status = cluster.status().await;
     let owner = owner_of_default(&status);
-    let others: Vec<&str> = ["a", "b", "c"]
-        .into_iter()
-        .filter(|n| *n != owner)
-        .collect();
+    let others = others_than(&owner);
     let (x, y) = (others[0], others[1]);
 
     // A device on x (which relays it to the owner) subscribes, keeps a retained
@@ -183,14 +180,7 @@ async fn a_relay_that_does_not_prove_the_cluster_secret_is_closed_unserved() {
     let cluster = Cluster3::start_with(&[("CANOPY_CLUSTER__SECRET", SECRET)]).await;
     let status = cluster.status().await;
     let owner = owner_of_default(&status);
-    let address = status["nodes"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .find(|n| n["id"] == owner.as_str())
-        .and_then(|n| n["link"].as_str())
-        .expect("the owner's cluster port")
-        .to_owned();
+    let address = node_address(&status, &owner, "link").to_owned();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("time")

@@ -199,15 +199,29 @@ async fn a_node_stalled_past_its_lease_drops_its_shards_on_waking_and_rejoins() 
     );
 }
 
-/// The MQTT address of node `node`, from the cluster's status.
-pub fn mqtt_address(status: &Value, node: &str) -> (String, u16) {
-    let address = status["nodes"]
+/// Node `node`'s address for `what` (`mqtt`, `http`, `link`, `native`), from the
+/// cluster's status.
+pub fn node_address<'a>(status: &'a Value, node: &str, what: &str) -> &'a str {
+    status["nodes"]
         .as_array()
         .expect("nodes")
         .iter()
         .find(|n| n["id"] == node)
-        .and_then(|n| n["mqtt"].as_str())
-        .expect("the node's MQTT address");
+        .and_then(|n| n[what].as_str())
+        .unwrap_or_else(|| panic!("node {node}'s {what} address in {status}"))
+}
+
+/// The nodes of a three-node cluster but `owner`.
+pub fn others_than(owner: &str) -> Vec<&'static str> {
+    ["a", "b", "c"]
+        .into_iter()
+        .filter(|n| *n != owner)
+        .collect()
+}
+
+/// The MQTT address of node `node`, from the cluster's status.
+pub fn mqtt_address(status: &Value, node: &str) -> (String, u16) {
+    let address = node_address(status, node, "mqtt");
     let (host, port) = address.rsplit_once(':').expect("host:port");
     (host.to_owned(), port.parse().expect("port"))
 }
@@ -331,13 +345,7 @@ async fn a_wildcard_subscriber_on_one_node_gets_what_publishers_on_the_others_se
 
 /// Node `node`'s `/metrics` page.
 async fn metrics_of(status: &Value, node: &str) -> String {
-    let address = status["nodes"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .find(|n| n["id"] == node)
-        .and_then(|n| n["http"].as_str())
-        .expect("the node's HTTP address");
+    let address = node_address(status, node, "http");
     let (code, page) = crate::common::http_request(
         address.parse().expect("address"),
         "GET",

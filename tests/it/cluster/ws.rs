@@ -7,18 +7,12 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::data::until_acked;
-use super::processes::{Cluster3, owner_of_default};
+use super::processes::{Cluster3, node_address, others_than, owner_of_default};
 use crate::frontends::{Ws, WsEvent};
 
 /// The HTTP address of node `node`, from the cluster's status.
 fn http_address(status: &Value, node: &str) -> std::net::SocketAddr {
-    status["nodes"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .find(|n| n["id"] == node)
-        .and_then(|n| n["http"].as_str())
-        .expect("the node's HTTP address")
+    node_address(status, node, "http")
         .parse()
         .expect("host:port")
 }
@@ -44,10 +38,7 @@ async fn a_ws_client_of_a_node_that_does_not_own_its_tenant_reads_and_gets_live_
     let cluster = Cluster3::start().await;
     let status = cluster.status().await;
     let owner = owner_of_default(&status);
-    let others: Vec<&str> = ["a", "b", "c"]
-        .into_iter()
-        .filter(|n| *n != owner)
-        .collect();
+    let others = others_than(&owner);
     let service = async_nats::connect(&cluster.node(others[1]).url)
         .await
         .expect("service");
