@@ -18,6 +18,7 @@
 //! waits. So a tenant that parks every call it may hold costs the others nothing, and
 //! one that floods the server with work waits in line with them, never ahead.
 
+mod cluster;
 pub(crate) mod groups;
 pub(crate) mod history;
 pub mod jetstream;
@@ -96,11 +97,19 @@ pub struct ApiCall {
 /// Runs `call` in its own task. Without a reply subject there is nobody to answer,
 /// so the call is dropped.
 pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
-    if let Some(mesh) = broker.mesh()
-        && !matches!(mesh.home(&home_of(&call)), Home::Here(_))
-    {
-        forward(&broker, mesh, &call);
+    if call.operation == "cluster.status" {
+        cluster::status(&broker, &call);
         return;
+    }
+    if let Some(mesh) = broker.mesh() {
+        match mesh.home(&home_of(&call)) {
+            Home::Here(_) => {}
+            Home::Owner(owner) if forward(mesh, &call, &owner) => return,
+            Home::Owner(_) | Home::Moving => {
+                tokio::spawn(wait_for_home(broker, call));
+                return;
+            }
+        }
     }
     if call.operation.starts_with("group.ack.") {
         groups::reply(&broker, &call);
@@ -188,40 +197,68 @@ pub fn store_for(broker: &Broker, tenant: &str) -> Result<Arc<Store>, ApiError> 
     if let Some(store) = broker.store_of(tenant) {
         return Ok(store);
     }
-    let description = match broker.mesh().map(|mesh| mesh.home(tenant)) {
-        None => "the store is not open".to_owned(),
-        Some(Home::Owner(node)) => format!(
-            "this node does not own tenant {tenant}'s shard; node {node} does: send the \
-             request there, or use the NATS API ($CANOPY.…), which every node forwards"
+    let (description, owner) = match broker.mesh().map(|mesh| mesh.home(tenant)) {
+        None => ("the store is not open".to_owned(), None),
+        Some(Home::Owner(node)) => (
+            format!(
+                "this node does not own tenant {tenant}'s shard, and node {node}, which \
+                 does, could not be reached over HTTP; try again"
+            ),
+            Some(node),
         ),
-        Some(_) => format!("tenant {tenant}'s shard is moving to another node; try again"),
+        Some(_) => (
+            format!("tenant {tenant}'s shard is moving to another node; try again"),
+            None,
+        ),
     };
-    Err(ApiError::new(503, description))
+    Err(ApiError {
+        owner,
+        ..ApiError::new(503, description)
+    })
+}
+
+/// Runs a call whose home tenant's shard has no home this moment (a takeover, or
+/// this node still opening it), or whose owner cannot be reached (it may have died,
+/// its lease not run out yet), once it has one: as long as a publish would wait
+/// (`broker::parked`), rather than refusing it at once.
+async fn wait_for_home(broker: Arc<Broker>, call: ApiCall) {
+    let Some(wait) = broker.mesh().map(|mesh| mesh.parked().wait()) else {
+        return;
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let Some(mesh) = broker.mesh() else {
+            return;
+        };
+        match mesh.home(&home_of(&call)) {
+            Home::Here(_) => {
+                spawn(broker, call);
+                return;
+            }
+            Home::Owner(owner) if forward(mesh, &call, &owner) => return,
+            Home::Owner(_) | Home::Moving => {}
+        }
+    }
+    if let Some(reply) = &call.reply {
+        broker.refuse(
+            &call.routes,
+            reply,
+            503,
+            "the tenant's shard found no owner in time (it is moving to another node); try \
+             again",
+        );
+    }
 }
 
 /// Sends a call whose home tenant's shard another node owns to that node, which
 /// answers it (the caller's rights are made again there from the user or the
-/// tenant's anonymous rules every node sees); refuses it when no node owns the
-/// shard this moment.
-fn forward(broker: &Arc<Broker>, mesh: &crate::broker::mesh::Mesh, call: &ApiCall) {
-    let refuse = |code, reason: &str| {
-        if let Some(reply) = &call.reply {
-            broker.refuse(&call.routes, reply, code, reason);
-        }
-    };
-    let owner = match mesh.home(&home_of(call)) {
-        Home::Owner(owner) => owner,
-        _ => {
-            refuse(
-                503,
-                "the tenant's shard is moving to another node; try again",
-            );
-            return;
-        }
-    };
+/// tenant's anonymous rules every node sees). False when the link to `owner` is
+/// down.
+fn forward(mesh: &crate::broker::mesh::Mesh, call: &ApiCall, owner: &Arc<str>) -> bool {
     let limits = &call.limits;
-    let forwarded = mesh.forward_call(
-        &owner,
+    mesh.forward_call(
+        owner,
         canopy_protocols::link::Call {
             tenant: &call.routes.name,
             user: call.principal.user.as_deref(),
@@ -238,13 +275,7 @@ fn forward(broker: &Arc<Broker>, mesh: &crate::broker::mesh::Mesh, call: &ApiCal
                 limits.max_subscriptions as u64,
             ],
         },
-    );
-    if !forwarded {
-        refuse(
-            503,
-            &format!("the tenant's shard owner (node {owner}) cannot be reached"),
-        );
-    }
+    )
 }
 
 /// The header block of a 413 answer.
@@ -255,6 +286,9 @@ const STATUS_413: &[u8] = b"NATS/1.0\r\nCanopy-Status: 413\r\n\r\n";
 pub struct ApiError {
     pub code: u16,
     pub description: String,
+    /// The node that owns the call's tenant's shard, when this one does not (a 503
+    /// that HTTP sends on to it).
+    pub owner: Option<Arc<str>>,
 }
 
 impl ApiError {
@@ -262,6 +296,7 @@ impl ApiError {
         Self {
             code,
             description: description.into(),
+            owner: None,
         }
     }
 }
@@ -428,7 +463,8 @@ async fn dispatch(
             404,
             format!(
                 "no API `{PREFIX}{other}`: use get, replay, subjects, append, snapshot.put, \
-                 snapshot.get, purge, tenant.*, user.*, group.*, schema.* or asyncapi"
+                 snapshot.get, purge, tenant.*, user.*, group.*, schema.*, cluster.status or \
+                 asyncapi"
             ),
         )),
     }

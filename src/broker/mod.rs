@@ -17,6 +17,7 @@ pub mod groups;
 mod inbox_claims;
 pub mod mesh;
 pub mod outbox;
+mod parked;
 
 mod routing;
 mod subscription;
@@ -246,38 +247,46 @@ impl Broker {
     /// forwarded append that cannot reach its owner is answered as not stored.
     pub async fn append(&self, request: crate::store::AppendRequest) -> Result<(), ()> {
         if let Some(mesh) = self.mesh.get() {
-            let request = match mesh.home(&request.tenant) {
-                mesh::Home::Here(store) => match store.try_append(request).await {
-                    Ok(()) => return Ok(()),
-                    // The shard was handed over meanwhile: where it is now.
-                    Err(request) => *request,
-                },
-                _ => request,
-            };
-            return match mesh.home(&request.tenant) {
-                mesh::Home::Here(_) => {
-                    self.answer(mesh.refuse_append(
-                        request,
-                        "the tenant's shard is closing on this node; not stored, try again",
-                    ));
-                    Ok(())
-                }
-                mesh::Home::Owner(owner) => {
-                    let _ = mesh.forward_append(&owner, request);
-                    Ok(())
-                }
-                mesh::Home::Moving => {
-                    mesh.refuse_append(
-                        request,
-                        "the tenant's shard is moving to another node; not stored, try again",
-                    );
-                    Ok(())
-                }
-            };
+            // Behind publishes waiting for the shard, never past them.
+            if mesh.parked().holds(mesh.shard_of(&request.tenant)) {
+                self.park(request);
+            } else if let Err(request) = self.append_routed(mesh, request).await {
+                self.park(*request);
+            }
+            return Ok(());
         }
         match self.store.get() {
             Some(store) => store.append(request).await.map_err(drop),
             None => Ok(()),
+        }
+    }
+
+    /// Hands an append to its shard's store here, or to its owner. Gives it back
+    /// while the shard has neither, or its owner cannot be reached (it may have
+    /// died, its lease not run out yet): it is to wait for them.
+    async fn append_routed(
+        &self,
+        mesh: &mesh::Mesh,
+        request: crate::store::AppendRequest,
+    ) -> Result<(), Box<crate::store::AppendRequest>> {
+        let request = match mesh.home(&request.tenant) {
+            mesh::Home::Here(store) => match store.try_append(request).await {
+                Ok(()) => return Ok(()),
+                // The shard was handed over meanwhile: where it is now.
+                Err(request) => *request,
+            },
+            _ => request,
+        };
+        match mesh.home(&request.tenant) {
+            mesh::Home::Here(_) => {
+                self.answer(mesh.refuse_append(
+                    request,
+                    "the tenant's shard is closing on this node; not stored, try again",
+                ));
+                Ok(())
+            }
+            mesh::Home::Owner(owner) => mesh.forward_append(&owner, request),
+            mesh::Home::Moving => Err(Box::new(request)),
         }
     }
 

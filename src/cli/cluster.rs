@@ -1,5 +1,5 @@
 //! `canopy cluster status`: a cluster as etcd holds it (its nodes with their
-//! addresses, shares and leases, and each shard's owner), read straight from etcd,
+//! addresses, shares and leases, and each shard's owner and offset), read straight from etcd,
 //! so it answers even when no node does.
 
 use std::time::Duration;
@@ -11,7 +11,8 @@ use clap::Subcommand;
 #[derive(Subcommand)]
 pub enum ClusterCommand {
     /// Show the cluster's nodes, their shares of the shards and their leases, and
-    /// each shard's owner.
+    /// each shard's owner and durable offset (as the owner last reported it, every
+    /// two seconds while it moves).
     Status {
         /// etcd's client URLs, comma-separated.
         #[arg(
@@ -85,9 +86,12 @@ fn render(status: &Status) -> String {
     for shard in &status.owners {
         match (&shard.owner, shard.owned_for_ms) {
             (Some(owner), Some(ms)) => {
+                let offset = shard
+                    .offset
+                    .map_or(String::new(), |o| format!("  offset {o}"));
                 let _ = writeln!(
                     out,
-                    "shard {:04}  {owner}  for {:.1}s",
+                    "shard {:04}  {owner}  for {:.1}s{offset}",
                     shard.shard,
                     ms as f64 / 1000.0
                 );

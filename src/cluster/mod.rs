@@ -97,6 +97,8 @@ pub struct View {
     pub nodes: BTreeMap<String, NodeRecord>,
     /// Owned shards; a shard missing here is free.
     pub owners: BTreeMap<u32, Owner>,
+    /// The durable offset of each shard, as its owner last reported it, by node.
+    pub offsets: BTreeMap<String, BTreeMap<u32, u64>>,
 }
 
 impl View {
@@ -141,6 +143,17 @@ impl Keys {
         format!("{}owners/{shard:04}", self.root)
     }
 
+    /// Whether a change of `key` changes membership or ownership.
+    fn is_decisive(&self, key: &str) -> bool {
+        key.strip_prefix(&self.root).is_some_and(|rest| {
+            rest.starts_with("nodes/") || rest.starts_with("owners/") || rest == "shards"
+        })
+    }
+
+    fn offsets(&self, id: &str) -> String {
+        format!("{}offsets/{id}", self.root)
+    }
+
     /// Applies one key's value to `view`; false when the key is none of the cluster's.
     fn apply_put(&self, view: &mut View, kv: &etcd::KeyValue) -> Result<bool, ClusterError> {
         let corrupt = |reason: String| ClusterError::Corrupt {
@@ -176,6 +189,10 @@ impl Keys {
                     lease: kv.lease,
                 },
             );
+        } else if let Some(id) = rest.strip_prefix("offsets/") {
+            let offsets: BTreeMap<u32, u64> =
+                serde_json::from_slice(&kv.value).map_err(|e| corrupt(e.to_string()))?;
+            view.offsets.insert(id.to_owned(), offsets);
         } else if rest == "shards" {
             let text = std::str::from_utf8(&kv.value).unwrap_or_default();
             view.shards = text.parse().map_err(|_| corrupt(format!("{text:?}")))?;
@@ -192,6 +209,8 @@ impl Keys {
         };
         if let Some(id) = rest.strip_prefix("nodes/") {
             view.nodes.remove(id);
+        } else if let Some(id) = rest.strip_prefix("offsets/") {
+            view.offsets.remove(id);
         } else if let Some(Ok(shard)) = rest.strip_prefix("owners/").map(str::parse::<u32>) {
             // A late deletion of an older claim must not undo a newer one.
             if view.owners.get(&shard).is_some_and(|o| o.claim < revision) {
@@ -229,6 +248,10 @@ pub trait ShardHost: Send + Sync + 'static {
     async fn open(&self, shard: u32, claim: i64) -> Result<(), String>;
     /// Closes `shard`: this node no longer serves it.
     async fn close(&self, shard: u32, how: Closing);
+    /// The durable offset of each shard this node serves, for the status.
+    fn offsets(&self) -> BTreeMap<u32, u64> {
+        BTreeMap::new()
+    }
 }
 
 /// This node's membership of a cluster: its lease kept alive, its shards claimed and
@@ -276,6 +299,13 @@ impl Cluster {
         }
         let (view_tx, view) = watch::channel(View::default());
         let view_tx = Arc::new(view_tx);
+        tokio::spawn(report_offsets(
+            etcd.clone(),
+            keys.offsets(&node.id),
+            Arc::clone(&host),
+            lease_rx.clone(),
+            end_lease.clone(),
+        ));
         let ownership = ownership::Ownership {
             etcd: etcd.clone(),
             keys: keys.clone(),
@@ -313,6 +343,45 @@ impl Cluster {
         self.end_lease.cancel();
         let _ = self.lease.await;
         tracing::info!("left the cluster");
+    }
+}
+
+/// How often a node reports its shards' offsets, when they moved.
+const OFFSETS_EVERY: Duration = Duration::from_secs(2);
+
+/// Keeps this node's report of its shards' durable offsets in etcd, under its
+/// lease (so it goes with the node), for `canopy cluster status` and the console.
+/// Written only when an offset moved or the lease changed.
+async fn report_offsets(
+    etcd: Etcd,
+    key: String,
+    host: Arc<dyn ShardHost>,
+    lease: watch::Receiver<lease::Lease>,
+    stop: CancellationToken,
+) {
+    let mut written: Option<(i64, BTreeMap<u32, u64>)> = None;
+    let mut tick = tokio::time::interval(OFFSETS_EVERY);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = *lease.borrow();
+        if !now.is_live() {
+            continue;
+        }
+        let offsets = host.offsets();
+        if written
+            .as_ref()
+            .is_some_and(|(id, last)| *id == now.id && *last == offsets)
+        {
+            continue;
+        }
+        let value = serde_json::to_vec(&offsets).unwrap_or_default();
+        match etcd.put(&key, &value, now.id).await {
+            Ok(()) => written = Some((now.id, offsets)),
+            Err(error) => tracing::debug!(%error, "could not report the shards' offsets"),
+        }
     }
 }
 
@@ -363,6 +432,9 @@ pub struct ShardStatus {
     pub owner: Option<String>,
     /// Milliseconds since the owner claimed it (by the owner's clock).
     pub owned_for_ms: Option<u64>,
+    /// The highest offset durable in the shard's store, as its owner last
+    /// reported it (every few seconds while it moves).
+    pub offset: Option<u64>,
 }
 
 /// One node's line in a status.
@@ -397,29 +469,42 @@ pub async fn status(etcd: &Etcd, name: &str, now_ms: u64) -> Result<Status, Clus
             leases.insert(id.to_owned(), etcd.time_to_live(kv.lease).await?);
         }
     }
-    let nodes = view
-        .nodes
-        .values()
-        .map(|record| NodeStatus {
-            shards: view.held_by(&record.id),
-            lease_left_secs: leases.get(&record.id).copied().flatten(),
-            record: record.clone(),
-        })
-        .collect();
-    let owners = (0..view.shards)
-        .map(|shard| {
-            let owner = view.owners.get(&shard);
-            ShardStatus {
-                shard,
-                owner: owner.map(|o| o.node.clone()),
-                owned_for_ms: owner.map(|o| now_ms.saturating_sub(o.since_ms)),
-            }
-        })
-        .collect();
-    Ok(Status {
-        cluster: name.to_owned(),
-        shards: view.shards,
-        nodes,
-        owners,
-    })
+    Ok(Status::of(name, &view, &leases, now_ms))
+}
+
+impl Status {
+    /// The status `view` shows, with the nodes' leases' seconds left where known.
+    pub fn of(
+        name: &str,
+        view: &View,
+        leases: &BTreeMap<String, Option<i64>>,
+        now_ms: u64,
+    ) -> Status {
+        let nodes = view
+            .nodes
+            .values()
+            .map(|record| NodeStatus {
+                shards: view.held_by(&record.id),
+                lease_left_secs: leases.get(&record.id).copied().flatten(),
+                record: record.clone(),
+            })
+            .collect();
+        let owners = (0..view.shards)
+            .map(|shard| {
+                let owner = view.owners.get(&shard);
+                ShardStatus {
+                    shard,
+                    owner: owner.map(|o| o.node.clone()),
+                    owned_for_ms: owner.map(|o| now_ms.saturating_sub(o.since_ms)),
+                    offset: owner.and_then(|o| view.offsets.get(&o.node)?.get(&shard).copied()),
+                }
+            })
+            .collect();
+        Status {
+            cluster: name.to_owned(),
+            shards: view.shards,
+            nodes,
+            owners,
+        }
+    }
 }

@@ -250,9 +250,18 @@ async fn keep_view(
     etcd.follow(keys.root(), &stop, listed, changed).await;
 }
 
+/// Applies `events` to the view; wakes its watchers only when membership or
+/// ownership changed (offsets and definitions come every few seconds and decide
+/// nothing here).
 fn apply(keys: &Keys, view: &watch::Sender<View>, events: &[Event]) {
     view.send_if_modified(|view| {
+        let mut decisive = false;
         for event in events {
+            let key = match event {
+                Event::Put(kv) => &kv.key,
+                Event::Delete { key, .. } => key,
+            };
+            decisive = decisive || keys.is_decisive(key);
             match event {
                 Event::Put(kv) => {
                     view.revision = view.revision.max(kv.mod_revision);
@@ -266,6 +275,6 @@ fn apply(keys: &Keys, view: &watch::Sender<View>, events: &[Event]) {
                 }
             }
         }
-        true
+        decisive
     });
 }

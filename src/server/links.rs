@@ -79,6 +79,7 @@ pub fn start(
         returns: RwLock::default(),
     });
     mesh.attach_links(links.clone());
+    mesh.attach_view(&cluster, view.clone());
     let incoming = Incoming {
         broker: Arc::clone(&broker),
         mesh: Arc::clone(&mesh),
@@ -88,7 +89,20 @@ pub fn start(
         stop: stop.clone(),
     };
     tokio::spawn(accept(Arc::new(incoming), listener));
+    tokio::spawn(tend_parked(Arc::clone(&broker), stop.clone()));
     tokio::spawn(dial_all(broker, mesh, links, cluster, view, stop));
+}
+
+/// Answers publishes that waited too long for their shard, and releases any
+/// whose shard found a home without a release starting.
+async fn tend_parked(broker: Arc<Broker>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => broker.tend_parked(),
+        }
+    }
 }
 
 /// Keeps one outgoing link to every other live node, and the shards' owners known.
@@ -112,6 +126,9 @@ async fn dial_all(
             })
             .collect();
         broker.answer(mesh.set_owners(owners));
+        for shard in 0..current.shards {
+            broker.release_parked(shard);
+        }
         mesh.set_client_urls(current.nodes.values().map(|n| n.native.clone()).collect());
         mesh.set_link_addresses(
             current
@@ -173,7 +190,7 @@ async fn dial(
             stream.set_nodelay(true)?;
             let (reading, mut stream) = stream.into_split();
             // Answers to what this node sends (acks) come back on the same link.
-            let answers = tokio::spawn(read_link(
+            let mut answers = AbortOnDrop(tokio::spawn(read_link(
                 Arc::clone(&broker),
                 Arc::clone(&mesh),
                 Arc::clone(&links),
@@ -184,8 +201,7 @@ async fn dial(
                 },
                 Ok(Arc::clone(&node)),
                 stop.clone(),
-            ));
-            let _answers = AbortOnDrop(answers);
+            )));
             let (sender, mut queue) = mpsc::channel::<Bytes>(QUEUE_FRAMES);
             links
                 .senders
@@ -220,6 +236,11 @@ async fn dial(
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return Ok::<(), std::io::Error>(()),
+                    // The other node closed the link (it died, or is leaving): known
+                    // at once, not at the next write after what the socket swallows.
+                    _ = &mut answers.0 => {
+                        return Err(std::io::Error::other("the other node closed the link"));
+                    }
                     n = queue.recv_many(&mut batch, 256) => {
                         if n == 0 {
                             return Ok(());
@@ -613,6 +634,12 @@ async fn store_forwarded(broker: &Broker, mesh: &Mesh, from: &Arc<str>, append: 
         },
         _ => request,
     };
+    // Claimed here and being opened: it waits for the store, as this node's own
+    // publishes do.
+    if mesh.opening(append.tenant) {
+        broker.park(request);
+        return;
+    }
     // The shard moved on (or is closing here): the entry node answers its
     // publisher as not stored, and the publisher tries again.
     broker.answer(mesh.refuse_append(

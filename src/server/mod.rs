@@ -353,6 +353,7 @@ impl Server {
                 websockets: Arc::default(),
                 max_websockets: self.config.http.max_websockets,
                 require_login: self.config.authz.require_login,
+                tls: self.config.tls.on("http") && self.tls.is_some(),
             };
             let tls = self
                 .tls

@@ -77,7 +77,12 @@ impl ShardHost for ShardStores {
             tracing::warn!(%error, "could not make the bootstrap admin");
         }
         self.broker.open_shard_tenants(&store, shard).await;
+        self.broker.release_parked(shard);
         Ok(())
+    }
+
+    fn offsets(&self) -> std::collections::BTreeMap<u32, u64> {
+        self.mesh.shard_offsets()
     }
 
     async fn close(&self, shard: u32, how: Closing) {
@@ -137,12 +142,14 @@ impl Joining {
     ) -> Result<Self, ServerError> {
         tracing::warn!(
             "cluster mode is being built (issue 28): publishes, subscriptions, logins, \
-             tenants, users, schemas, API calls, groups and MQTT sessions work through \
-             every node; /ws reads and the HTTP admin API through nodes that do not own \
-             the tenant do not yet"
+             tenants, users, schemas, API calls, groups, MQTT sessions, /ws and the HTTP \
+             admin API work through every node; Iceberg tables are not written yet"
         );
         let mesh = Arc::new(
-            Mesh::new(&cluster.node_id, cluster.shards).with_secret(cluster.secret.as_deref()),
+            Mesh::new(&cluster.node_id, cluster.shards)
+                .with_secret(cluster.secret.as_deref())
+                // A takeover ends within a lease and the store's opening.
+                .with_park_wait(std::time::Duration::from_secs(cluster.lease_secs + 5)),
         );
         if cluster.secret.is_none() {
             tracing::warn!(
@@ -214,22 +221,24 @@ impl Joining {
             definitions.watch(Arc::new(seen), stop.clone());
         }
         let joined = crate::cluster::Cluster::join(cluster, node, self.shards).await?;
-        // Clients are let in once every shard has an owner (this node's share opened,
-        // or others serving it), so the first of a new cluster's nodes answers its
-        // first clients rather than telling them the shards are moving. Bounded: a
-        // cluster that cannot settle is served as it is.
+        // Clients are let in once every shard has an owner, so the first of a new
+        // cluster's nodes answers its first clients rather than telling them the
+        // shards are moving. Its stores may still be opening: stored publishes wait
+        // for them (`broker::parked`), and calls too. The default tenant's shard is
+        // waited for when this node opens it, as it holds the bootstrap admin every
+        // first login needs. Bounded: a cluster that cannot settle is served as it is.
         let view = joined.view();
         let me = cluster.node_id.as_str();
+        let default_shard = self.mesh.shard_of(crate::tenancy::DEFAULT_TENANT);
         let settled = async {
             loop {
                 let ready = {
                     let now = view.borrow();
                     now.shards > 0
                         && now.owners.len() == now.shards as usize
-                        && now
-                            .owners
-                            .iter()
-                            .all(|(shard, owner)| owner.node != me || self.mesh.is_open(*shard))
+                        && now.owners.get(&default_shard).is_some_and(|owner| {
+                            owner.node != me || self.mesh.is_open(default_shard)
+                        })
                 };
                 if ready {
                     return;

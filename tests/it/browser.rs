@@ -25,7 +25,7 @@ fn js_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/js")
 }
 
-fn chromium() -> PathBuf {
+pub(crate) fn chromium() -> PathBuf {
     std::env::var_os("CANOPY_CHROMIUM")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"))
@@ -33,7 +33,7 @@ fn chromium() -> PathBuf {
 
 /// A Node script that speaks to the test one stdout line at a time; its stderr is
 /// collected for failure messages.
-struct Script {
+pub(crate) struct Script {
     child: Child,
     lines: Lines<BufReader<ChildStdout>>,
     /// Lines read but not yet asked for.
@@ -44,7 +44,7 @@ struct Script {
 }
 
 impl Script {
-    fn spawn(script: &str, args: &[String]) -> Script {
+    pub(crate) fn spawn(script: &str, args: &[String]) -> Script {
         let mut child = tokio::process::Command::new("node")
             .arg(js_dir().join(script))
             .args(args)
@@ -74,7 +74,7 @@ impl Script {
     }
 
     /// The rest of the first line starting with `prefix`, waiting for it up to [`STEP`].
-    async fn expect(&mut self, prefix: &str) -> String {
+    pub(crate) async fn expect(&mut self, prefix: &str) -> String {
         loop {
             if let Some(i) = self.pending.iter().position(|l| l.starts_with(prefix)) {
                 return self.pending.remove(i)[prefix.len()..].trim().to_owned();
@@ -112,7 +112,7 @@ impl Script {
     }
 
     /// Waits for the script to exit successfully after `last`.
-    async fn finish(mut self, last: &str) {
+    pub(crate) async fn finish(mut self, last: &str) {
         self.expect(last).await;
         match tokio::time::timeout(STEP, self.child.wait()).await {
             Ok(Ok(status)) if status.success() => {}
@@ -133,7 +133,7 @@ impl Script {
 }
 
 /// Asserts `path` is a PNG image of some size.
-fn assert_png(path: &Path) {
+pub(crate) fn assert_png(path: &Path) {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("screenshot {path:?}: {e}"));
     assert!(
         bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 1000,

@@ -792,6 +792,7 @@ const overview = {
       const ms = (v) => (v === null ? "idle" : v === Infinity ? "> 10 s" : `≤ ${v * 1000} ms`);
       $("ov-latency").textContent = `write ${ms(write)} · durable ${ms(durable)}`;
     }
+    cluster.on = now.has("canopy_cluster_nodes");
     $("ov-drops").textContent = `${number(now.get("canopy_slow_consumers_total") ?? 0)} slow · ${number(now.get("canopy_dropped_total") ?? 0)} dropped`;
     const facts = [
       // The default tenant's, or to a tenant's user that tenant's.
@@ -818,6 +819,47 @@ const overview = {
   },
 };
 
+// ---------------------------------------------------------------- cluster
+
+/** The cluster's nodes, when this server is one node of several (`/api/cluster`). */
+const cluster = {
+  /** Set by the overview when /metrics shows cluster lines (to the operator only). */
+  on: false,
+
+  async sample() {
+    if (!this.on) return;
+    let status;
+    try {
+      const response = await fetch("/api/cluster", { cache: "no-store", headers: authHeaders() });
+      if (!response.ok) return; // alone (404), or not the operator's to see
+      status = await response.json();
+    } catch {
+      return;
+    }
+    const owned = status.owners.filter((s) => s.owner).length;
+    $("ov-cluster-title").textContent =
+      `Cluster ${status.cluster}: ${status.nodes.length} nodes, ${owned} of ${status.shards} shards owned`;
+    const offsets = (id) =>
+      status.owners
+        .filter((s) => s.owner === id)
+        .map((s) => `${s.shard}: ${s.offset ?? "–"}`)
+        .join(" · ");
+    $("ov-nodes").replaceChildren(
+      ...status.nodes.map((node) => {
+        const row = document.createElement("tr");
+        cell(row, node.id);
+        cell(row, node.native);
+        cell(row, node.mqtt ?? "–");
+        cell(row, node.http ?? "–");
+        cell(row, String(node.shards));
+        cell(row, offsets(node.id));
+        return row;
+      }),
+    );
+    $("ov-cluster").hidden = false;
+  },
+};
+
 // ---------------------------------------------------------------- start
 
 function route() {
@@ -828,6 +870,8 @@ function route() {
 
 overview.sample();
 setInterval(() => overview.sample(), 1000);
+cluster.sample();
+setInterval(() => cluster.sample(), 3000);
 tree.follow();
 await start();
 route();

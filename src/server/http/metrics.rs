@@ -31,7 +31,7 @@ impl MetricsScope {
     /// With logins required, a user of the default tenant sees everything and a
     /// user of another tenant its own lines; a guest (no credentials, let in under
     /// anonymous rules) sees nothing (`None`), like a caller without a token.
-    fn of(state: &HttpState, principal: &Principal) -> Option<MetricsScope> {
+    pub(super) fn of(state: &HttpState, principal: &Principal) -> Option<MetricsScope> {
         if !state.require_login {
             return Some(MetricsScope::Everything);
         }

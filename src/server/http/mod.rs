@@ -26,7 +26,9 @@ use super::mqtt::MqttContext;
 use crate::broker::Broker;
 
 mod caller;
+mod cluster_api;
 mod console;
+mod forward;
 mod metrics;
 mod schema_api;
 mod tenant_api;
@@ -54,6 +56,8 @@ pub struct HttpState {
     pub max_websockets: usize,
     /// Every caller logs in with a bearer token (`authz.require_login`).
     pub require_login: bool,
+    /// The listener speaks TLS (and so, the other nodes' too).
+    pub tls: bool,
 }
 
 /// A WebSocket connection counted against the cap while it lives.
@@ -90,13 +94,6 @@ fn too_many() -> Response {
 
 pub fn router(state: HttpState) -> Router {
     Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/mqtt", get(mqtt_over_websocket))
-        .route("/ws", get(json_websocket))
-        .route("/canopy.js", get(client_module))
-        .route("/api/login", get(login_rules))
         .route("/api/tenants", get(list_tenants).post(create_tenant))
         .route("/api/schemas", get(list_schemas))
         .route(
@@ -112,6 +109,19 @@ pub fn router(state: HttpState) -> Router {
                 .put(update_tenant)
                 .delete(delete_tenant),
         )
+        // In a cluster, the admin calls above on a tenant another node owns go there.
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            forward::to_owner,
+        ))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/mqtt", get(mqtt_over_websocket))
+        .route("/ws", get(json_websocket))
+        .route("/canopy.js", get(client_module))
+        .route("/api/login", get(login_rules))
+        .route("/api/cluster", get(cluster_api::cluster_status))
         .route("/", get(|| console_file(CONSOLE_PAGE)))
         .route("/console/console.js", get(|| console_file(CONSOLE_SCRIPT)))
         .route("/console/console.css", get(|| console_file(CONSOLE_STYLE)))

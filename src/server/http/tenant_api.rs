@@ -19,19 +19,25 @@ use super::caller::Caller;
 
 /// An admin call's answer: JSON, or `{"error": {code, description}}` with its status.
 pub(super) fn api_answer(result: Result<serde_json::Value, ApiError>) -> Response {
-    let (status, body) = match result {
-        Ok(body) => (StatusCode::OK, body),
+    let (status, body, owner) = match result {
+        Ok(body) => (StatusCode::OK, body, None),
         Err(error) => (
             StatusCode::from_u16(error.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             serde_json::json!({"error": {"code": error.code, "description": error.description}}),
+            error.owner,
         ),
     };
-    (
+    let mut response = (
         status,
         [(header::CONTENT_TYPE, "application/json")],
         body.to_string(),
     )
-        .into_response()
+        .into_response();
+    // Another node owns the tenant: `forward` sends the request there.
+    if let Some(owner) = owner.and_then(|o| header::HeaderValue::from_str(&o).ok()) {
+        response.headers_mut().insert(super::forward::OWNER, owner);
+    }
+    response
 }
 
 /// The store of `tenant` and the caller's right to `$CANOPY.tenant.<op>`, as on the
@@ -50,6 +56,7 @@ pub(super) fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T
     serde_json::from_slice(body).map_err(|e| ApiError {
         code: 400,
         description: format!("the request is not the JSON expected: {e}"),
+        owner: None,
     })
 }
 

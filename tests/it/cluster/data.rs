@@ -219,6 +219,59 @@ async fn killing_the_owner_under_load_loses_no_acknowledged_message() {
     }
 }
 
+/// Sends one durable publish with a long timeout of its own (the client's default
+/// request timeout is shorter than a takeover): its answer, once.
+async fn publish_once(client: &async_nats::Client, subject: &str, text: &str) -> serde_json::Value {
+    let request = async_nats::Request::new()
+        .headers(header("Canopy-Ack", "durable"))
+        .payload(text.to_owned().into())
+        .timeout(Some(Duration::from_secs(40)));
+    let answer = client
+        .send_request(subject.to_owned(), request)
+        .await
+        .unwrap_or_else(|e| panic!("{subject} {text}: no answer: {e}"));
+    serde_json::from_slice(&answer.payload).expect("an ack is JSON")
+}
+
+#[tokio::test]
+async fn publishes_and_calls_made_while_the_owner_is_dead_wait_for_the_next_owner() {
+    let mut cluster = Cluster3::start().await;
+    let owner_id = owner_of_default(&cluster.status().await);
+    let survivor = cluster.not(&owner_id).url.clone();
+    let client = async_nats::connect(&survivor).await.expect("connect");
+    until_acked(&client, "gap.1", "before").await;
+    cluster.kill(&owner_id).await;
+    // Sent at once, each tried one time only: until the dead owner's lease runs out
+    // and the next owner opens the shard they wait, then the next owner answers.
+    let killed = std::time::Instant::now();
+    let (first, second, listed) = tokio::join!(
+        publish_once(&client, "gap.1", "during1"),
+        publish_once(&client, "gap.1", "during2"),
+        async {
+            let request = async_nats::Request::new()
+                .payload(r#"{"subject":"gap.1","version":1}"#.into())
+                .timeout(Some(Duration::from_secs(40)));
+            client
+                .send_request("$CANOPY.get", request)
+                .await
+                .expect("the get call is answered")
+        },
+    );
+    eprintln!("answered {:?} after kill -9 of the owner", killed.elapsed());
+    assert_eq!(first["version"], 2, "the first publish waited: {first}");
+    assert_eq!(second["version"], 3, "and the second behind it: {second}");
+    let status = listed
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Canopy-Status"))
+        .map(|v| v.as_str().to_owned());
+    assert_eq!(status, None, "the call waited and was answered: {listed:?}");
+    assert_eq!(&listed.payload[..], b"before");
+    let stored = replay_subject(&client, "gap.1").await;
+    let texts: Vec<String> = stored.iter().map(crate::common::Stored::text).collect();
+    assert_eq!(texts, ["before", "during1", "during2"]);
+}
+
 #[tokio::test]
 async fn a_stalled_owner_that_wakes_after_its_shard_moved_stores_nothing() {
     let cluster = Cluster3::start().await;

@@ -236,3 +236,106 @@ async fn a_binding_made_on_the_owner_checks_stamps_and_dead_letters_on_every_nod
         stored[0].headers
     );
 }
+
+/// An HTTP request to node `id`'s HTTP listener, tried again while it is answered
+/// 503 (a shard moving): its status and JSON body.
+async fn http(
+    status: &Value,
+    id: &str,
+    method: &str,
+    path: &str,
+    auth: &str,
+    body: &str,
+) -> (u16, Value) {
+    let address = super::processes::node_address(status, id, "http")
+        .parse()
+        .expect("address");
+    eventually(
+        &format!("{method} {path} on {id}"),
+        Duration::from_secs(10),
+        || async {
+            let (code, text) = crate::common::http_request(
+                address,
+                method,
+                path,
+                &[("Authorization", auth)],
+                body,
+            )
+            .await;
+            let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            (code != 503).then_some((code, json))
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn the_http_admin_api_works_through_nodes_that_do_not_own_the_tenant() {
+    let cluster = with_logins().await;
+    let status = cluster.status().await;
+    let admin = login_eventually(&cluster.node("a").url, "admin", ADMIN_PASSWORD).await;
+    let (code, issued) = call(
+        &admin,
+        "user.token.create",
+        json!({"tenant": "default", "name": "admin"}),
+    )
+    .await;
+    assert_eq!(code, 200, "{issued}");
+    let auth = format!("Bearer {}", issued["token"].as_str().expect("token"));
+
+    // A tenant whose shard b does not own, made through b's HTTP.
+    let name = (0..)
+        .map(|i| format!("web{i}"))
+        .find(|n| owner_of(&status, n) != "b")
+        .expect("a name");
+    let body = json!({"name": name}).to_string();
+    let (code, made) = http(&status, "b", "POST", "/api/tenants", &auth, &body).await;
+    assert_eq!(code, 200, "{made}");
+    for id in ["a", "b", "c"] {
+        let path = format!("/api/tenants/{name}");
+        let (code, described) = http(&status, id, "GET", &path, &auth, "").await;
+        assert_eq!(
+            (code, &described["name"]),
+            (200, &json!(name)),
+            "on {id}: {described}"
+        );
+    }
+
+    // A schema of the default tenant, put through a node that does not own it and
+    // read through another.
+    let owner = owner_of(&status, "default");
+    let others = super::processes::others_than(&owner);
+    let schema = json!({"type": "object", "required": ["kwh"]}).to_string();
+    let (code, put) = http(
+        &status,
+        others[0],
+        "PUT",
+        "/api/schemas/meters.*",
+        &auth,
+        &schema,
+    )
+    .await;
+    assert_eq!(code, 200, "{put}");
+    let (code, got) = http(
+        &status,
+        others[1],
+        "GET",
+        "/api/schemas/meters.*",
+        &auth,
+        "",
+    )
+    .await;
+    assert_eq!(code, 200, "{got}");
+    assert_eq!(got["version"], 1, "{got}");
+    // A request that is wrong is answered by the owner as it would be on one node.
+    let (code, refused) = http(
+        &status,
+        others[0],
+        "PUT",
+        "/api/schemas/meters.*",
+        &auth,
+        "{",
+    )
+    .await;
+    assert_eq!(code, 400, "{refused}");
+}

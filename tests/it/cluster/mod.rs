@@ -6,6 +6,7 @@ mod data;
 mod definitions;
 mod mqtt;
 mod processes;
+mod seeing;
 mod ws;
 
 /// The etcd the tests share; each test uses a cluster name of its own.

@@ -22,12 +22,16 @@ use canopy_protocols::link::{self, Frame};
 use canopy_subjects::Pattern;
 use parking_lot::{Mutex, RwLock};
 
+mod wire;
+
+use wire::{REDUCER_JSON_MERGE, REDUCER_LAST, parse_remote_ack};
+pub use wire::{
+    append_from_wire, expect_from_wire, expect_to_wire, outcome_from_wire, outcome_to_wire,
+};
+
 use super::{Message, Tenant};
 use crate::store::reduce::ReducerKind;
-use crate::store::{
-    AckTo, AppendOutcome, AppendRequest, Compaction, Durability, Expectation, NewMessage, RouteTag,
-    Store,
-};
+use crate::store::{AckTo, AppendOutcome, AppendRequest, Durability, Store};
 
 /// The server's side of the links: sockets, buffers, reconnects.
 pub trait Links: Send + Sync + 'static {
@@ -93,10 +97,14 @@ pub struct Mesh {
     owners: RwLock<Vec<Option<Arc<str>>>>,
     /// The stores of the shards this node owns, with the etcd revision of each claim.
     stores: RwLock<BTreeMap<u32, (Arc<Store>, i64)>>,
+    /// The cluster's name and this node's view of it, once joined.
+    view: std::sync::OnceLock<(String, tokio::sync::watch::Receiver<crate::cluster::View>)>,
     /// Where the owner of a shard mirrors its tenants' definitions for every node.
     definitions: std::sync::OnceLock<crate::cluster::Definitions>,
     /// What this node's connections to others prove, and theirs to it.
     secret: crate::cluster::LinkSecret,
+    /// Stored publishes waiting for their shard to have a home.
+    parked: super::parked::Parked,
     /// What each other node said it is interested in: (tenant, pattern, queue).
     interest_of: Mutex<InterestOf>,
     pending: Mutex<HashMap<u64, Pending>>,
@@ -122,7 +130,9 @@ impl Mesh {
             owners: RwLock::new(vec![None; shards as usize]),
             stores: RwLock::default(),
             definitions: std::sync::OnceLock::new(),
+            view: std::sync::OnceLock::new(),
             secret: crate::cluster::LinkSecret::new(None),
+            parked: super::parked::Parked::new(std::time::Duration::from_secs(10)),
             interest_of: Mutex::default(),
             pending: Mutex::default(),
             next_append: AtomicU64::new(1),
@@ -148,7 +158,16 @@ impl Mesh {
 
     /// Where `tenant`'s messages are stored now.
     pub fn home(&self, tenant: &str) -> Home {
-        let shard = self.shard_of(tenant);
+        self.home_of_shard(self.shard_of(tenant))
+    }
+
+    /// Whether `shard` has a home now: open here, or owned by another node.
+    pub fn has_home(&self, shard: u32) -> bool {
+        !matches!(self.home_of_shard(shard), Home::Moving)
+    }
+
+    /// Where the messages of `shard`'s tenants are stored now.
+    pub fn home_of_shard(&self, shard: u32) -> Home {
         if let Some((store, _)) = self.stores.read().get(&shard) {
             return Home::Here(Arc::clone(store));
         }
@@ -266,6 +285,31 @@ impl Mesh {
         &self.secret
     }
 
+    /// Lets stored publishes wait up to `wait` for a shard without a home.
+    pub fn with_park_wait(mut self, wait: std::time::Duration) -> Self {
+        self.parked = super::parked::Parked::new(wait);
+        self
+    }
+
+    pub fn parked(&self) -> &super::parked::Parked {
+        &self.parked
+    }
+
+    /// Attaches the cluster's name and this node's view of it; later calls are
+    /// ignored.
+    pub fn attach_view(
+        &self,
+        name: &str,
+        view: tokio::sync::watch::Receiver<crate::cluster::View>,
+    ) {
+        let _ = self.view.set((name.to_owned(), view));
+    }
+
+    /// The cluster's name and this node's view of it, once joined.
+    pub fn view(&self) -> Option<(&str, &tokio::sync::watch::Receiver<crate::cluster::View>)> {
+        self.view.get().map(|(name, view)| (name.as_str(), view))
+    }
+
     /// Attaches the cluster's definitions; later calls are ignored.
     pub fn attach_definitions(&self, definitions: crate::cluster::Definitions) {
         let _ = self.definitions.set(definitions);
@@ -273,6 +317,15 @@ impl Mesh {
 
     pub fn definitions(&self) -> Option<&crate::cluster::Definitions> {
         self.definitions.get()
+    }
+
+    /// The highest durable offset of each shard this node has open.
+    pub fn shard_offsets(&self) -> BTreeMap<u32, u64> {
+        self.stores
+            .read()
+            .iter()
+            .map(|(&shard, (store, _))| (shard, *store.durable_watch().borrow()))
+            .collect()
     }
 
     /// Whether this node has the shard's store open.
@@ -493,8 +546,12 @@ impl Mesh {
     }
 
     /// Sends an append to `owner`, to be stored there; its ack comes back as an
-    /// `Ack` frame. When the link is down, the answer to give its publisher now.
-    pub fn forward_append(&self, owner: &Arc<str>, request: AppendRequest) -> Option<Answer> {
+    /// `Ack` frame. Gives it back when the link to `owner` is down.
+    pub fn forward_append(
+        &self,
+        owner: &Arc<str>,
+        mut request: AppendRequest,
+    ) -> Result<(), Box<AppendRequest>> {
         let id = self.next_append.fetch_add(1, Ordering::Relaxed);
         let mut frame = Vec::with_capacity(128);
         let messages = request
@@ -532,20 +589,23 @@ impl Mesh {
             }),
             &mut frame,
         );
+        // Waiting before the frame leaves, since its ack may come back at once.
         self.pending.lock().insert(
             id,
             Pending {
                 tenant: Arc::clone(&request.tenant),
                 node: Arc::clone(owner),
-                ack: request.ack,
+                ack: request.ack.take(),
             },
         );
-        self.appends_forwarded.fetch_add(1, Ordering::Relaxed);
         if self.send(owner, Bytes::from(frame)) {
-            return None;
+            self.appends_forwarded.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
         }
-        let pending = self.pending.lock().remove(&id)?;
-        answer(pending, unavailable(owner))
+        if let Some(pending) = self.pending.lock().remove(&id) {
+            request.ack = pending.ack;
+        }
+        Err(Box::new(request))
     }
 
     /// The answer to an append that cannot be stored now: not stored.
@@ -613,64 +673,6 @@ fn unavailable(node: &str) -> AppendOutcome {
     }
 }
 
-/// A reducer's number on the wire.
-const REDUCER_LAST: u8 = 0;
-const REDUCER_JSON_MERGE: u8 = 1;
-
-/// The append node `from` forwarded, as this node's store takes it: its ack, when
-/// wanted, goes back to `from` (`ACK_REMOTE`), a JetStream ack keeping its shape.
-pub fn append_from_wire(from: &str, append: &link::Append<'_>) -> AppendRequest {
-    use super::{ACK_JETSTREAM, ACK_REMOTE};
-    let copy = bytes::Bytes::copy_from_slice;
-    AppendRequest {
-        tenant: Arc::from(append.tenant),
-        subject: Arc::from(append.subject),
-        messages: append
-            .messages
-            .iter()
-            .map(|m| NewMessage {
-                headers: copy(m.headers),
-                payload: copy(m.payload),
-                flags: m.flags,
-            })
-            .collect(),
-        expect: append.expect.map(expect_from_wire),
-        msg_id: append.msg_id.map(Box::from),
-        durability: if append.durable {
-            Durability::Durable
-        } else {
-            Durability::Received
-        },
-        ack: append.ack.map(|flags| AckTo {
-            address: bytes::Bytes::from(format!("{from} {}", append.id)),
-            flags: ACK_REMOTE | (flags & ACK_JETSTREAM),
-            cargo: None,
-        }),
-        route: RouteTag {
-            origin: append.origin,
-            flags: append.route_flags,
-            reply: append.reply.map(copy),
-        },
-        compaction: append.compaction.map(|c| Compaction {
-            every: c.every,
-            reducer: if c.reducer == REDUCER_JSON_MERGE {
-                ReducerKind::JsonMerge
-            } else {
-                ReducerKind::Last
-            },
-            keep_history: c.keep_history,
-        }),
-        max_versions: append.max_versions,
-        retain: append.retain,
-    }
-}
-
-fn parse_remote_ack(address: &[u8]) -> Option<(&str, u64)> {
-    let text = std::str::from_utf8(address).ok()?;
-    let (node, id) = text.split_once(' ')?;
-    Some((node, id.parse().ok()?))
-}
-
 /// Interest travels as `n:` and a native pattern, or `m:` and an MQTT filter (whose
 /// `#` also matches its parent, which no native pattern says).
 pub fn interest_text(pattern: &Pattern) -> String {
@@ -685,101 +687,5 @@ fn parse_interest(text: &str) -> Option<Pattern> {
         Pattern::parse_native(native).ok()
     } else {
         Pattern::parse_mqtt(text.strip_prefix("m:")?).ok()
-    }
-}
-
-pub fn expect_to_wire(expect: Expectation) -> link::Expect {
-    match expect {
-        Expectation::Version(v) => link::Expect::Version(v),
-        Expectation::LastOffset(v) => link::Expect::LastOffset(v),
-        Expectation::StreamOffset(v) => link::Expect::StreamOffset(v),
-    }
-}
-
-pub fn expect_from_wire(expect: link::Expect) -> Expectation {
-    match expect {
-        link::Expect::Version(v) => Expectation::Version(v),
-        link::Expect::LastOffset(v) => Expectation::LastOffset(v),
-        link::Expect::StreamOffset(v) => Expectation::StreamOffset(v),
-    }
-}
-
-pub fn outcome_to_wire(outcome: &AppendOutcome) -> link::Outcome<'_> {
-    match outcome {
-        AppendOutcome::Stored {
-            subject,
-            version,
-            offset,
-            count,
-        } => link::Outcome::Stored {
-            subject,
-            version: *version,
-            offset: *offset,
-            count: *count as u64,
-        },
-        AppendOutcome::Duplicate {
-            subject,
-            version,
-            offset,
-        } => link::Outcome::Duplicate {
-            subject,
-            version: *version,
-            offset: *offset,
-        },
-        AppendOutcome::Conflict {
-            subject,
-            expected,
-            current_version,
-            current_offset,
-        } => link::Outcome::Conflict {
-            subject,
-            expected: expect_to_wire(*expected),
-            current_version: *current_version,
-            current_offset: *current_offset,
-        },
-        AppendOutcome::Failed { reason } => link::Outcome::Failed { reason },
-        AppendOutcome::QuotaExceeded { reason } => link::Outcome::QuotaExceeded { reason },
-    }
-}
-
-pub fn outcome_from_wire(outcome: &link::Outcome<'_>) -> AppendOutcome {
-    match *outcome {
-        link::Outcome::Stored {
-            subject,
-            version,
-            offset,
-            count,
-        } => AppendOutcome::Stored {
-            subject: Arc::from(subject),
-            version,
-            offset,
-            count: count as usize,
-        },
-        link::Outcome::Duplicate {
-            subject,
-            version,
-            offset,
-        } => AppendOutcome::Duplicate {
-            subject: Arc::from(subject),
-            version,
-            offset,
-        },
-        link::Outcome::Conflict {
-            subject,
-            expected,
-            current_version,
-            current_offset,
-        } => AppendOutcome::Conflict {
-            subject: Arc::from(subject),
-            expected: expect_from_wire(expected),
-            current_version,
-            current_offset,
-        },
-        link::Outcome::Failed { reason } => AppendOutcome::Failed {
-            reason: reason.to_owned(),
-        },
-        link::Outcome::QuotaExceeded { reason } => AppendOutcome::QuotaExceeded {
-            reason: reason.to_owned(),
-        },
     }
 }
