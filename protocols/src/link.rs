@@ -25,7 +25,7 @@
 use thiserror::Error;
 
 /// The version a node speaks, sent in `Hello`.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 
 const HELLO: u8 = 1;
 const INTEREST_ADD: u8 = 2;
@@ -35,6 +35,8 @@ const APPEND: u8 = 5;
 const ACK: u8 = 6;
 const CALL: u8 = 7;
 const RELAY: u8 = 8;
+const BARRIER: u8 = 9;
+const PASSED: u8 = 10;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum LinkError {
@@ -178,6 +180,17 @@ pub enum Frame<'a> {
     /// The first and only frame of a relayed MQTT connection: who the client logged
     /// in as at the entry node. Its MQTT bytes follow, CONNECT first.
     Relay(Relay<'a>),
+    /// Asks the owner of `tenant`'s shard to answer `Passed` once every append this
+    /// link carried before it has been stored and routed (a client's PING after
+    /// its publishes, NATS's flush).
+    Barrier {
+        id: u64,
+        tenant: &'a str,
+    },
+    /// The answer to `Barrier` `id`.
+    Passed {
+        id: u64,
+    },
 }
 
 /// What proves a connection's first frame (`Hello`, `Relay`) was made by a node
@@ -312,6 +325,15 @@ pub fn encode(frame: &Frame<'_>, out: &mut Vec<u8>) {
             put_str(out, relay.client);
             put_str(out, relay.peer);
             put_proof(out, &relay.proof);
+        }
+        Frame::Barrier { id, tenant } => {
+            out.push(BARRIER);
+            out.extend_from_slice(&id.to_be_bytes());
+            put_str(out, tenant);
+        }
+        Frame::Passed { id } => {
+            out.push(PASSED);
+            out.extend_from_slice(&id.to_be_bytes());
         }
     }
     let length = (out.len() - start - 4) as u32;
@@ -503,6 +525,11 @@ pub fn decode(buf: &[u8], max: usize) -> Result<Option<(Frame<'_>, usize)>, Link
             peer: r.str("peer")?,
             proof: r.proof()?,
         }),
+        BARRIER => Frame::Barrier {
+            id: r.u64("id")?,
+            tenant: r.str("tenant")?,
+        },
+        PASSED => Frame::Passed { id: r.u64("id")? },
         other => return Err(LinkError::UnknownKind(other)),
     };
     if !r.buf.is_empty() {
@@ -819,6 +846,11 @@ mod tests {
                 peer: "10.0.0.9:51234",
                 proof: Proof::default(),
             }),
+            Frame::Barrier {
+                id: 15,
+                tenant: "acme",
+            },
+            Frame::Passed { id: 15 },
         ]
     }
 

@@ -261,6 +261,35 @@ impl Broker {
         }
     }
 
+    /// Waits until every stored publish handed to [`Broker::append`] for `tenant`
+    /// before now has been stored and routed, wherever its store is: what a PING
+    /// after publishes waits for. In a cluster it waits no longer than a publish
+    /// may wait for its shard.
+    pub async fn barrier(&self, tenant: &str) {
+        let Some(mesh) = self.mesh.get() else {
+            if let Some(store) = self.store.get() {
+                let _ = store.barrier().await;
+            }
+            return;
+        };
+        let shard = mesh.shard_of(tenant);
+        let deadline = tokio::time::Instant::now() + mesh.parked().wait();
+        while mesh.parked().holds(shard) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        match mesh.home(tenant) {
+            mesh::Home::Here(store) => {
+                let _ = store.barrier().await;
+            }
+            mesh::Home::Owner(owner) => {
+                if let Some(passed) = mesh.barrier(&owner, tenant) {
+                    let _ = tokio::time::timeout_at(deadline, passed).await;
+                }
+            }
+            mesh::Home::Moving => {}
+        }
+    }
+
     /// Hands an append to its shard's store here, or to its owner. Gives it back
     /// while the shard has neither, or its owner cannot be reached (it may have
     /// died, its lease not run out yet): it is to wait for them.

@@ -516,6 +516,21 @@ async fn apply(
             broker.answer(mesh.acked(id, mesh::outcome_from_wire(&outcome)));
         }
         Frame::Call(call) => run_forwarded_call(broker, call),
+        Frame::Barrier { id, tenant } => {
+            // After the appends this link carried before it, which are in the
+            // store's queue already (each was awaited into it).
+            let store = broker.store_of(tenant);
+            let broker = Arc::clone(broker);
+            tokio::spawn(async move {
+                if let Some(store) = store {
+                    let _ = store.barrier().await;
+                }
+                if let Some(mesh) = broker.mesh() {
+                    mesh.send_passed(&node, id);
+                }
+            });
+        }
+        Frame::Passed { id } => mesh.passed(id),
         Frame::Relay(_) => return Err("a relayed client's frame on a link".into()),
     }
     Ok(())

@@ -230,15 +230,9 @@ impl Server {
                 open_single_store(&config, &broker, settings).await?;
                 None
             }
-            Some(cluster) => Some(
-                shards::Joining::prepare(
-                    cluster,
-                    &broker,
-                    settings,
-                    config.authz.bootstrap_admin_password.clone(),
-                )
-                .await?,
-            ),
+            Some(cluster) => {
+                Some(shards::Joining::prepare(cluster, &config, &broker, settings).await?)
+            }
         };
         let tls_on = |listener: &str| config.tls.on(listener);
         let mut listeners = vec![crate::schemas::asyncapi::Listener {

@@ -4,11 +4,13 @@
 //!
 //! Must never: keep serving a shard after [`ShardHost::close`], or open one twice.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::ServerError;
 use crate::broker::Broker;
@@ -30,6 +32,19 @@ pub struct ShardStores {
     bootstrap_admin: Option<String>,
     /// The MQTT clients this node serves for the tenants of its shards.
     relays: Arc<RelayHost>,
+    /// The `[[tables]]` (each written by the owner of its tenant's shard), and the
+    /// store's settings that place them.
+    tables: Tables,
+    /// The table writers running for each open shard, stopped before it closes.
+    writers: parking_lot::Mutex<HashMap<u32, (CancellationToken, TaskTracker)>>,
+}
+
+/// The `[[tables]]` a cluster writes, and the store settings that place them (in
+/// the bucket, under the store's prefix, where every node finds them).
+#[derive(Clone, Default)]
+pub struct Tables {
+    pub tables: Vec<crate::config::TableConfig>,
+    pub store: crate::config::StoreConfig,
 }
 
 impl ShardStores {
@@ -39,6 +54,7 @@ impl ShardStores {
         settings: StoreSettings,
         bootstrap_admin: Option<String>,
         relays: Arc<RelayHost>,
+        tables: Tables,
     ) -> Self {
         Self {
             broker,
@@ -46,6 +62,53 @@ impl ShardStores {
             settings,
             bootstrap_admin,
             relays,
+            tables,
+            writers: parking_lot::Mutex::default(),
+        }
+    }
+
+    /// Starts the writers of the tables whose tenants live in `shard`.
+    fn start_writers(&self, shard: u32, store: &Arc<Store>) {
+        let mine: Vec<_> = self
+            .tables
+            .tables
+            .iter()
+            .filter(|table| self.mesh.shard_of(&table.tenant) == shard)
+            .cloned()
+            .collect();
+        if mine.is_empty() {
+            return;
+        }
+        let stop = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let broker = &self.broker;
+        crate::tables::writer::start(
+            Arc::clone(store),
+            &|name| {
+                let tenant = broker.tenant(name);
+                (Arc::clone(&tenant.schemas), Arc::clone(&tenant.taps))
+            },
+            &mine,
+            &self.tables.store,
+            &tracker,
+            stop.clone(),
+        );
+        tracker.close();
+        self.writers.lock().insert(shard, (stop, tracker));
+    }
+
+    /// Stops the table writers of `shard`, waiting up to `wait` for their last
+    /// commits: the next owner goes on from whatever was committed.
+    async fn stop_writers(&self, shard: u32, wait: std::time::Duration) {
+        let Some((stop, tracker)) = self.writers.lock().remove(&shard) else {
+            return;
+        };
+        stop.cancel();
+        if tokio::time::timeout(wait, tracker.wait()).await.is_err() {
+            tracing::warn!(
+                shard,
+                "a table writer did not stop in time; its next owner goes on from its last commit"
+            );
         }
     }
 }
@@ -77,6 +140,7 @@ impl ShardHost for ShardStores {
             tracing::warn!(%error, "could not make the bootstrap admin");
         }
         self.broker.open_shard_tenants(&store, shard).await;
+        self.start_writers(shard, &store);
         self.broker.release_parked(shard);
         Ok(())
     }
@@ -90,15 +154,16 @@ impl ShardHost for ShardStores {
         let Some(store) = self.mesh.close_shard(shard) else {
             return;
         };
+        let wait = match how {
+            Closing::Handover => std::time::Duration::from_secs(5),
+            Closing::Lost => std::time::Duration::from_secs(1),
+        };
+        self.stop_writers(shard, wait).await;
         self.broker
             .release_shard_tenants(shard, how == Closing::Handover)
             .await;
         // Its MQTT clients save their sessions and connect again, to be served by
         // the next owner.
-        let wait = match how {
-            Closing::Handover => std::time::Duration::from_secs(5),
-            Closing::Lost => std::time::Duration::from_secs(1),
-        };
         let mesh = &self.mesh;
         self.relays
             .move_away(|tenant| mesh.shard_of(tenant) == shard, wait)
@@ -136,14 +201,18 @@ pub(super) struct Addresses {
 impl Joining {
     pub(super) async fn prepare(
         cluster: &ClusterConfig,
+        config: &crate::config::Config,
         broker: &Arc<Broker>,
         settings: StoreSettings,
-        bootstrap_admin: Option<String>,
     ) -> Result<Self, ServerError> {
+        let tables = Tables {
+            tables: config.tables.clone(),
+            store: config.store.clone(),
+        };
         tracing::warn!(
             "cluster mode is being built (issue 28): publishes, subscriptions, logins, \
-             tenants, users, schemas, API calls, groups, MQTT sessions, /ws and the HTTP \
-             admin API work through every node; Iceberg tables are not written yet"
+             tenants, users, schemas, API calls, groups, MQTT sessions, /ws, the HTTP \
+             admin API and tables work through every node"
         );
         let mesh = Arc::new(
             Mesh::new(&cluster.node_id, cluster.shards)
@@ -173,8 +242,9 @@ impl Joining {
                 Arc::clone(broker),
                 Arc::clone(&mesh),
                 settings,
-                bootstrap_admin,
+                config.authz.bootstrap_admin_password.clone(),
                 Arc::clone(&relays),
+                tables,
             )),
             mesh,
             listener,

@@ -43,7 +43,7 @@ async fn read(folder: &Path, day: Option<&str>) -> Option<Value> {
 }
 
 /// Reads until the table holds `rows` rows (committed every second).
-async fn read_rows(folder: &Path, rows: usize, day: Option<&str>) -> Value {
+pub(crate) async fn read_rows(folder: &Path, rows: usize, day: Option<&str>) -> Value {
     let mut last = None;
     for _ in 0..60 {
         if let Some(found) = read(folder, day).await {
@@ -64,7 +64,7 @@ async fn bind_schema(client: &async_nats::Client, put: Value) {
 }
 
 /// The offsets of the rows the reader found, each once.
-fn distinct_offsets(found: &Value) -> Vec<u64> {
+pub(crate) fn distinct_offsets(found: &Value) -> Vec<u64> {
     let mut offsets: Vec<u64> = found["rows"]
         .as_array()
         .expect("rows")

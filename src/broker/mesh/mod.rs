@@ -84,13 +84,16 @@ struct Pending {
     ack: Option<AckTo>,
 }
 
+/// A barrier sent to an owner: the owner, and whom to tell when it passed.
+type Barrier = (Arc<str>, tokio::sync::oneshot::Sender<()>);
+
 /// This node's place among the others.
 pub struct Mesh {
     me: Arc<str>,
     shards: u32,
     links: std::sync::OnceLock<Arc<dyn Links>>,
     /// Every live node's NATS address, for INFO's `connect_urls`.
-    client_urls: RwLock<Vec<String>>,
+    client_urls: tokio::sync::watch::Sender<Vec<String>>,
     /// Where each live node takes links (and relayed MQTT connections).
     link_addresses: RwLock<HashMap<Arc<str>, String>>,
     /// Each shard's owner as last seen.
@@ -108,6 +111,8 @@ pub struct Mesh {
     /// What each other node said it is interested in: (tenant, pattern, queue).
     interest_of: Mutex<InterestOf>,
     pending: Mutex<HashMap<u64, Pending>>,
+    /// Barriers sent to owners and not passed yet: the owner, and whom to tell.
+    barriers: Mutex<HashMap<u64, Barrier>>,
     next_append: AtomicU64,
     /// Frames dropped because a link was down or full.
     pub dropped: AtomicU64,
@@ -125,7 +130,7 @@ impl Mesh {
             me: Arc::from(me),
             shards,
             links: std::sync::OnceLock::new(),
-            client_urls: RwLock::default(),
+            client_urls: tokio::sync::watch::Sender::new(Vec::new()),
             link_addresses: RwLock::default(),
             owners: RwLock::new(vec![None; shards as usize]),
             stores: RwLock::default(),
@@ -135,6 +140,7 @@ impl Mesh {
             parked: super::parked::Parked::new(std::time::Duration::from_secs(10)),
             interest_of: Mutex::default(),
             pending: Mutex::default(),
+            barriers: Mutex::default(),
             next_append: AtomicU64::new(1),
             dropped: AtomicU64::new(0),
             messages_sent: AtomicU64::new(0),
@@ -195,12 +201,25 @@ impl Mesh {
 
     /// Every live node's NATS address.
     pub fn client_urls(&self) -> Vec<String> {
-        self.client_urls.read().clone()
+        self.client_urls.borrow().clone()
+    }
+
+    /// Every live node's NATS address, watched: NATS connections send a new INFO
+    /// when it changes, so clients learn of nodes that came or went.
+    pub fn watch_client_urls(&self) -> tokio::sync::watch::Receiver<Vec<String>> {
+        self.client_urls.subscribe()
     }
 
     /// Records every live node's NATS address, as the cluster's view says.
-    pub fn set_client_urls(&self, urls: Vec<String>) {
-        *self.client_urls.write() = urls;
+    pub fn set_client_urls(&self, mut urls: Vec<String>) {
+        urls.sort_unstable();
+        self.client_urls.send_if_modified(|now| {
+            let changed = *now != urls;
+            if changed {
+                *now = urls;
+            }
+            changed
+        });
     }
 
     /// Records where every live node takes links, as the cluster's view says.
@@ -235,6 +254,9 @@ impl Mesh {
         };
         if moved.is_empty() {
             return Vec::new();
+        }
+        for (_, node) in &moved {
+            self.drop_barriers(node);
         }
         self.take_pending(|p| {
             moved
@@ -589,20 +611,24 @@ impl Mesh {
             }),
             &mut frame,
         );
-        // Waiting before the frame leaves, since its ack may come back at once.
-        self.pending.lock().insert(
-            id,
-            Pending {
-                tenant: Arc::clone(&request.tenant),
-                node: Arc::clone(owner),
-                ack: request.ack.take(),
-            },
-        );
+        // Waiting before the frame leaves, since its ack may come back at once. An
+        // append nobody waits for gets no ack, so it waits for nothing.
+        let acked = request.ack.is_some();
+        if acked {
+            self.pending.lock().insert(
+                id,
+                Pending {
+                    tenant: Arc::clone(&request.tenant),
+                    node: Arc::clone(owner),
+                    ack: request.ack.take(),
+                },
+            );
+        }
         if self.send(owner, Bytes::from(frame)) {
             self.appends_forwarded.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
-        if let Some(pending) = self.pending.lock().remove(&id) {
+        if acked && let Some(pending) = self.pending.lock().remove(&id) {
             request.ack = pending.ack;
         }
         Err(Box::new(request))
@@ -650,7 +676,51 @@ impl Mesh {
     /// The answers, not stored, to every append forwarded to `node` and not answered
     /// yet: the link it went on broke.
     pub fn fail_pending(&self, node: &str) -> Vec<Answer> {
+        self.drop_barriers(node);
         self.take_pending(|p| *p.node == *node)
+    }
+
+    /// Asks `owner` to tell when every append sent to it for `tenant` so far has
+    /// been stored and routed; the receiver ends (passed, or given up on when the
+    /// link breaks or the shard moves). None when the link is down.
+    pub fn barrier(
+        &self,
+        owner: &Arc<str>,
+        tenant: &str,
+    ) -> Option<tokio::sync::oneshot::Receiver<()>> {
+        let id = self.next_append.fetch_add(1, Ordering::Relaxed);
+        let (passed, waiting) = tokio::sync::oneshot::channel();
+        self.barriers.lock().insert(id, (Arc::clone(owner), passed));
+        let mut frame = Vec::with_capacity(32);
+        link::encode(&Frame::Barrier { id, tenant }, &mut frame);
+        if self.send(owner, Bytes::from(frame)) {
+            return Some(waiting);
+        }
+        self.barriers.lock().remove(&id);
+        None
+    }
+
+    /// Barrier `id` passed on its owner.
+    pub fn passed(&self, id: u64) {
+        if let Some((_, passed)) = self.barriers.lock().remove(&id) {
+            let _ = passed.send(());
+        }
+    }
+
+    /// Tells node `to` that its barrier `id` passed here: on the link that carries
+    /// this node's messages to it, so the messages routed before the barrier reach
+    /// it first.
+    pub fn send_passed(&self, to: &str, id: u64) {
+        let mut frame = Vec::with_capacity(16);
+        link::encode(&Frame::Passed { id }, &mut frame);
+        self.send(to, Bytes::from(frame));
+    }
+
+    /// Gives up on the barriers sent to `node`: their waiters go on.
+    fn drop_barriers(&self, node: &str) {
+        self.barriers
+            .lock()
+            .retain(|_, (owner, _)| **owner != *node);
     }
 }
 

@@ -117,6 +117,17 @@ impl NativeContext {
     }
 }
 
+/// Returns when the cluster's nodes changed; never without a cluster (or once the
+/// view is gone).
+async fn nodes_changed(nodes: &mut Option<tokio::sync::watch::Receiver<Vec<String>>>) {
+    if let Some(receiver) = nodes
+        && receiver.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
 /// A NATS-style server id: 56 characters of upper-case base32-like text.
 fn server_id() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
@@ -258,6 +269,8 @@ struct Connection {
     subs: HashMap<Bytes, Arc<Subscription>>,
     verbose: bool,
     no_responders: bool,
+    /// The client takes INFO at any time (CONNECT's `protocol` 1, as NATS asks).
+    dynamic_info: bool,
     pings_out: u32,
     active_since_ping: bool,
     /// Appends were sent that no barrier has passed yet.
@@ -298,6 +311,7 @@ impl Connection {
             subs: HashMap::new(),
             verbose: false,
             no_responders: false,
+            dynamic_info: false,
             pings_out: 0,
             active_since_ping: false,
             unsequenced: false,
@@ -438,6 +452,12 @@ impl Connection {
         let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let deadline = self.context.config.native.write_deadline();
+        // In a cluster: the nodes' addresses, sent again in an INFO when they change
+        // to a client whose CONNECT (maybe still to come) says it takes one.
+        let mut nodes = self.broker.mesh().map(|mesh| mesh.watch_client_urls());
+        if let Some(nodes) = &mut nodes {
+            nodes.mark_unchanged();
+        }
         // Written but maybe not yet on the wire (only a TLS stream buffers).
         let mut unflushed = false;
 
@@ -495,6 +515,13 @@ impl Connection {
                     Ok(_) => self.process(&mut rbuf),
                 },
                 _ = ping.tick() => self.ping(),
+                () = nodes_changed(&mut nodes) => {
+                    if self.dynamic_info {
+                        let info = self.context.info(self.id, self.peer);
+                        self.session.outbox.push_control(|out| encode_info(out, &info));
+                    }
+                    Ok(())
+                }
                 _ = self.session.routes().deleted.cancelled() => {
                     self.session.outbox.push_control(|out| encode_err(out, "Authorization Violation: tenant deleted"));
                     Err(Close::Fatal("tenant deleted"))

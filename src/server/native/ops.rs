@@ -116,6 +116,7 @@ impl Connection {
         }
         self.verbose = options.verbose;
         self.no_responders = options.no_responders;
+        self.dynamic_info = options.protocol >= 1;
         self.session
             .outbox
             .set_options(options.headers, options.echo);
@@ -218,10 +219,9 @@ impl Connection {
         // Shutting down when not taken: what was not taken is lost, and never acked.
         let _ = self.session.send_appends().await;
         if self.pongs_owed > 0 || self.deferred.is_some() {
-            // In a cluster, the barrier of the tenant's store when this node owns it.
-            if let Some(store) = self.broker.store_of(&self.session.routes().name) {
-                let _ = store.barrier().await;
-            }
+            // Wherever the tenant's store is: here, or on its shard's owner.
+            let tenant = Arc::clone(&self.session.routes().name);
+            self.broker.barrier(&tenant).await;
             self.unsequenced = false;
             for _ in 0..std::mem::take(&mut self.pongs_owed) {
                 self.session.outbox.push_control(encode_pong);

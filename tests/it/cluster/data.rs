@@ -559,3 +559,91 @@ async fn pull_once_moved(
     }
     panic!("group {group} never handed anything out again");
 }
+
+/// Sends `text` on a raw NATS connection and reads until a line is `until`: the
+/// payloads of the messages that came first.
+async fn exchange(
+    stream: &mut tokio::io::BufReader<tokio::net::TcpStream>,
+    text: &str,
+    until: &str,
+) -> Vec<String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    stream
+        .get_mut()
+        .write_all(text.as_bytes())
+        .await
+        .expect("sent");
+    let mut payloads = Vec::new();
+    let mut line = String::new();
+    tokio::time::timeout(WAIT, async {
+        let mut in_message = false;
+        loop {
+            line.clear();
+            let read = stream.read_line(&mut line).await.expect("read");
+            assert!(read > 0, "the server closed the connection");
+            let line = line.trim_end();
+            if in_message {
+                payloads.push(line.to_owned());
+                in_message = false;
+            } else if line.starts_with("MSG ") {
+                in_message = true;
+            } else if line == until {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {until} within the wait"));
+    payloads
+}
+
+#[tokio::test]
+async fn a_ping_through_a_non_owner_is_answered_after_its_publishes_are_delivered() {
+    let cluster = Cluster3::start().await;
+    let status = cluster.status().await;
+    let owner = owner_of_default(&status);
+    let others = super::processes::others_than(&owner);
+    // The client speaks the protocol itself: a PING after publishes is NATS's flush
+    // (nats.go's Flush, nats-py's flush), whose PONG comes after the deliveries of
+    // every earlier publish, its own subscriptions' included.
+    let address = super::processes::node_address(&status, others[0], "native");
+    let mut client = tokio::io::BufReader::new(
+        tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect"),
+    );
+    exchange(
+        &mut client,
+        "CONNECT {\"verbose\":false,\"protocol\":1}\r\nSUB flushed.1 1\r\nPING\r\n",
+        "PONG",
+    )
+    .await;
+    // The owner learns of the subscription a moment later.
+    let mut probes = 0;
+    while !exchange(&mut client, "PUB flushed.1 5\r\nprobe\r\nPING\r\n", "PONG")
+        .await
+        .contains(&"probe".to_owned())
+    {
+        probes += 1;
+        assert!(probes < 100, "the owner never routed to this node");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for round in 0..3 {
+        let mut batch = String::new();
+        for i in 0..200 {
+            let payload = format!("{round}-{i}");
+            batch.push_str(&format!("PUB flushed.1 {}\r\n{payload}\r\n", payload.len()));
+        }
+        batch.push_str("PING\r\n");
+        let got: Vec<String> = exchange(&mut client, &batch, "PONG")
+            .await
+            .into_iter()
+            .filter(|p| p.starts_with(&format!("{round}-")))
+            .collect();
+        let sent: Vec<String> = (0..200).map(|i| format!("{round}-{i}")).collect();
+        assert_eq!(
+            got, sent,
+            "round {round}: every publish delivered, in order, before the PONG"
+        );
+    }
+}

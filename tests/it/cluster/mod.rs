@@ -7,6 +7,7 @@ mod definitions;
 mod mqtt;
 mod processes;
 mod seeing;
+mod tables;
 mod ws;
 
 /// The etcd the tests share; each test uses a cluster name of its own.

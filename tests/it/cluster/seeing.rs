@@ -95,3 +95,75 @@ async fn the_console_of_any_node_shows_the_clusters_nodes() {
     assert_png(std::path::Path::new(&path));
     script.finish("all checks passed").await;
 }
+
+/// The INFO lines a raw NATS connection to `address` (CONNECT with `protocol` 1, as
+/// nats.go, nats.js and nats-py send) reads, as JSON, one at a time.
+struct InfoReader {
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>>,
+    _write: tokio::net::tcp::OwnedWriteHalf,
+}
+
+impl InfoReader {
+    async fn connect(address: &str) -> InfoReader {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let stream = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        let (read, mut write) = stream.into_split();
+        write
+            .write_all(b"CONNECT {\"verbose\":false,\"protocol\":1,\"headers\":true}\r\nPING\r\n")
+            .await
+            .expect("CONNECT");
+        let mut reader = InfoReader {
+            lines: tokio::io::BufReader::new(read).lines(),
+            _write: write,
+        };
+        let first = reader.next_info(WAIT).await.expect("the first INFO");
+        assert_eq!(
+            first["connect_urls"].as_array().map(Vec::len),
+            Some(3),
+            "{first}"
+        );
+        reader
+    }
+
+    /// The next INFO within `wait` (PINGs answered, other lines skipped).
+    async fn next_info(&mut self, wait: Duration) -> Option<Value> {
+        tokio::time::timeout(wait, async {
+            while let Some(line) = self.lines.next_line().await.expect("read") {
+                if let Some(json) = line.strip_prefix("INFO ") {
+                    return Some(serde_json::from_str(json).expect("INFO JSON"));
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+}
+
+#[tokio::test]
+async fn nats_clients_are_sent_a_new_info_when_a_node_goes() {
+    let mut cluster = Cluster3::start().await;
+    let status = cluster.status().await;
+    let mut client = InfoReader::connect(node_address(&status, "a", "native")).await;
+    let gone = node_address(&status, "c", "native").to_owned();
+    cluster.kill("c").await;
+    // Once c's lease is out, a tells its clients the nodes that are left.
+    let info = client
+        .next_info(Duration::from_secs(30))
+        .await
+        .expect("a new INFO after c went");
+    let urls: Vec<&str> = info["connect_urls"]
+        .as_array()
+        .expect("connect_urls")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(urls.len(), 2, "{info}");
+    assert!(
+        !urls.contains(&gone.as_str()),
+        "{urls:?} still names {gone}"
+    );
+}
