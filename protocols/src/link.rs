@@ -123,6 +123,29 @@ pub struct Append<'a> {
     pub max_versions: u64,
     pub retain: bool,
     pub messages: Vec<AppendMessage<'a>>,
+    /// `Canopy-Await`: the ack waits for these groups on the owner.
+    pub awaits: Option<AwaitGroups<'a>>,
+}
+
+/// The groups a publish's ack waits for, and who waits (a group the publisher may
+/// not read is answered as one that does not exist, so its rights are made again on
+/// the owner from its user or its tenant's anonymous rules).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AwaitGroups<'a> {
+    /// Group names, comma-separated.
+    pub groups: &'a str,
+    pub timeout_ms: u64,
+    pub user: Option<&'a str>,
+    pub guest: bool,
+    pub client: &'a str,
+}
+
+/// What the awaited groups did: those that passed the message, and those that did
+/// not with why (a code the server's groups give meaning to).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Awaited<'a> {
+    pub passed: Vec<&'a str>,
+    pub pending: Vec<(&'a str, u8)>,
 }
 
 /// What came of an append.
@@ -173,6 +196,8 @@ pub enum Frame<'a> {
     Ack {
         id: u64,
         outcome: Outcome<'a>,
+        /// For an append that waited for groups.
+        awaited: Option<Awaited<'a>>,
     },
     /// An API call (`$CANOPY.…`, `$JS.…`) for the owner of its tenant's shard, which
     /// answers on the reply subject like any call.
@@ -296,10 +321,25 @@ pub fn encode(frame: &Frame<'_>, out: &mut Vec<u8>) {
             out.push(APPEND);
             encode_append(append, out);
         }
-        Frame::Ack { id, outcome } => {
+        Frame::Ack {
+            id,
+            outcome,
+            awaited,
+        } => {
             out.push(ACK);
             out.extend_from_slice(&id.to_be_bytes());
             encode_outcome(outcome, out);
+            put_opt(out, awaited.as_ref(), |out, awaited| {
+                out.extend_from_slice(&(awaited.passed.len() as u32).to_be_bytes());
+                for group in &awaited.passed {
+                    put_str(out, group);
+                }
+                out.extend_from_slice(&(awaited.pending.len() as u32).to_be_bytes());
+                for (group, why) in &awaited.pending {
+                    put_str(out, group);
+                    out.push(*why);
+                }
+            });
         }
         Frame::Call(call) => {
             out.push(CALL);
@@ -368,6 +408,13 @@ fn encode_append(append: &Append<'_>, out: &mut Vec<u8>) {
         put_bytes(out, message.payload);
         out.push(message.flags);
     }
+    put_opt(out, append.awaits.as_ref(), |out, awaits| {
+        put_str(out, awaits.groups);
+        out.extend_from_slice(&awaits.timeout_ms.to_be_bytes());
+        put_opt(out, awaits.user, put_str);
+        out.push(u8::from(awaits.guest));
+        put_str(out, awaits.client);
+    });
 }
 
 fn encode_outcome(outcome: &Outcome<'_>, out: &mut Vec<u8>) {
@@ -498,6 +545,7 @@ pub fn decode(buf: &[u8], max: usize) -> Result<Option<(Frame<'_>, usize)>, Link
         ACK => Frame::Ack {
             id: r.u64("id")?,
             outcome: decode_outcome(&mut r)?,
+            awaited: r.opt(Reader::awaited)?,
         },
         CALL => Frame::Call(Call {
             tenant: r.str("tenant")?,
@@ -616,6 +664,15 @@ fn decode_append<'a>(r: &mut Reader<'a>) -> Result<Append<'a>, LinkError> {
         max_versions,
         retain,
         messages,
+        awaits: r.opt(|r| {
+            Ok(AwaitGroups {
+                groups: r.str("groups")?,
+                timeout_ms: r.u64("timeout_ms")?,
+                user: r.opt(|r| r.str("user"))?,
+                guest: r.flag("guest")?,
+                client: r.str("client")?,
+            })
+        })?,
     })
 }
 
@@ -727,6 +784,28 @@ impl<'a> Reader<'a> {
             _ => Err(LinkError::BadValue("expect")),
         }
     }
+
+    fn awaited(&mut self) -> Result<Awaited<'a>, LinkError> {
+        let mut awaited = Awaited::default();
+        let passed = self.u32("passed")? as usize;
+        // Each name takes at least four bytes: no allocation for a count that lies.
+        if passed > self.buf.len() / 4 {
+            return Err(LinkError::BadValue("passed"));
+        }
+        for _ in 0..passed {
+            awaited.passed.push(self.str("passed")?);
+        }
+        let pending = self.u32("pending")? as usize;
+        if pending > self.buf.len() / 5 {
+            return Err(LinkError::BadValue("pending"));
+        }
+        for _ in 0..pending {
+            awaited
+                .pending
+                .push((self.str("pending")?, self.u8("why")?));
+        }
+        Ok(awaited)
+    }
 }
 
 #[cfg(test)]
@@ -802,6 +881,13 @@ mod tests {
                         flags: 1,
                     },
                 ],
+                awaits: Some(AwaitGroups {
+                    groups: "billing,search",
+                    timeout_ms: 2000,
+                    user: Some("ana"),
+                    guest: false,
+                    client: "ana's laptop",
+                }),
             }),
             Frame::Ack {
                 id: 12,
@@ -811,9 +897,14 @@ mod tests {
                     offset: 100,
                     count: 2,
                 },
+                awaited: Some(Awaited {
+                    passed: vec!["billing"],
+                    pending: vec![("search", 1)],
+                }),
             },
             Frame::Ack {
                 id: 13,
+                awaited: None,
                 outcome: Outcome::Conflict {
                     subject: "orders.1",
                     expected: Expect::StreamOffset(3),
@@ -824,6 +915,7 @@ mod tests {
             Frame::Ack {
                 id: 14,
                 outcome: Outcome::Failed { reason: "fenced" },
+                awaited: None,
             },
             Frame::Call(Call {
                 tenant: "acme",

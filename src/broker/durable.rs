@@ -393,7 +393,7 @@ impl Broker {
                 &answer.tenant,
                 &answer.ack,
                 answer.outcome,
-                None,
+                answer.awaited,
                 (&mut scratch, &mut wakes),
             );
         }
@@ -413,7 +413,7 @@ fn deliver_ack(
 ) {
     if ack.flags & ACK_REMOTE != 0 {
         if let Some(mesh) = broker.mesh() {
-            mesh.send_ack(ack, &outcome);
+            mesh.send_ack(ack, &outcome, awaited.as_ref());
         }
         return;
     }

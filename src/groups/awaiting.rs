@@ -66,6 +66,11 @@ impl Caller {
             .is_ok()
     }
 
+    /// Who waits.
+    pub fn principal(&self) -> &Principal {
+        &self.principal
+    }
+
     pub fn key(&self) -> CallerKey {
         let user = self.principal.user.clone();
         CallerKey {
@@ -178,6 +183,16 @@ pub enum Missed {
 }
 
 impl Missed {
+    /// Every reason, in the order of their numbers on a link between nodes.
+    pub const ALL: [Missed; 6] = [
+        Missed::TimedOut,
+        Missed::NoMembers,
+        Missed::NoSuchGroup,
+        Missed::NotMatching,
+        Missed::TooManyWaiting,
+        Missed::Stopped,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Missed::TimedOut => "timed out",

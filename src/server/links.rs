@@ -512,8 +512,13 @@ async fn apply(
         }
         Frame::Msg(msg) => broker.route_from_link(&msg),
         Frame::Append(append) => store_forwarded(broker, mesh, &node, append).await,
-        Frame::Ack { id, outcome } => {
-            broker.answer(mesh.acked(id, mesh::outcome_from_wire(&outcome)));
+        Frame::Ack {
+            id,
+            outcome,
+            awaited,
+        } => {
+            let awaited = awaited.as_ref().map(mesh::awaited_from_wire);
+            broker.answer(mesh.acked(id, mesh::outcome_from_wire(&outcome), awaited));
         }
         Frame::Call(call) => run_forwarded_call(broker, call),
         Frame::Barrier { id, tenant } => {
@@ -630,7 +635,11 @@ const MOVED: &str =
 
 /// Stores an append another node forwarded here, its ack going back to that node.
 async fn store_forwarded(broker: &Broker, mesh: &Mesh, from: &Arc<str>, append: link::Append<'_>) {
-    let request = mesh::append_from_wire(from, &append);
+    let mut request = mesh::append_from_wire(from, &append);
+    if let (Some(awaits), Some(ack)) = (&append.awaits, request.ack.as_mut()) {
+        ack.cargo = forwarded_await(broker, append.tenant, append.origin, awaits)
+            .map(crate::store::AckCargo::new);
+    }
     // The entry node does not see the tenant's schema bindings yet (they live on
     // the owner): nothing that breaks them is stored through it.
     if let Some(refused) = schema_refusal(broker, &append) {
@@ -662,6 +671,33 @@ async fn store_forwarded(broker: &Broker, mesh: &Mesh, from: &Arc<str>, append: 
         "the tenant's shard moved to another node while the publish was on its way; not \
          stored, try again",
     ));
+}
+
+/// The `Canopy-Await` of an append another node forwarded: the owner waits for the
+/// groups (they run here), for a waiter whose rights are made again here from its
+/// user or its tenant's anonymous rules, as a forwarded call's are. A waiter that
+/// cannot be made again reads no group.
+fn forwarded_await(
+    broker: &Broker,
+    tenant: &str,
+    origin: u64,
+    awaits: &link::AwaitGroups<'_>,
+) -> Option<Arc<crate::groups::awaiting::Await>> {
+    use crate::groups::awaiting::{Await, Caller};
+    let timeout = format!("{}ms", awaits.timeout_ms.max(1));
+    let mut awaiting = Await::parse(awaits.groups, Some(&timeout)).ok()?;
+    let principal = crate::tenancy::login::of_forwarded(
+        broker.user_book(),
+        broker.tenant_records(),
+        tenant,
+        awaits.user,
+        awaits.guest,
+        awaits.client,
+    );
+    awaiting.caller = principal
+        .ok()
+        .map(|principal| Caller::new(principal, Arc::clone(broker.authorizer()), origin));
+    Some(Arc::new(awaiting))
 }
 
 /// Aborts a task when dropped: a link's reader ends with its writer.

@@ -371,10 +371,7 @@ impl Server {
             let broker = &self.broker;
             crate::tables::writer::start(
                 Arc::clone(store),
-                &|name| {
-                    let tenant = broker.tenant(name);
-                    (Arc::clone(&tenant.schemas), Arc::clone(&tenant.taps))
-                },
+                &|name| table_parts(broker, name),
                 &self.config.tables,
                 &self.config.store,
                 &tracker,
@@ -462,4 +459,10 @@ impl RunningServer {
     pub fn native_url(&self) -> String {
         format!("nats://{}", self.native_addr)
     }
+}
+
+/// What a table's writer takes of its tenant: its schema bindings and its taps.
+pub(crate) fn table_parts(broker: &Broker, tenant: &str) -> crate::tables::writer::TenantParts {
+    let tenant = broker.tenant(tenant);
+    (Arc::clone(&tenant.schemas), Arc::clone(&tenant.taps))
 }

@@ -84,10 +84,7 @@ impl ShardStores {
         let broker = &self.broker;
         crate::tables::writer::start(
             Arc::clone(store),
-            &|name| {
-                let tenant = broker.tenant(name);
-                (Arc::clone(&tenant.schemas), Arc::clone(&tenant.taps))
-            },
+            &|name| super::table_parts(broker, name),
             &mine,
             &self.tables.store,
             &tracker,

@@ -24,14 +24,14 @@ use parking_lot::{Mutex, RwLock};
 
 mod wire;
 
-use wire::{REDUCER_JSON_MERGE, REDUCER_LAST, parse_remote_ack};
+use wire::parse_remote_ack;
 pub use wire::{
-    append_from_wire, expect_from_wire, expect_to_wire, outcome_from_wire, outcome_to_wire,
+    append_from_wire, awaited_from_wire, expect_from_wire, expect_to_wire, outcome_from_wire,
+    outcome_to_wire,
 };
 
 use super::{Message, Tenant};
-use crate::store::reduce::ReducerKind;
-use crate::store::{AckTo, AppendOutcome, AppendRequest, Durability, Store};
+use crate::store::{AckTo, AppendOutcome, AppendRequest, Store};
 
 /// The server's side of the links: sockets, buffers, reconnects.
 pub trait Links: Send + Sync + 'static {
@@ -75,6 +75,8 @@ pub struct Answer {
     pub tenant: Arc<str>,
     pub ack: AckTo,
     pub outcome: AppendOutcome,
+    /// What the groups a `Canopy-Await` named did, as the owner saw it.
+    pub awaited: Option<crate::groups::awaiting::AwaitOutcome>,
 }
 
 /// A forwarded append waiting for its outcome.
@@ -576,41 +578,7 @@ impl Mesh {
     ) -> Result<(), Box<AppendRequest>> {
         let id = self.next_append.fetch_add(1, Ordering::Relaxed);
         let mut frame = Vec::with_capacity(128);
-        let messages = request
-            .messages
-            .iter()
-            .map(|m| link::AppendMessage {
-                headers: &m.headers,
-                payload: &m.payload,
-                flags: m.flags,
-            })
-            .collect();
-        link::encode(
-            &Frame::Append(link::Append {
-                id,
-                tenant: &request.tenant,
-                subject: &request.subject,
-                expect: request.expect.map(expect_to_wire),
-                msg_id: request.msg_id.as_deref(),
-                durable: request.durability == Durability::Durable,
-                ack: request.ack.as_ref().map(|a| a.flags),
-                origin: request.route.origin,
-                route_flags: request.route.flags,
-                reply: request.route.reply.as_deref(),
-                compaction: request.compaction.map(|c| link::Compaction {
-                    every: c.every,
-                    reducer: match c.reducer {
-                        ReducerKind::Last => REDUCER_LAST,
-                        ReducerKind::JsonMerge => REDUCER_JSON_MERGE,
-                    },
-                    keep_history: c.keep_history,
-                }),
-                max_versions: request.max_versions,
-                retain: request.retain,
-                messages,
-            }),
-            &mut frame,
-        );
+        wire::encode_append(id, &request, &mut frame);
         // Waiting before the frame leaves, since its ack may come back at once. An
         // append nobody waits for gets no ack, so it waits for nothing.
         let acked = request.ack.is_some();
@@ -642,17 +610,30 @@ impl Mesh {
             outcome: AppendOutcome::Failed {
                 reason: reason.to_owned(),
             },
+            awaited: None,
         })
     }
 
     /// The outcome of append `id` came back from its owner: the answer to give.
-    pub fn acked(&self, id: u64, outcome: AppendOutcome) -> Option<Answer> {
+    pub fn acked(
+        &self,
+        id: u64,
+        outcome: AppendOutcome,
+        awaited: Option<crate::groups::awaiting::AwaitOutcome>,
+    ) -> Option<Answer> {
         let pending = self.pending.lock().remove(&id)?;
-        answer(pending, outcome)
+        let mut answer = answer(pending, outcome)?;
+        answer.awaited = awaited;
+        Some(answer)
     }
 
     /// Sends the outcome of a forwarded append back to the node it came from.
-    pub fn send_ack(&self, ack: &AckTo, outcome: &AppendOutcome) {
+    pub fn send_ack(
+        &self,
+        ack: &AckTo,
+        outcome: &AppendOutcome,
+        awaited: Option<&crate::groups::awaiting::AwaitOutcome>,
+    ) {
         let Some((node, id)) = parse_remote_ack(&ack.address) else {
             return;
         };
@@ -661,6 +642,7 @@ impl Mesh {
             &Frame::Ack {
                 id,
                 outcome: outcome_to_wire(outcome),
+                awaited: awaited.map(wire::awaited_to_wire),
             },
             &mut frame,
         );
@@ -729,6 +711,7 @@ fn answer(pending: Pending, outcome: AppendOutcome) -> Option<Answer> {
         tenant: pending.tenant,
         ack: pending.ack?,
         outcome,
+        awaited: None,
     })
 }
 

@@ -8,14 +8,17 @@ use std::sync::Arc;
 
 use canopy_protocols::link;
 
+use crate::groups::awaiting::{Await, AwaitOutcome, Missed};
+
 use crate::store::reduce::ReducerKind;
 use crate::store::{
-    AckTo, AppendOutcome, AppendRequest, Compaction, Durability, Expectation, NewMessage, RouteTag,
+    AckCargo, AckTo, AppendOutcome, AppendRequest, Compaction, Durability, Expectation, NewMessage,
+    RouteTag,
 };
 
 /// A reducer's number on the wire.
-pub(super) const REDUCER_LAST: u8 = 0;
-pub(super) const REDUCER_JSON_MERGE: u8 = 1;
+const REDUCER_LAST: u8 = 0;
+const REDUCER_JSON_MERGE: u8 = 1;
 
 /// The append node `from` forwarded, as this node's store takes it: its ack, when
 /// wanted, goes back to `from` (`ACK_REMOTE`), a JetStream ack keeping its shape.
@@ -165,4 +168,93 @@ pub fn outcome_from_wire(outcome: &link::Outcome<'_>) -> AppendOutcome {
             reason: reason.to_owned(),
         },
     }
+}
+
+/// What awaited groups did, on the wire.
+pub fn awaited_to_wire(awaited: &AwaitOutcome) -> link::Awaited<'_> {
+    link::Awaited {
+        passed: awaited.passed.iter().map(|g| &**g).collect(),
+        pending: awaited
+            .pending
+            .iter()
+            .map(|(group, why)| {
+                let code = Missed::ALL.iter().position(|m| m == why).unwrap_or(0);
+                (&**group, code as u8)
+            })
+            .collect(),
+    }
+}
+
+/// What awaited groups did, from the wire (an unknown reason reads as a timeout).
+pub fn awaited_from_wire(awaited: &link::Awaited<'_>) -> AwaitOutcome {
+    AwaitOutcome {
+        passed: awaited.passed.iter().map(|g| Box::from(*g)).collect(),
+        pending: awaited
+            .pending
+            .iter()
+            .map(|(group, code)| {
+                let why = Missed::ALL
+                    .get(usize::from(*code))
+                    .copied()
+                    .unwrap_or(Missed::TimedOut);
+                (Box::from(*group), why)
+            })
+            .collect(),
+    }
+}
+
+/// Encodes `request` as the `Append` frame `id` for its shard's owner, with the
+/// groups a `Canopy-Await` waits for (they run on the owner) and who waits.
+pub(super) fn encode_append(id: u64, request: &AppendRequest, frame: &mut Vec<u8>) {
+    let awaiting = request
+        .ack
+        .as_ref()
+        .and_then(|ack| ack.cargo.clone().and_then(AckCargo::get::<Await>));
+    let groups = awaiting
+        .as_deref()
+        .map(|awaiting| awaiting.groups.join(","))
+        .unwrap_or_default();
+    let caller = awaiting.as_deref().and_then(|a| a.caller.as_ref());
+    let messages = request
+        .messages
+        .iter()
+        .map(|m| link::AppendMessage {
+            headers: &m.headers,
+            payload: &m.payload,
+            flags: m.flags,
+        })
+        .collect();
+    link::encode(
+        &link::Frame::Append(link::Append {
+            id,
+            tenant: &request.tenant,
+            subject: &request.subject,
+            expect: request.expect.map(expect_to_wire),
+            msg_id: request.msg_id.as_deref(),
+            durable: request.durability == Durability::Durable,
+            ack: request.ack.as_ref().map(|a| a.flags),
+            origin: request.route.origin,
+            route_flags: request.route.flags,
+            reply: request.route.reply.as_deref(),
+            compaction: request.compaction.map(|c| link::Compaction {
+                every: c.every,
+                reducer: match c.reducer {
+                    ReducerKind::Last => REDUCER_LAST,
+                    ReducerKind::JsonMerge => REDUCER_JSON_MERGE,
+                },
+                keep_history: c.keep_history,
+            }),
+            max_versions: request.max_versions,
+            retain: request.retain,
+            messages,
+            awaits: awaiting.as_deref().map(|awaiting| link::AwaitGroups {
+                groups: &groups,
+                timeout_ms: awaiting.timeout.as_millis() as u64,
+                user: caller.and_then(|c| c.principal().user.as_deref()),
+                guest: caller.is_none_or(|c| c.principal().is_guest()),
+                client: caller.map_or("", |c| &*c.principal().client),
+            }),
+        }),
+        frame,
+    );
 }

@@ -647,3 +647,113 @@ async fn a_ping_through_a_non_owner_is_answered_after_its_publishes_are_delivere
         );
     }
 }
+
+#[tokio::test]
+async fn a_publish_through_a_non_owner_awaits_a_group_on_another_node() {
+    use crate::groups::{delivered, next, reply};
+    let cluster = Cluster3::start().await;
+    let owner = owner_of_default(&cluster.status().await);
+    let others = super::processes::others_than(&owner);
+    let member = async_nats::connect(&cluster.node(others[0]).url)
+        .await
+        .expect("member");
+    let publisher = async_nats::connect(&cluster.node(others[1]).url)
+        .await
+        .expect("publisher");
+    let (status, created) = crate::common::api(
+        &member,
+        "group.create",
+        serde_json::json!({"name": "billing", "pattern": "orders.>"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{created}");
+    // The member joins by pulling once.
+    assert!(
+        next(&member, serde_json::json!({"group": "billing"}))
+            .await
+            .is_empty()
+    );
+
+    // Through a node that owns neither the tenant nor the member: the owner runs
+    // the group and answers once it passed the message.
+    let mut headers = header("Canopy-Await", "billing");
+    headers.insert("Canopy-Await-Timeout", "10s");
+    let waiting = {
+        let publisher = publisher.clone();
+        tokio::spawn(async move { store_request(&publisher, "orders.7", headers, "order").await })
+    };
+    let got = next(
+        &member,
+        serde_json::json!({"group": "billing", "wait_ms": 5000}),
+    )
+    .await;
+    assert_eq!(delivered(&got), [("orders.7".into(), 1, 1)]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "answered before the group acked");
+    reply(&member, &got[0], "+ACK").await;
+    let ack = tokio::time::timeout(WAIT, waiting)
+        .await
+        .expect("answered after the ack")
+        .expect("publisher");
+    assert_eq!(ack["version"], 1, "{ack}");
+    assert_eq!(
+        ack["await"]["passed"],
+        serde_json::json!(["billing"]),
+        "{ack}"
+    );
+
+    // A group that does not exist is answered at once, with why, through the link.
+    let ack = store_request(
+        &publisher,
+        "orders.8",
+        header("Canopy-Await", "nobody"),
+        "order",
+    )
+    .await;
+    assert_eq!(ack["await"]["pending"][0]["group"], "nobody", "{ack}");
+    assert_eq!(
+        ack["await"]["pending"][0]["reason"], "no such group",
+        "{ack}"
+    );
+}
+
+#[tokio::test]
+async fn a_request_no_node_answers_gets_no_responders_and_one_a_remote_node_answers_does_not() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("live.toml");
+    // Only stored.> is stored: a request elsewhere is live, as NATS's are.
+    std::fs::write(&file, "[[store.policies]]\npattern = \"stored.>\"\n").expect("config");
+    let file = file.to_str().expect("a path").to_owned();
+    let cluster = Cluster3::start_with(&[("CANOPY_CONFIG", &file)]).await;
+    let asker = async_nats::connect(&cluster.node("b").url)
+        .await
+        .expect("connect");
+    let error = tokio::time::timeout(WAIT, asker.request("live.nobody", "?".into()))
+        .await
+        .expect("answered at once")
+        .expect_err("nobody answers");
+    assert_eq!(
+        error.kind(),
+        async_nats::RequestErrorKind::NoResponders,
+        "{error}"
+    );
+
+    let service = async_nats::connect(&cluster.node("c").url)
+        .await
+        .expect("connect");
+    let mut requests = service.subscribe("live.price").await.expect("subscribe");
+    service.flush().await.expect("flush");
+    tokio::spawn(async move {
+        while let Some(request) = requests.next().await {
+            if let Some(reply) = request.reply {
+                let _ = service.publish(reply, "42".into()).await;
+            }
+        }
+    });
+    // b learns of c's interest a moment later; until then it says no responders.
+    let answer = crate::common::eventually("c's service answers b's client", WAIT, || async {
+        asker.request("live.price", "?".into()).await.ok()
+    })
+    .await;
+    assert_eq!(&answer.payload[..], b"42");
+}
