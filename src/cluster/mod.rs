@@ -252,6 +252,10 @@ pub trait ShardHost: Send + Sync + 'static {
     fn offsets(&self) -> BTreeMap<u32, u64> {
         BTreeMap::new()
     }
+    /// A shard to open before the others when this node wins several at once.
+    fn first(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// This node's membership of a cluster: its lease kept alive, its shards claimed and

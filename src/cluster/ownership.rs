@@ -116,10 +116,15 @@ impl Ownership {
         }
         let share = fair_share(self.shards, view.nodes.keys().map(String::as_str), &self.me);
         let held = self.held.len() as u32;
+        // Every claim first, then the openings: the shards have an owner at once
+        // (what a starting node waits for before letting clients in, and what the
+        // other nodes forward to), and what comes for them meanwhile waits for their
+        // stores rather than finding no owner.
+        let mut claimed = Vec::new();
         if held < share {
             let wanted = by_preference(&self.me, view.free());
             for shard in wanted.into_iter().take((share - held) as usize) {
-                self.claim(shard, lease.id).await;
+                claimed.extend(self.claim(shard, lease.id).await);
             }
         } else if held > share && view.free().next().is_none() {
             let mut least_wanted = by_preference(&self.me, self.held.keys().copied());
@@ -136,11 +141,17 @@ impl Ownership {
             .collect();
         for shard in stranded {
             self.free_since.remove(&shard);
-            self.claim(shard, lease.id).await;
+            claimed.extend(self.claim(shard, lease.id).await);
+        }
+        let first = self.host.first();
+        claimed.sort_by_key(|(shard, _)| Some(*shard) != first);
+        for (shard, claim) in claimed {
+            self.open(shard, claim).await;
         }
     }
 
-    async fn claim(&mut self, shard: u32, lease: i64) {
+    /// Claims `shard` under `lease`: its claim's revision, when this node won it.
+    async fn claim(&mut self, shard: u32, lease: i64) -> Option<(u32, i64)> {
         let record = OwnerRecord {
             node: self.me.clone(),
             since_ms: crate::clock::system_ms(),
@@ -149,10 +160,10 @@ impl Ownership {
         let key = self.keys.owner(shard);
         let claim = match self.etcd.create(&key, &value, lease).await {
             Ok(Created::Yes { revision }) => revision,
-            Ok(Created::Taken(_)) => return,
+            Ok(Created::Taken(_)) => return None,
             Err(e) => {
                 tracing::warn!(shard, error = %e, "claiming a shard failed");
-                return;
+                return None;
             }
         };
         self.view.send_modify(|view| {
@@ -167,6 +178,11 @@ impl Ownership {
             );
         });
         self.free_since.remove(&shard);
+        Some((shard, claim))
+    }
+
+    /// Opens a shard this node claimed; gives the claim back when it cannot.
+    async fn open(&mut self, shard: u32, claim: i64) {
         let opening = Instant::now();
         match self.host.open(shard, claim).await {
             Ok(()) => {

@@ -146,6 +146,12 @@ impl ShardHost for ShardStores {
         self.mesh.shard_offsets()
     }
 
+    /// The default tenant's shard: it holds the records every node's first
+    /// clients need (the bootstrap admin among them).
+    fn first(&self) -> Option<u32> {
+        Some(self.mesh.shard_of(crate::tenancy::DEFAULT_TENANT))
+    }
+
     async fn close(&self, shard: u32, how: Closing) {
         // Publishes for its tenants go to the next owner from now on.
         let Some(store) = self.mesh.close_shard(shard) else {
@@ -287,13 +293,15 @@ impl Joining {
             let seen = crate::broker::definitions::SeenByBroker(Arc::clone(broker));
             definitions.watch(Arc::new(seen), stop.clone());
         }
+        let admin_first = self.shards.bootstrap_admin.is_some();
         let joined = crate::cluster::Cluster::join(cluster, node, self.shards).await?;
         // Clients are let in once every shard has an owner, so the first of a new
         // cluster's nodes answers its first clients rather than telling them the
         // shards are moving. Its stores may still be opening: stored publishes wait
-        // for them (`broker::parked`), and calls too. The default tenant's shard is
-        // waited for when this node opens it, as it holds the bootstrap admin every
-        // first login needs. Bounded: a cluster that cannot settle is served as it is.
+        // for them (`broker::parked`), and calls too. With a bootstrap admin, the
+        // default tenant's shard (opened first) is waited for when this node opens
+        // it, as it holds the admin every first login needs. Bounded: a cluster that
+        // cannot settle is served as it is.
         let view = joined.view();
         let me = cluster.node_id.as_str();
         let default_shard = self.mesh.shard_of(crate::tenancy::DEFAULT_TENANT);
@@ -304,7 +312,7 @@ impl Joining {
                     now.shards > 0
                         && now.owners.len() == now.shards as usize
                         && now.owners.get(&default_shard).is_some_and(|owner| {
-                            owner.node != me || self.mesh.is_open(default_shard)
+                            owner.node != me || !admin_first || self.mesh.is_open(default_shard)
                         })
                 };
                 if ready {
