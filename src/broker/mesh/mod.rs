@@ -169,6 +169,19 @@ impl Mesh {
         self.home_of_shard(self.shard_of(tenant))
     }
 
+    /// Where `tenant`'s messages are stored, waiting while its shard has no home
+    /// (a takeover, or this node still opening it) as long as a publish would.
+    pub async fn settled_home(&self, tenant: &str) -> Home {
+        let deadline = tokio::time::Instant::now() + self.parked.wait();
+        loop {
+            let home = self.home(tenant);
+            if !matches!(home, Home::Moving) || tokio::time::Instant::now() >= deadline {
+                return home;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     /// Whether `shard` has a home now: open here, or owned by another node.
     pub fn has_home(&self, shard: u32) -> bool {
         !matches!(self.home_of_shard(shard), Home::Moving)

@@ -233,7 +233,7 @@ async fn json_websocket(
     let context = Arc::clone(&state.websocket);
     let shutdown = state.shutdown.clone();
     // In a cluster, a client whose tenant another node owns is relayed there.
-    let route = super::websocket::relay::route(&context, &principal);
+    let route = super::websocket::relay::route(&context, &principal).await;
     if let super::websocket::relay::Route::Moving = route {
         let why = "the tenant's shard is moving to another node; try again\n";
         return (StatusCode::SERVICE_UNAVAILABLE, why).into_response();

@@ -37,11 +37,13 @@ pub enum Route {
     Moving,
 }
 
-pub fn route(context: &WsContext, principal: &Principal) -> Route {
+/// Where a `/ws` client of `principal` is served, waiting a moment while its
+/// tenant's shard has no home.
+pub async fn route(context: &WsContext, principal: &Principal) -> Route {
     let Some(mesh) = context.broker.mesh() else {
         return Route::Here;
     };
-    match mesh.home(&principal.tenant) {
+    match mesh.settled_home(&principal.tenant).await {
         Home::Here(_) => Route::Here,
         Home::Owner(node) => Route::Owner(node),
         Home::Moving => Route::Moving,
@@ -250,7 +252,7 @@ pub async fn serve_relayed(
         tracing::info!(peer = %relayed.peer, tenant = %tenant, "a relayed /ws client this node does not know; closed");
         return;
     };
-    if !matches!(route(&context, &principal), Route::Here) {
+    if !matches!(route(&context, &principal).await, Route::Here) {
         return;
     }
     let mut parts = FramedParts::new::<Bytes>(stream, codec(&context));

@@ -56,7 +56,7 @@ pub(super) async fn route(context: &MqttContext, connect: &Connect, entry: Entry
     };
     let caller = match entry {
         Entry::Relayed(caller) => {
-            return match mesh.home(&caller.tenant) {
+            return match mesh.settled_home(&caller.tenant).await {
                 Home::Here(_) => Route::Here(Login::Decided(Some(caller))),
                 _ => Route::Unavailable(moving()),
             };
@@ -73,7 +73,7 @@ pub(super) async fn route(context: &MqttContext, connect: &Connect, entry: Entry
             }
         }
     };
-    match mesh.home(&caller.tenant) {
+    match mesh.settled_home(&caller.tenant).await {
         Home::Here(_) => Route::Here(Login::Decided(Some(caller))),
         Home::Owner(node) => Route::Owner { node, caller },
         Home::Moving => Route::Unavailable(moving()),
