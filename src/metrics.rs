@@ -37,6 +37,7 @@ pub struct Metrics {
     msgs_out: AtomicU64,
     bytes_out: AtomicU64,
     slow_consumers: AtomicU64,
+    stalls: AtomicU64,
     stale_connections: AtomicU64,
     /// Deliveries not sent: larger than the client's maximum packet size.
     dropped: AtomicU64,
@@ -55,6 +56,8 @@ pub struct MetricsSnapshot {
     pub msgs_out: u64,
     pub bytes_out: u64,
     pub slow_consumers: u64,
+    /// Times a publisher's reading waited for subscribers falling behind.
+    pub stalls: u64,
     pub stale_connections: u64,
     pub dropped: u64,
     /// Password hash verifications of logins (an unknown user costs one too).
@@ -96,6 +99,10 @@ impl Metrics {
         self.slow_consumers.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub fn count_stall(&self) {
+        self.stalls.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn count_password_check(&self) {
         self.password_checks.fetch_add(1, Ordering::Relaxed);
     }
@@ -126,6 +133,7 @@ impl Metrics {
             msgs_out: get(&self.msgs_out),
             bytes_out: get(&self.bytes_out),
             slow_consumers: get(&self.slow_consumers),
+            stalls: get(&self.stalls),
             stale_connections: get(&self.stale_connections),
             dropped: get(&self.dropped),
             password_checks: get(&self.password_checks),

@@ -270,6 +270,7 @@ impl StoreEvents for StoreRouter {
         };
         let mut scratch = RouteScratch::default();
         let mut wakes = Wakes::default();
+        let mut pressing = Vec::new();
         let mut routes: Option<Arc<super::Tenant>> = None;
         let (mut msgs, mut bytes) = (0u64, 0u64);
         for message in batch {
@@ -295,6 +296,19 @@ impl StoreEvents for StoreRouter {
             tenant.taps.offer(message);
             let skip = (message.route.flags & FLAG_NO_ECHO != 0).then_some(message.route.origin);
             let delivered = broker.route(tenant, skip, &routed, &mut scratch, &mut wakes);
+            if wakes.fed_pressing() {
+                // The sequencer must not wait: the publisher does, after its batch.
+                pressing.clear();
+                wakes.take_pressing(&mut pressing);
+                if let Some(outbox) = message
+                    .route
+                    .publisher
+                    .as_ref()
+                    .and_then(|p| p.peek::<super::Outbox>())
+                {
+                    outbox.note_fed_pressing(&pressing);
+                }
+            }
             msgs += delivered as u64;
             bytes += (delivered * (message.payload.len() + message.headers.len())) as u64;
             if delivered == 0

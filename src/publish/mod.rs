@@ -221,6 +221,10 @@ pub struct Publisher {
     pub limits: Arc<SessionLimits>,
     /// The publishing connection (for no-local and no-echo).
     pub origin: u64,
+    /// The publishing connection's outbox, which the routing of its stored messages
+    /// tells when a subscriber they reach falls behind (none for publishes made on a
+    /// connection's behalf after it is gone).
+    pub feedback: Option<crate::store::AckCargo>,
 }
 
 impl Publisher {
@@ -237,6 +241,7 @@ impl Publisher {
             principal,
             limits,
             origin,
+            feedback: None,
         }
     }
 }

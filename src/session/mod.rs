@@ -69,6 +69,10 @@ pub struct Session {
     delivered: (u64, u64),
     /// Over its tenant's publish rate: the front end reads nothing until then.
     pub paused_until: Option<tokio::time::Instant>,
+    /// Subscribers' outboxes this connection fed while they were falling behind:
+    /// the front end reads nothing until they drain or `stall_until` passes.
+    pressing: Vec<Arc<Outbox>>,
+    stall_until: Option<tokio::time::Instant>,
     slot: Option<ConnectionSlot>,
     /// Subscriptions held, for the per-connection cap.
     subscriptions: usize,
@@ -84,14 +88,10 @@ impl Session {
         outbox: Arc<Outbox>,
         limits: Arc<SessionLimits>,
     ) -> Self {
+        let mut publisher = Publisher::new(broker, routes, principal, limits, outbox.conn_id);
+        publisher.feedback = Some(crate::store::AckCargo::new(Arc::clone(&outbox)));
         Self {
-            publisher: Box::new(Publisher::new(
-                broker,
-                routes,
-                principal,
-                limits,
-                outbox.conn_id,
-            )),
+            publisher: Box::new(publisher),
             outbox,
             scratch: RouteScratch::default(),
             wakes: Wakes::default(),
@@ -99,6 +99,8 @@ impl Session {
             admitted: (0, 0),
             delivered: (0, 0),
             paused_until: None,
+            pressing: Vec::new(),
+            stall_until: None,
             slot: None,
             subscriptions: 0,
             inboxes: inbox::Held::default(),
@@ -211,6 +213,60 @@ impl Session {
                 .count_out(delivered, delivered_bytes);
         }
         self.wakes.wake_all();
+    }
+
+    /// Whether the front end should read nothing more for now: subscribers this
+    /// connection fed (live, or by stored messages the sequencer routed since) are
+    /// falling behind. The stall lasts until they drain below half their limit or
+    /// stop reading ([`Session::relieved`]), at most `broker::outbox::STALL_MAX`,
+    /// after which one more batch is read. Never for the connection's own outbox,
+    /// which its own task drains.
+    pub fn stalled(&mut self) -> bool {
+        self.wakes.take_pressing(&mut self.pressing);
+        self.outbox.take_fed_pressing(&mut self.pressing);
+        if self.pressing.is_empty() && self.stall_until.is_none() {
+            return false;
+        }
+        let own = &self.outbox;
+        self.pressing
+            .retain(|o| !Arc::ptr_eq(o, own) && o.holds_back());
+        let now = tokio::time::Instant::now();
+        match self.stall_until {
+            Some(until) if until <= now => {
+                self.pressing.clear();
+                self.stall_until = None;
+                false
+            }
+            _ if self.pressing.is_empty() => {
+                self.stall_until = None;
+                false
+            }
+            Some(_) => true,
+            None => {
+                self.stall_until = Some(now + crate::broker::outbox::STALL_MAX);
+                self.publisher.broker.metrics().count_stall();
+                true
+            }
+        }
+    }
+
+    /// Whether a stall [`Session::stalled`] began is still on.
+    pub fn is_stalled(&self) -> bool {
+        self.stall_until.is_some()
+    }
+
+    /// Resolves when the stall [`Session::stalled`] began may end: every outbox it
+    /// waits for drained or stopped reading, or `STALL_MAX` passed. Cancel-safe.
+    pub async fn relieved(&self) {
+        let Some(until) = self.stall_until else {
+            return;
+        };
+        let drained = async {
+            for outbox in &self.pressing {
+                outbox.drained().await;
+            }
+        };
+        let _ = tokio::time::timeout_at(until, drained).await;
     }
 
     /// Sends the publishes this batch made to stored subjects; waits only while the

@@ -93,6 +93,7 @@ impl Publisher {
                 origin: self.origin,
                 flags: 0,
                 reply: None,
+                publisher: self.feedback.clone(),
             },
             compaction: dead_policy.and_then(StorePolicy::compaction),
             max_versions: dead_policy.map_or(0, |p| p.max_versions),
@@ -147,24 +148,7 @@ impl Publisher {
         appends: &mut Vec<AppendRequest>,
     ) -> Published {
         match decision.route {
-            Route::Call => {
-                let operation = is_api_call(publish.subject).unwrap_or_default();
-                let call = api::ApiCall {
-                    principal: self.principal.clone(),
-                    routes: Arc::clone(&self.routes),
-                    limits: Arc::clone(&self.limits),
-                    origin: self.origin,
-                    operation: operation.to_owned(),
-                    reply: publish
-                        .reply
-                        .as_deref()
-                        .and_then(|r| std::str::from_utf8(r).ok())
-                        .map(str::to_owned),
-                    body: publish.payload,
-                };
-                api::spawn(Arc::clone(&self.broker), call);
-                Published::Call
-            }
+            Route::Call => self.call(publish),
             Route::Live(schema) => {
                 // The header says the server checked it: a client's own never passes.
                 let publish = match &schema {
@@ -236,6 +220,7 @@ impl Publisher {
                     origin: self.origin,
                     flags,
                     reply,
+                    publisher: self.feedback.clone(),
                 };
                 let message = NewMessage {
                     headers: publish.headers,
@@ -256,6 +241,26 @@ impl Publisher {
                 Published::Stored { acked }
             }
         }
+    }
+
+    /// Hands an API call to its own task.
+    fn call(&self, publish: Publish<'_>) -> Published {
+        let operation = is_api_call(publish.subject).unwrap_or_default();
+        let call = api::ApiCall {
+            principal: self.principal.clone(),
+            routes: Arc::clone(&self.routes),
+            limits: Arc::clone(&self.limits),
+            origin: self.origin,
+            operation: operation.to_owned(),
+            reply: publish
+                .reply
+                .as_deref()
+                .and_then(|r| std::str::from_utf8(r).ok())
+                .map(str::to_owned),
+            body: publish.payload,
+        };
+        api::spawn(Arc::clone(&self.broker), call);
+        Published::Call
     }
 
     /// The error ack a refused NATS publish gets on its reply subject when it asked

@@ -129,8 +129,8 @@ pub struct AckTo {
     pub cargo: Option<AckCargo>,
 }
 
-/// A value the store carries with an ack and never looks into, so the layers above
-/// can attach their own state without the store knowing their types.
+/// A value the store carries with an ack or a route and never looks into, so the
+/// layers above can attach their own state without the store knowing their types.
 #[derive(Clone)]
 pub struct AckCargo(Arc<dyn std::any::Any + Send + Sync>);
 
@@ -142,6 +142,11 @@ impl AckCargo {
     /// The value, when it is a `T`.
     pub fn get<T: std::any::Any + Send + Sync>(self) -> Option<Arc<T>> {
         self.0.downcast().ok()
+    }
+
+    /// The value, when it is a `T`, without taking it.
+    pub fn peek<T: std::any::Any + Send + Sync>(&self) -> Option<&T> {
+        self.0.downcast_ref()
     }
 }
 
@@ -199,6 +204,9 @@ pub struct RouteTag {
     pub origin: u64,
     pub flags: u32,
     pub reply: Option<Bytes>,
+    /// The publishing connection, which routing tells when a subscriber it feeds
+    /// falls behind (flow control).
+    pub publisher: Option<AckCargo>,
 }
 
 /// What the sequencer's queue carries.

@@ -16,6 +16,7 @@ mod crash;
 mod deploy;
 mod durable;
 mod faults;
+mod flow;
 mod format;
 mod frontends;
 mod group_await;

@@ -53,6 +53,7 @@ pub fn append_from_wire(from: &str, append: &link::Append<'_>) -> AppendRequest 
             origin: append.origin,
             flags: append.route_flags,
             reply: append.reply.map(copy),
+            publisher: None,
         },
         compaction: append.compaction.map(|c| Compaction {
             every: c.every,

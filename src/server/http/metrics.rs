@@ -188,7 +188,7 @@ fn render_server_wide(out: &mut String, state: &HttpState) {
             })
             .collect::<Vec<_>>(),
     );
-    let counters: [(&str, &str, u64); 11] = [
+    let counters: [(&str, &str, u64); 12] = [
         (
             "canopy_connections_total",
             "Client connections accepted since start.",
@@ -218,6 +218,11 @@ fn render_server_wide(out: &mut String, state: &HttpState) {
             "canopy_slow_consumers_total",
             "Clients disconnected because they fell too far behind.",
             snap.slow_consumers,
+        ),
+        (
+            "canopy_publisher_stalls_total",
+            "Times a publisher's reading waited for subscribers it feeds to catch up.",
+            snap.stalls,
         ),
         (
             "canopy_stale_connections_total",

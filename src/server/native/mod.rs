@@ -231,7 +231,9 @@ impl Unwritten {
         if self.buf.capacity() > KEEP_WRITE_CAPACITY {
             self.buf = BytesMut::with_capacity(READ_CHUNK);
         }
-        outbox.take(&mut self.buf);
+        // Counted as unsent until written, so publishers feeding this connection
+        // feel how far behind its socket is (`Outbox::sent` as it goes).
+        outbox.take_unsent(&mut self.buf);
         self.written = 0;
         self.progress = tokio::time::Instant::now();
     }
@@ -285,11 +287,14 @@ impl Connection {
     pub(super) fn new(stream: TcpStream, peer: SocketAddr, context: Arc<NativeContext>) -> Self {
         let broker = Arc::clone(&context.broker);
         let id = broker.next_id();
-        let outbox = Arc::new(Outbox::new(
-            id,
-            context.config.native.max_pending_bytes,
-            Arc::clone(broker.metrics()),
-        ));
+        let outbox = Arc::new(
+            Outbox::new(
+                id,
+                context.config.native.max_pending_bytes,
+                Arc::clone(broker.metrics()),
+            )
+            .with_behind_limit(context.config.native.write_deadline()),
+        );
         let principal = Principal::anonymous(format!("native-{id}"));
         let routes = broker.tenant(DEFAULT_TENANT);
         let session = Session::new(
@@ -478,6 +483,9 @@ impl Connection {
                 out.refill(&self.session.outbox);
             }
             let writing = !out.is_done();
+            // Subscribers this connection fed are falling behind: it reads no more
+            // for a moment (writing goes on), as nats-server stalls a fast producer.
+            let stalled = self.session.stalled();
             // Reading goes on while a write is pending, so a client that publishes to
             // its own subscriptions faster than it reads cannot deadlock with us. Every
             // arm is cancel-safe: `cancelled` and `woken` keep no state when dropped (a
@@ -490,6 +498,7 @@ impl Connection {
                     Ok(Some(0)) | Err(_) => Err(Close::Gone),
                     Ok(Some(n)) => {
                         out.advance(n);
+                        self.session.outbox.sent(n);
                         // TLS may hold what it accepted until flushed.
                         unflushed = info_sent;
                         Ok(())
@@ -510,7 +519,8 @@ impl Connection {
                     self.session.paused_until = None;
                     self.process(&mut rbuf)
                 }
-                read = reader.read_buf(&mut rbuf), if self.session.paused_until.is_none() => match read {
+                () = self.session.relieved(), if stalled => Ok(()),
+                read = reader.read_buf(&mut rbuf), if self.session.paused_until.is_none() && !stalled => match read {
                     Ok(0) | Err(_) => Err(Close::Gone),
                     Ok(_) => self.process(&mut rbuf),
                 },

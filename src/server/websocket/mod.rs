@@ -258,11 +258,10 @@ impl Connection {
     fn open(context: Arc<WsContext>, principal: Principal) -> Connection {
         let broker = Arc::clone(&context.broker);
         let id = broker.next_id();
-        let outbox = Arc::new(Outbox::new(
-            id,
-            context.max_pending_bytes,
-            Arc::clone(broker.metrics()),
-        ));
+        let outbox = Arc::new(
+            Outbox::new(id, context.max_pending_bytes, Arc::clone(broker.metrics()))
+                .with_behind_limit(context.write_deadline),
+        );
         let acks = Arc::new(AckInbox::new(Arc::clone(&outbox)));
         broker.mqtt_acks().register(id, Arc::clone(&acks));
         let tenant = broker.tenant_for(&principal);
@@ -330,6 +329,9 @@ impl Connection {
     ) -> Ending {
         let deadline = self.context.write_deadline;
         loop {
+            // Subscribers this connection fed are falling behind: it reads no more
+            // for a moment.
+            let stalled = self.session.stalled();
             let step = tokio::select! {
                 _ = shutdown.cancelled() => Some((1001, Utf8Bytes::from_static("server shutting down"))),
                 _ = self.session.routes().deleted.cancelled() => Some((1008, Utf8Bytes::from_static("the tenant was deleted"))),
@@ -347,7 +349,8 @@ impl Connection {
                     self.session.paused_until = None;
                     None
                 }
-                message = stream.next(), if self.session.paused_until.is_none() => match message {
+                () = self.session.relieved(), if stalled => None,
+                message = stream.next(), if self.session.paused_until.is_none() && !stalled => match message {
                     Some(message) => match self.received(message).await {
                         Ok(step) => step,
                         Err(()) => return Some(None),

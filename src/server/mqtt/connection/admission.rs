@@ -207,11 +207,12 @@ impl Connection {
         let props = &connect.properties;
         let broker = Arc::clone(&context.broker);
         let id = opening.id;
-        let outbox = Arc::new(Outbox::new(
-            id,
-            config.max_pending_bytes,
-            Arc::clone(broker.metrics()),
-        ));
+        let outbox = Arc::new(
+            Outbox::new(id, config.max_pending_bytes, Arc::clone(broker.metrics()))
+                .with_behind_limit(std::time::Duration::from_secs(
+                    config.write_deadline_secs.max(1),
+                )),
+        );
         let acks = Arc::new(AckInbox::new(Arc::clone(&outbox)));
         broker.mqtt_acks().register(id, Arc::clone(&acks));
         let window = usize::from(

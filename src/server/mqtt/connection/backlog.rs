@@ -27,6 +27,7 @@ impl Connection {
                 continue;
             }
             let delivery = Delivery {
+                owed: 0,
                 qos: saved.qos,
                 retain: saved.retain,
                 subscription_ids: saved.subscription_ids,
@@ -184,6 +185,7 @@ impl Connection {
                         continue;
                     }
                     self.enqueue(Delivery {
+                        owed: 0,
                         qos: options.qos.min(qos_cap(message.flags)),
                         retain: true,
                         subscription_ids: ids(options.subscription_id),
@@ -235,6 +237,7 @@ impl Connection {
                     let retain = message.flags & envelope::FLAG_RETAIN != 0
                         && matcher.keeps_retain(&message.subject);
                     self.enqueue(Delivery {
+                        owed: 0,
                         qos,
                         retain,
                         subscription_ids,

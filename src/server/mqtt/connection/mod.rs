@@ -366,11 +366,15 @@ struct Delivery {
     reply: Bytes,
     headers: Bytes,
     payload: Bytes,
+    /// Bytes of the outbox's unsent count this delivery stands for (its envelope),
+    /// given back once it is sent, so publishers wait while the queue is full too.
+    owed: usize,
 }
 
 impl Delivery {
-    fn from_envelope(envelope: Envelope) -> Delivery {
+    fn from_envelope(envelope: Envelope, owed: usize) -> Delivery {
         Delivery {
+            owed,
             qos: envelope.qos,
             retain: envelope.retain,
             subscription_ids: {
@@ -575,6 +579,9 @@ impl Connection {
                 timer.as_mut().reset(due);
             }
             let mut timed_out = false;
+            // Subscribers this connection fed are falling behind: it reads no more
+            // for a moment (writing goes on).
+            let stalled = self.session.stalled();
             // Every arm is cancel-safe: `write` and `read_buf` move no bytes unless
             // they complete, and the others keep no state when dropped.
             let step = tokio::select! {
@@ -594,7 +601,8 @@ impl Connection {
                     self.keep_alive.heard(Instant::now());
                     self.process(&mut traffic.rbuf)
                 }
-                ready = reader.ready(), if self.session.paused_until.is_none() => match ready {
+                () = self.session.relieved(), if stalled => Ok(()),
+                ready = reader.ready(), if self.session.paused_until.is_none() && !stalled => match ready {
                     Err(_) => Err(Close::Gone),
                     Ok(()) => self.read(reader, &mut traffic),
                 },
@@ -669,6 +677,7 @@ impl Connection {
             && !traffic.unflushed
             && traffic.rbuf.is_empty()
             && self.session.paused_until.is_none()
+            && !self.session.is_stalled()
             && !self.has_store_work()
         {
             // A device that just connected usually goes quiet, and a wake may have

@@ -22,6 +22,7 @@ impl Connection {
                     break;
                 };
                 self.queued_bytes = self.queued_bytes.saturating_sub(delivery.size());
+                self.session.outbox.sent(delivery.owed);
                 self.send(delivery, out);
                 continue;
             }
@@ -31,19 +32,29 @@ impl Connection {
                 break;
             }
             let mut taken = BytesMut::new();
-            self.session.outbox.take(&mut taken);
+            // Still unsent until each delivery leaves the queue (`Delivery::owed`).
+            self.session.outbox.take_unsent(&mut taken);
             let mut taken = taken.freeze();
-            while let Some(envelope) = envelope::decode(&mut taken) {
+            loop {
+                let before = taken.len();
+                let Some(envelope) = envelope::decode(&mut taken) else {
+                    // What did not decode is dropped with the rest.
+                    self.session.outbox.sent(before);
+                    break;
+                };
+                let owed = before - taken.len();
                 if self.forward_reply(&envelope) {
+                    self.session.outbox.sent(owed);
                     continue;
                 }
                 if envelope.offset != 0 && envelope.offset <= self.backlog_high {
                     // Already sent by the backlog. (Several envelopes may share an
                     // offset: one per matching subscription.)
+                    self.session.outbox.sent(owed);
                     continue;
                 }
                 self.high_offset = self.high_offset.max(envelope.offset);
-                self.enqueue(Delivery::from_envelope(envelope));
+                self.enqueue(Delivery::from_envelope(envelope, owed));
             }
         }
         if !self.control.is_empty() {
