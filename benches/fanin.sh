@@ -11,6 +11,9 @@
 #     against nats-server ($NATS_SERVER, no JetStream), Canopy storing on (the default
 #     config), Canopy storing off (CANOPY_STORE__POLICIES=[]) and, with BEFORE, the same
 #     two of an earlier Canopy build;
+#   - native-rust: the same with async-nats (benches/asyncnats_fanin.rs, built by
+#     `cargo bench --bench asyncnats_fanin --no-run`; ASYNCNATS_FANIN names the binary),
+#     RUST_MSGS messages: fast enough to outrun one subscriber;
 #   - MQTT: Mosquitto's own tools: 10 `mosquitto_pub -q 1 -l` publishers of MQTT_MSGS
 #     lines in all (100 bytes each, one topic per publisher), 1 `mosquitto_sub -q 1` on
 #     `bench/f/#`, timed until it received them all (at most 60 s); against Mosquitto
@@ -30,13 +33,15 @@ done
 ROUNDS=${ROUNDS:-3}
 NATS_MSGS=${NATS_MSGS:-1000000}
 MQTT_MSGS=${MQTT_MSGS:-200000}
+RUST_MSGS=${RUST_MSGS:-1000000}
+ASYNCNATS_FANIN=${ASYNCNATS_FANIN:-$(ls -t target/release/deps/asyncnats_fanin-* 2>/dev/null | grep -v '\.d$' | head -1)}
 PUBLISHERS=10
 NATS_SERVER=${NATS_SERVER:-nats-server}
 MOSQUITTO=${MOSQUITTO:-/usr/sbin/mosquitto}
 PYTHON=${PYTHON:-target/py-venv/bin/python}
 AFTER=${AFTER:-target/release/canopy}
 BEFORE=${BEFORE:-}
-SHAPES=${SHAPES:-native mqtt}
+SHAPES=${SHAPES:-native-rust native mqtt}
 
 out=target/bench-fanin
 mkdir -p "$out"
@@ -66,20 +71,25 @@ start_server() { # label kind
         --mqtt-listen "127.0.0.1:$mqtt" --http-listen 127.0.0.1:0 --log warn >"$out/$label.log" 2>&1 &
       started $!
       wait_port "$native" "$!" "$label"
-      if [[ $kind == native ]]; then port=$native; else port=$mqtt; fi ;;
+      if [[ $kind == mqtt ]]; then port=$mqtt; else port=$native; fi ;;
   esac
 }
 
-native_run() { # label
+native_run() { # label kind
   local json
-  json=$("$PYTHON" benches/natspy_fanin.py --server "nats://127.0.0.1:$port" \
-    --msgs "$NATS_MSGS" --publishers "$PUBLISHERS" --size 100 --subjects 1000) || json='{"failed":true}'
-  printf '{"server":"%s","shape":"native","result":%s}\n' "$1" "$json" >>"$out/runs.jsonl"
+  if [[ $2 == native-rust ]]; then
+    json=$(SERVER="nats://127.0.0.1:$port" MSGS=$RUST_MSGS PUBLISHERS=$PUBLISHERS SIZE=100 \
+      SUBJECTS=1000 "$ASYNCNATS_FANIN") || json='{"failed":true}'
+  else
+    json=$("$PYTHON" benches/natspy_fanin.py --server "nats://127.0.0.1:$port" \
+      --msgs "$NATS_MSGS" --publishers "$PUBLISHERS" --size 100 --subjects 1000) || json='{"failed":true}'
+  fi
+  printf '{"server":"%s","shape":"%s","result":%s}\n' "$1" "$2" "$json" >>"$out/runs.jsonl"
   python3 -c 'import json, sys
 r = json.loads(sys.argv[1])
-if r.get("failed"): print("  %-16s native  FAILED" % sys.argv[2])
-else: print("  %-16s native  %10.0f msgs/s  delivered %d  lost %d%s" % (sys.argv[2],
-  r["msgs_per_sec"], r["delivered"], r["lost"], "  (subscriber cut)" if r["cut"] else ""))' "$json" "$1"
+if r.get("failed"): print("  %-16s %-11s FAILED" % (sys.argv[2], sys.argv[3]))
+else: print("  %-16s %-11s %10.0f msgs/s  delivered %d  lost %d%s" % (sys.argv[2], sys.argv[3],
+  r["msgs_per_sec"], r["delivered"], r["lost"], "  (subscriber cut)" if r["cut"] else ""))' "$json" "$1" "$2"
 }
 
 mqtt_run() { # label
@@ -100,7 +110,7 @@ mqtt_run() { # label
   got=$(wc -l <"$out/received")
   printf '{"server":"%s","shape":"mqtt-qos1","delivered":%d,"lost":%d,"seconds":%s}\n' \
     "$1" "$got" $((MQTT_MSGS - got)) "$(echo "$end - $start" | bc)" >>"$out/runs.jsonl"
-  printf '  %-16s mqtt    %10.0f msgs/s  delivered %d  lost %d\n' "$1" \
+  printf '  %-16s mqtt-qos1   %10.0f msgs/s  delivered %d  lost %d\n' "$1" \
     "$(echo "$got / ($end - $start)" | bc -l)" "$got" $((MQTT_MSGS - got))
 }
 
@@ -116,7 +126,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for kind in $SHAPES; do
     for label in $(labels_for "$kind"); do
       start_server "$label" "$kind"
-      if [[ $kind == native ]]; then native_run "$label"; else mqtt_run "$label"; fi
+      if [[ $kind == mqtt ]]; then mqtt_run "$label"; else native_run "$label" "$kind"; fi
       stop_servers
       rm -rf "$data"
     done

@@ -47,9 +47,12 @@ async def run(server: str, msgs: int, size: int, publishers: int, subjects: int)
         if "slow consumer" in str(e).lower():
             cut = True
 
+    finished = False
+
     async def disconnected():
         nonlocal cut
-        cut = True
+        if not finished:
+            cut = True
 
     conn = await nats.connect(server, allow_reconnect=False, error_cb=error,
                               disconnected_cb=disconnected)
@@ -81,6 +84,7 @@ async def run(server: str, msgs: int, size: int, publishers: int, subjects: int)
     for proc in procs:
         proc.join()
     took = last - start
+    finished = True
     try:
         await conn.close()
     except Exception:

@@ -51,8 +51,10 @@ const PRESSING_HELD: usize = 16;
 
 /// A publisher stops waiting for an outbox whose socket took nothing for this long.
 /// Not shorter: a socket's writer is woken only once the kernel's send buffer has
-/// drained by a good part, which at a few MB/s takes tens of milliseconds.
-pub const STALL_IDLE: Duration = Duration::from_millis(50);
+/// drained by a good part, which at a few MB/s takes tens of milliseconds, and a
+/// subscriber that shares a busy machine may not run for as long (50 ms cut a nats-py
+/// subscriber that ten nats-py publishers on two cores starved; 250 ms did not).
+pub const STALL_IDLE: Duration = Duration::from_millis(250);
 /// The longest one stall lasts: a stalled publisher reads a batch at least this often.
 pub const STALL_MAX: Duration = Duration::from_secs(1);
 /// How long a subscriber may stay behind before its publishers stop waiting for it,

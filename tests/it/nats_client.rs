@@ -306,8 +306,8 @@ async fn a_subscriber_that_stops_reading_is_cut_off_and_holds_its_publisher_back
     // The stuck subscriber is already counted; once it reads, it gets what was
     // written before, then the error, then the end of the stream.
     assert_eq!(server.metrics.snapshot().slow_consumers, 1);
-    // Its publisher waited for it first (flow control), each time only until its
-    // socket was seen taking nothing.
+    // Its publisher waited for it first (flow control), only until its socket was
+    // seen taking nothing (`STALL_IDLE`).
     assert!(server.metrics.snapshot().stalls > 0);
     let mut seen = Vec::new();
     tokio::time::timeout(
