@@ -12,6 +12,7 @@
 //! engine upgrade touches this folder only.
 
 mod groups;
+pub mod journal;
 mod keys;
 pub mod observed;
 mod open;
