@@ -2,8 +2,9 @@
 //! one preallocated, zero-filled file that rounds are appended to and made durable by
 //! one `fdatasync` per group commit, then replayed at start from the last round the
 //! engine holds. Writing into blocks that already exist costs the disk one data sync
-//! (no metadata, no new file, no directory sync): on this machine 116 µs p50 against
-//! 367 µs for the new-file flush an engine WAL makes (BENCHMARKS.md).
+//! (no metadata, no new file, no directory sync): on this machine 123 µs p50 against
+//! 396 µs for the new-file flush an engine WAL makes (BENCHMARKS.md, "What one durable
+//! append costs this disk").
 //!
 //! Layout: a 16-byte header (magic, generation), then records, each
 //! `[length u32][crc32 u32][generation u64][round u64][body]`, the CRC over generation,
