@@ -61,6 +61,14 @@ pub const STALL_MAX: Duration = Duration::from_secs(1);
 /// unless its connection says otherwise ([`Outbox::with_behind_limit`]).
 const BEHIND_LIMIT: Duration = Duration::from_secs(10);
 
+/// Adds `outbox` to a list of pressing outboxes a publisher waits for, once, and at
+/// most [`PRESSING_HELD`] of them.
+fn hold(held: &mut Vec<Arc<Outbox>>, outbox: &Arc<Outbox>) {
+    if held.len() < PRESSING_HELD && !held.iter().any(|h| Arc::ptr_eq(h, outbox)) {
+        held.push(Arc::clone(outbox));
+    }
+}
+
 /// Milliseconds on a monotonic clock, never 0 (0 means "not set" in the atomics).
 fn monotonic_ms() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -296,22 +304,22 @@ impl Outbox {
         }
         let mut held = self.fed_pressing.lock();
         for outbox in pressing {
-            if held.len() < PRESSING_HELD && !held.iter().any(|h| Arc::ptr_eq(h, outbox)) {
-                held.push(Arc::clone(outbox));
-            }
+            hold(&mut held, outbox);
         }
         self.any_fed_pressing.store(true, Ordering::Release);
     }
 
     /// Moves what [`Outbox::note_fed_pressing`] recorded into `into`.
     pub fn take_fed_pressing(&self, into: &mut Vec<Arc<Outbox>>) {
-        if !self.any_fed_pressing.swap(false, Ordering::AcqRel) {
+        // A load first: this runs once per turn of the connection's loop, and the
+        // flag is almost always clear.
+        if !self.any_fed_pressing.load(Ordering::Relaxed)
+            || !self.any_fed_pressing.swap(false, Ordering::AcqRel)
+        {
             return;
         }
         for outbox in self.fed_pressing.lock().drain(..) {
-            if into.len() < PRESSING_HELD && !into.iter().any(|h| Arc::ptr_eq(h, &outbox)) {
-                into.push(outbox);
-            }
+            hold(into, &outbox);
         }
     }
 
@@ -399,19 +407,13 @@ impl Wakes {
 
     #[cold]
     fn add_pressing(&mut self, outbox: &Arc<Outbox>) {
-        if self.pressing.len() < PRESSING_HELD
-            && !self.pressing.iter().any(|p| Arc::ptr_eq(p, outbox))
-        {
-            self.pressing.push(Arc::clone(outbox));
-        }
+        hold(&mut self.pressing, outbox);
     }
 
     /// The pressing outboxes this batch fed, left in `into` (emptied here).
     pub fn take_pressing(&mut self, into: &mut Vec<Arc<Outbox>>) {
         for outbox in self.pressing.drain(..) {
-            if into.len() < PRESSING_HELD && !into.iter().any(|h| Arc::ptr_eq(h, &outbox)) {
-                into.push(outbox);
-            }
+            hold(into, &outbox);
         }
     }
 

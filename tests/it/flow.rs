@@ -80,7 +80,25 @@ impl Tally {
     }
 }
 
-fn assert_no_slow_consumer(server: &RunningServer, what: &str) {
+/// Waits for the publishers to finish and the subscriber to have every message,
+/// and checks that no one was cut as a slow consumer.
+async fn assert_all_delivered(
+    server: &RunningServer,
+    publishers: Vec<tokio::task::JoinHandle<()>>,
+    subscriber: tokio::task::JoinHandle<Tally>,
+    what: &str,
+) {
+    for publisher in publishers {
+        tokio::time::timeout(DELIVERED_WITHIN, publisher)
+            .await
+            .expect("publishers finish")
+            .expect("publisher task");
+    }
+    let tally = tokio::time::timeout(DELIVERED_WITHIN, subscriber)
+        .await
+        .expect("every message delivered")
+        .expect("subscriber task");
+    assert_eq!(tally.total(), PUBLISHERS * PER_PUBLISHER, "{what}");
     let metrics = server.metrics.snapshot();
     assert_eq!(metrics.slow_consumers, 0, "{what}: {metrics:?}");
 }
@@ -201,18 +219,8 @@ async fn native_fan_in(storing: bool) {
             client.flush().await.expect("flush");
         }));
     }
-    for publisher in publishers {
-        tokio::time::timeout(DELIVERED_WITHIN, publisher)
-            .await
-            .expect("publishers finish")
-            .expect("publisher task");
-    }
-    let tally = tokio::time::timeout(DELIVERED_WITHIN, subscriber)
-        .await
-        .expect("every message delivered")
-        .expect("subscriber task");
-    assert_eq!(tally.total(), PUBLISHERS * PER_PUBLISHER);
-    assert_no_slow_consumer(&server, if storing { "storing on" } else { "storing off" });
+    let what = if storing { "storing on" } else { "storing off" };
+    assert_all_delivered(&server, publishers, subscriber, what).await;
     server.stop().await;
 }
 
@@ -329,18 +337,7 @@ mod mqtt {
                 while eventloop.poll().await.is_ok() {}
             }));
         }
-        for publisher in publishers {
-            tokio::time::timeout(DELIVERED_WITHIN, publisher)
-                .await
-                .expect("publishers finish")
-                .expect("publisher task");
-        }
-        let tally = tokio::time::timeout(DELIVERED_WITHIN, reader)
-            .await
-            .expect("every message delivered")
-            .expect("subscriber task");
-        assert_eq!(tally.total(), PUBLISHERS * PER_PUBLISHER, "{what}");
-        assert_no_slow_consumer(&server, &what);
+        assert_all_delivered(&server, publishers, reader, &what).await;
         server.stop().await;
     }
 
