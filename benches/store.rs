@@ -46,6 +46,8 @@ fn settings(folder: &std::path::Path) -> StoreSettings {
         meta_cache_bytes: 16 << 20,
         object_store: None,
         clock: canopy::clock::Clock::default(),
+        journal: true,
+        journal_bytes: 64 << 20,
     }
 }
 

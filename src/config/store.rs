@@ -11,8 +11,15 @@ use serde::{Deserialize, Serialize};
 pub struct StoreConfig {
     /// `file://PATH` or `memory://`.
     pub url: String,
-    /// Write-ahead log flush interval: the floor of durable ack latency.
+    /// The engine's write-ahead log flush interval: the floor of durable ack latency
+    /// without a journal (on S3); behind a journal, at least 100 ms and off the
+    /// acks' path.
     pub flush_interval_ms: u64,
+    /// On a `file://` folder, acks wait for the store's own journal (one preallocated
+    /// file, one `fdatasync` per group of rounds) instead of the engine's log.
+    pub journal: bool,
+    /// MiB of each of the journal's two files; a round takes at most a quarter.
+    pub journal_mb: u64,
     /// How long msg ids are remembered for dedupe.
     pub dedupe_window_secs: u64,
     /// Compress the store's files with LZ4 (`lz4`, the default) or not (`none`).
@@ -117,6 +124,8 @@ impl Default for StoreConfig {
         Self {
             url: "file://./canopy-data".into(),
             flush_interval_ms: 2,
+            journal: true,
+            journal_mb: 64,
             dedupe_window_secs: 120,
             local_gc_secs: 10,
             compression: Compression::Lz4,

@@ -94,6 +94,8 @@ fn store_settings(config: &Config) -> Result<StoreSettings, ServerError> {
         meta_cache_bytes: store.meta_cache_mb.saturating_mul(1 << 20),
         object_store: None,
         clock: crate::clock::Clock::default(),
+        journal: store.journal,
+        journal_bytes: store.journal_mb.max(1).saturating_mul(1 << 20),
     })
 }
 

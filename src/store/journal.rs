@@ -21,6 +21,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 
 const MAGIC: &[u8; 8] = b"CNPYJRN1";
 const HEADER: u64 = 16;
@@ -38,6 +39,8 @@ pub enum JournalError {
     TooLarge { len: usize, max: u64 },
     #[error("{0} is not a journal (its header is not Canopy's)")]
     NotAJournal(String),
+    #[error("the record of round {round} passed its checksum but does not decode: {reason}")]
+    BadRecord { round: u64, reason: String },
     #[error("journal I/O: {0}")]
     Io(#[from] io::Error),
 }
@@ -52,7 +55,8 @@ pub struct JournaledRound {
 /// An open journal file, appended to by one writer.
 #[derive(Debug)]
 pub struct Journal {
-    file: File,
+    /// Shared with whoever syncs it while this one appends.
+    file: Arc<File>,
     capacity: u64,
     generation: u64,
     /// Where the next record goes.
@@ -79,7 +83,7 @@ impl Journal {
         }
         let generation = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
         let mut journal = Journal {
-            file,
+            file: Arc::new(file),
             capacity,
             generation,
             end: HEADER,
@@ -164,6 +168,12 @@ impl Journal {
         self.file.sync_data()?;
         self.end = HEADER;
         Ok(())
+    }
+
+    /// The file, for syncing from another thread while appends go on: a sync covers
+    /// every append that returned before it started.
+    pub fn sync_handle(&self) -> Arc<File> {
+        Arc::clone(&self.file)
     }
 
     /// Bytes used, header included.

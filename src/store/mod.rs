@@ -13,6 +13,7 @@
 
 mod groups;
 pub mod journal;
+mod journaled;
 mod keys;
 pub mod observed;
 mod open;
@@ -31,14 +32,15 @@ mod tenants;
 #[cfg(test)]
 pub(crate) mod tests;
 mod users;
+mod writes;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use slatedb::Db;
 use tokio::sync::{mpsc, watch};
 
+pub(crate) use open::Engine;
 pub use open::{S3Settings, StoreLock, StoreUrl, s3_client};
 pub use purge::Purged;
 pub use read::{
@@ -90,6 +92,11 @@ pub enum StoreError {
     Foreign,
     #[error("storage engine: {0}")]
     Engine(#[from] slatedb::Error),
+    #[error("the store's journal in {path}: {source}")]
+    Journal {
+        path: String,
+        source: journal::JournalError,
+    },
     #[error("{0}")]
     Refused(String),
     #[error("the store is shutting down")]
@@ -330,11 +337,26 @@ pub struct StoreSettings {
     pub object_store: Option<Arc<dyn object_store::ObjectStore>>,
     /// The clock messages are stamped and aged by (shared with the broker).
     pub clock: crate::clock::Clock,
+    /// On a local folder: acks wait for the store's own journal, not the engine's
+    /// write-ahead log (ignored elsewhere).
+    pub journal: bool,
+    /// The size of each of the journal's two files.
+    pub journal_bytes: u64,
+}
+
+impl StoreSettings {
+    /// The local folder of a store that runs behind a journal.
+    pub(crate) fn journal_folder(&self) -> Option<std::path::PathBuf> {
+        match (&self.url, &self.object_store) {
+            (StoreUrl::File(folder), None) => Some(journaled::folder_of(folder)),
+            _ => None,
+        }
+    }
 }
 
 /// The open store. Cheap to share behind an `Arc`.
 pub struct Store {
-    db: Arc<Db>,
+    db: Arc<Engine>,
     clock: crate::clock::Clock,
     /// Cancelled by `close`: stops the sequencer and background passes.
     appends: mpsc::Sender<Input>,
@@ -388,9 +410,19 @@ impl Store {
         settings: StoreSettings,
         events: Arc<dyn StoreEvents>,
     ) -> Result<Store, StoreError> {
-        let opened = open::open_engine(&settings).await?;
-        let db = Arc::new(opened.db);
+        let journal_folder = settings.journal_folder();
+        let journaled = settings.journal && journal_folder.is_some();
+        let opened = open::open_engine(&settings, journaled).await?;
+        let db = Arc::new(Engine::new(opened.db, journaled));
         open::check_format(&db).await?;
+        let journal = match &journal_folder {
+            Some(folder) => {
+                let opened =
+                    journaled::open(&db, folder, settings.journal_bytes, journaled).await?;
+                opened.pair.map(|pair| (pair, opened.next_round))
+            }
+            None => None,
+        };
         let (appends, queue) = mpsc::channel(settings.queue_depth.max(1));
         let (durable_tx, durable) = watch::channel(0);
         let stop = tokio_util::sync::CancellationToken::new();
@@ -413,7 +445,8 @@ impl Store {
             jobs,
             Arc::clone(&stats),
             Arc::clone(&bytes_full),
-        );
+        )
+        .with_journal(journal);
         let task = tokio::spawn(sequencer.run(queue, stop.clone()));
         Ok(Store {
             db,
@@ -551,22 +584,34 @@ impl Store {
         &self.stats
     }
 
-    pub(crate) fn db(&self) -> &Db {
+    pub(crate) fn db(&self) -> &Engine {
         &self.db
     }
 }
 
 /// Writes `batch` and waits until it is durable: for the writes outside the
 /// sequencer (snapshots, purges, the format record), whose callers answer only once
-/// the change holds. SlateDB's own `write` returns after the memtable.
-pub(crate) async fn write_durably(db: &Db, batch: slatedb::WriteBatch) -> Result<(), StoreError> {
-    db.write(batch).await?.await_durable().await?;
+/// the change holds. SlateDB's own `write` returns after the memtable. Behind a
+/// journal the engine's log is flushed on a slow timer, so such a write flushes it.
+pub(crate) async fn write_durably(
+    db: &Engine,
+    batch: slatedb::WriteBatch,
+) -> Result<(), StoreError> {
+    use futures::FutureExt;
+    let handle = db.write(batch).await?;
+    if db.journaled() && handle.await_durable().now_or_never().is_none() {
+        let wal = slatedb::config::FlushOptions {
+            flush_type: slatedb::config::FlushType::Wal,
+        };
+        db.flush_with_options(wal).await?;
+    }
+    handle.await_durable().await?;
     Ok(())
 }
 
 /// [`write_durably`] for one key.
 pub(crate) async fn put_durably(
-    db: &Db,
+    db: &Engine,
     key: impl AsRef<[u8]>,
     value: impl AsRef<[u8]>,
 ) -> Result<(), StoreError> {

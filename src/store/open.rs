@@ -15,7 +15,7 @@ use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use slatedb::Db;
-use slatedb::config::{CompressionCodec, Settings};
+use slatedb::config::{CompressionCodec, DurabilityLevel, ReadOptions, ScanOptions, Settings};
 
 use super::{FORMAT_VERSION, StoreError, StoreSettings, keys};
 
@@ -139,7 +139,60 @@ pub(super) struct Opened {
     pub lock: Option<StoreLock>,
 }
 
-pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, StoreError> {
+/// The engine, and what counts as durable in it.
+///
+/// Without a journal, a write is durable once the engine's write-ahead log holds it,
+/// and reads that must never show what a crash could take back read at
+/// [`DurabilityLevel::Remote`]. With a journal (a local folder), a round reaches the
+/// engine only once the journal holds it, so the engine's memory is already durable
+/// for messages and those reads read memory; a write outside the sequencer flushes
+/// the engine's log at once, since its timer is slow there.
+pub(crate) struct Engine {
+    db: Db,
+    journaled: bool,
+}
+
+impl Engine {
+    pub(super) fn new(db: Db, journaled: bool) -> Engine {
+        Engine { db, journaled }
+    }
+
+    /// Whether rounds are made durable by the journal.
+    pub(super) fn journaled(&self) -> bool {
+        self.journaled
+    }
+
+    fn durable_level(&self) -> DurabilityLevel {
+        if self.journaled {
+            DurabilityLevel::Memory
+        } else {
+            DurabilityLevel::Remote
+        }
+    }
+
+    /// A scan that shows only what a crash cannot take back.
+    pub(super) fn durable_scan(&self) -> ScanOptions {
+        ScanOptions::default().with_durability_filter(self.durable_level())
+    }
+
+    /// A read that shows only what a crash cannot take back.
+    pub(super) fn durable_read(&self) -> ReadOptions {
+        ReadOptions::default().with_durability_filter(self.durable_level())
+    }
+}
+
+impl std::ops::Deref for Engine {
+    type Target = Db;
+
+    fn deref(&self) -> &Db {
+        &self.db
+    }
+}
+
+pub(super) async fn open_engine(
+    settings: &StoreSettings,
+    journaled: bool,
+) -> Result<Opened, StoreError> {
     let (object_store, lock): (Arc<dyn ObjectStore>, _) =
         match (&settings.object_store, &settings.url) {
             (Some(provided), _) => (Arc::clone(provided), None),
@@ -162,6 +215,12 @@ pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, Stor
     };
     let remote = matches!(settings.url, StoreUrl::S3 { .. }) && settings.object_store.is_none();
     let mut engine_settings = engine_settings(settings, remote);
+    if journaled {
+        // Acks wait for the journal; the engine's log only has to catch up before a
+        // journal file starts over, so it is flushed in larger, rarer files.
+        let interval = settings.flush_interval.max(JOURNALED_LOG_FLUSH);
+        engine_settings.flush_interval = Some(interval);
+    }
     if lock.is_some() {
         engine_settings.garbage_collector_options = Some(local_collector(settings.local_gc));
     }
@@ -185,6 +244,9 @@ pub(super) async fn open_engine(settings: &StoreSettings) -> Result<Opened, Stor
         .await?;
     Ok(Opened { db, lock })
 }
+
+/// The engine's log is flushed at most this often behind a journal.
+const JOURNALED_LOG_FLUSH: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// L0 files before the engine stops writes until a compaction makes room (SlateDB: 8).
 pub(super) const L0_MAX_SSTS: usize = 16;
@@ -309,7 +371,7 @@ pub fn s3_client(bucket: &str, s3: &S3Settings) -> Result<Arc<dyn ObjectStore>, 
 
 /// Writes the format record into a new store, accepts an older or equal format, and
 /// refuses a newer one or a store canopy did not write.
-pub(super) async fn check_format(db: &Db) -> Result<(), StoreError> {
+pub(super) async fn check_format(db: &Engine) -> Result<(), StoreError> {
     match db.get(keys::FORMAT_KEY).await? {
         Some(value) => {
             let found = <[u8; 8]>::try_from(&value[..])

@@ -9,7 +9,6 @@
 use bytes::Bytes;
 use canopy_subjects::{Pattern, PatternToken, Subject};
 use slatedb::IterationOrder;
-use slatedb::config::{DurabilityLevel, ScanOptions};
 
 use super::record::{self, Record};
 use super::runs::{self, Seen};
@@ -83,10 +82,6 @@ pub struct SubjectsPage {
     pub subjects: Vec<SubjectHead>,
     /// Continue after this subject, when there may be more.
     pub next: Option<String>,
-}
-
-fn durable_scan() -> ScanOptions {
-    ScanOptions::default().with_durability_filter(DurabilityLevel::Remote)
 }
 
 /// The messages of `run` from `version` on.
@@ -348,7 +343,10 @@ impl Store {
     ) -> Result<slatedb::DbIterator, StoreError> {
         // The batch holding `from_offset` starts at or before it.
         let first_batch = {
-            let options = durable_scan().with_order(IterationOrder::Descending);
+            let options = self
+                .db()
+                .durable_scan()
+                .with_order(IterationOrder::Descending);
             let mut before = self
                 .db()
                 .scan_with_options(
@@ -363,7 +361,10 @@ impl Store {
         };
         Ok(self
             .db()
-            .scan_with_options(keys::batch_range(tenant, first_batch), &durable_scan())
+            .scan_with_options(
+                keys::batch_range(tenant, first_batch),
+                &self.db().durable_scan(),
+            )
             .await?)
     }
 
@@ -407,7 +408,7 @@ impl Store {
             .db()
             .scan_with_options(
                 keys::subject_marker_range(tenant, &prefix, after),
-                &durable_scan(),
+                &self.db().durable_scan(),
             )
             .await?;
         let mut names = Vec::new();

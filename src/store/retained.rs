@@ -11,14 +11,9 @@
 //! Pages resume after the last subject returned. Reads only; never writes.
 
 use canopy_subjects::{Pattern, PatternToken, Subject};
-use slatedb::config::{DurabilityLevel, ScanOptions};
 
 use super::read::{RetainedPage, stored};
 use super::{Store, StoreError, keys, record};
-
-fn durable_scan() -> ScanOptions {
-    ScanOptions::default().with_durability_filter(DurabilityLevel::Remote)
-}
 
 /// One page being filled.
 struct Walk<'a> {
@@ -77,7 +72,7 @@ impl Walk<'_> {
         let mut iter = self
             .store
             .db()
-            .scan_with_options(start..end, &durable_scan())
+            .scan_with_options(start..end, &self.store.db().durable_scan())
             .await?;
         Ok(iter.next().await?)
     }
@@ -110,7 +105,7 @@ impl Walk<'_> {
         let mut iter = self
             .store
             .db()
-            .scan_with_options(start..end, &durable_scan())
+            .scan_with_options(start..end, &self.store.db().durable_scan())
             .await?;
         while let Some(kv) = iter.next().await? {
             self.reads += 1;

@@ -14,10 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use slatedb::{Db, WriteBatch};
+use slatedb::WriteBatch;
 use tokio_util::sync::CancellationToken;
 
 use super::{Store, StoreError, keys, put_durably, record, runs, write_durably};
+use crate::store::Engine;
 
 /// Deletes per engine write.
 const DELETE_CHUNK: usize = 1000;
@@ -104,7 +105,7 @@ fn shorter(a: u64, b: u64) -> u64 {
 }
 
 /// The tenants that have a batch index, found by seeking from one to the next.
-async fn tenants(db: &Db) -> Result<Vec<String>, StoreError> {
+async fn tenants(db: &Engine) -> Result<Vec<String>, StoreError> {
     let mut found = Vec::new();
     let mut from = Bytes::from_static(&[keys::BATCH]);
     let end = Bytes::from_static(&[keys::BATCH + 1]);
@@ -128,7 +129,7 @@ async fn tenants(db: &Db) -> Result<Vec<String>, StoreError> {
 }
 
 async fn enforce_tenant(
-    db: &Db,
+    db: &Engine,
     tenant: &str,
     rules: &dyn RetentionRules,
     // The tenant's own age limit (0: none), on top of its subjects' policies.
@@ -225,7 +226,7 @@ struct Work {
 /// Raises the subjects' markers, then deletes the messages and emptied batch keys.
 /// Returns the messages deleted and the bytes of those that were still there (a
 /// purge or a subject's version limit may have deleted one already).
-async fn delete(db: &Db, tenant: &str, work: &mut Work) -> Result<(u64, u64), StoreError> {
+async fn delete(db: &Engine, tenant: &str, work: &mut Work) -> Result<(u64, u64), StoreError> {
     if work.messages.is_empty() && work.batches.is_empty() {
         return Ok((0, 0));
     }

@@ -12,11 +12,12 @@
 //! a version readable under two keys.
 
 use bytes::Bytes;
-use slatedb::config::{DurabilityLevel, ReadOptions, ScanOptions};
-use slatedb::{Db, DbIterator, IterationOrder, WriteBatch};
+use slatedb::config::{ReadOptions, ScanOptions};
+use slatedb::{DbIterator, IterationOrder, WriteBatch};
 
 use super::record::{self, Record};
 use super::{StoreError, keys};
+use crate::store::Engine;
 
 /// A run holds at most this many messages...
 pub(super) const RUN_MAX_MESSAGES: u32 = 1024;
@@ -32,16 +33,16 @@ pub(super) enum Seen {
 }
 
 impl Seen {
-    fn scan(self) -> ScanOptions {
+    fn scan(self, db: &Engine) -> ScanOptions {
         match self {
-            Seen::Durable => ScanOptions::default().with_durability_filter(DurabilityLevel::Remote),
+            Seen::Durable => db.durable_scan(),
             Seen::Written => ScanOptions::default(),
         }
     }
 
-    fn read(self) -> ReadOptions {
+    fn read(self, db: &Engine) -> ReadOptions {
         match self {
-            Seen::Durable => ReadOptions::default().with_durability_filter(DurabilityLevel::Remote),
+            Seen::Durable => db.durable_read(),
             Seen::Written => ReadOptions::default(),
         }
     }
@@ -83,7 +84,7 @@ impl Run {
 
 /// The run with the highest first version below `below` (none below: `None`).
 async fn run_before(
-    db: &Db,
+    db: &Engine,
     tenant: &str,
     subject: &str,
     below: u64,
@@ -93,7 +94,7 @@ async fn run_before(
     if below <= 1 {
         return Ok(None);
     }
-    let options = seen.scan().with_order(IterationOrder::Descending);
+    let options = seen.scan(db).with_order(IterationOrder::Descending);
     let mut iter = db
         .scan_with_options(
             keys::message(tenant, subject, 1)..keys::message(tenant, subject, below),
@@ -108,7 +109,7 @@ async fn run_before(
 
 /// The subject's newest message and its version.
 pub(super) async fn newest(
-    db: &Db,
+    db: &Engine,
     tenant: &str,
     subject: &str,
     seen: Seen,
@@ -126,7 +127,7 @@ pub(super) async fn newest(
 /// together. The scan stops after `max_keys` keys; a subject it did not reach is
 /// `None`, for the caller to read on its own.
 pub(super) async fn newest_of(
-    db: &Db,
+    db: &Engine,
     tenant: &str,
     subjects: &[&str],
     max_keys: usize,
@@ -136,7 +137,7 @@ pub(super) async fn newest_of(
     let (Some(first), Some(last)) = (subjects.first(), subjects.last()) else {
         return Ok(found);
     };
-    let options = seen.scan().with_order(IterationOrder::Descending);
+    let options = seen.scan(db).with_order(IterationOrder::Descending);
     let range = keys::message(tenant, first, 1)..keys::message_range(tenant, last, 0).end;
     let mut iter = db.scan_with_options(range, &options).await?;
     for _ in 0..max_keys {
@@ -163,7 +164,7 @@ pub(super) async fn newest_of(
 
 /// The run holding `version`, if that version is stored.
 pub(super) async fn run_holding(
-    db: &Db,
+    db: &Engine,
     tenant: &str,
     subject: &str,
     version: u64,
@@ -172,7 +173,7 @@ pub(super) async fn run_holding(
     // A version that starts a run (every message of a subject published once a
     // round) is one point read, which bloom filters answer.
     let key = keys::message(tenant, subject, version);
-    if let Some(value) = db.get_with_options(&key, &seen.read()).await? {
+    if let Some(value) = db.get_with_options(&key, &seen.read(db)).await? {
         return Ok(Run::decode(&key, value));
     }
     let run = run_before(db, tenant, subject, version, seen).await?;
@@ -181,7 +182,7 @@ pub(super) async fn run_holding(
 
 /// One version of a subject.
 pub(super) async fn at(
-    db: &Db,
+    db: &Engine,
     tenant: &str,
     subject: &str,
     version: u64,
@@ -198,7 +199,7 @@ pub(super) async fn at(
 /// not find (its run starts before the pair's subject was reached, the scan stopped,
 /// or it is not stored) is `None`, for the caller to read on its own.
 pub(super) async fn runs_holding(
-    db: &Db,
+    db: &Engine,
     tenant: &str,
     wanted: &[(&str, u64)],
     max_keys: usize,
@@ -210,7 +211,7 @@ pub(super) async fn runs_holding(
     };
     let start = keys::message(tenant, first, from);
     let end = keys::message_range(tenant, last, 0).end;
-    let mut iter = db.scan_with_options(start..end, &seen.scan()).await?;
+    let mut iter = db.scan_with_options(start..end, &seen.scan(db)).await?;
     let mut i = 0;
     for _ in 0..max_keys {
         let Some(kv) = iter.next().await? else {
@@ -262,7 +263,7 @@ pub(super) struct Scan {
 
 impl Scan {
     pub async fn open(
-        db: &Db,
+        db: &Engine,
         tenant: &str,
         subject: &str,
         from: u64,
@@ -275,7 +276,7 @@ impl Scan {
             _ => from,
         };
         let iter = db
-            .scan_with_options(keys::message_range(tenant, subject, start), &seen.scan())
+            .scan_with_options(keys::message_range(tenant, subject, start), &seen.scan(db))
             .await?;
         Ok(Scan {
             iter,
@@ -322,7 +323,7 @@ const RECENT_RUNS: usize = 256;
 impl RecentRuns {
     pub async fn at(
         &mut self,
-        db: &Db,
+        db: &Engine,
         tenant: &str,
         subject: &str,
         version: u64,
@@ -362,7 +363,7 @@ pub(super) struct Deleted {
 /// not overlap (the store's deletion lock), or a rewritten run could bring back
 /// versions another deletion removed.
 pub(super) async fn delete_through(
-    db: &Db,
+    db: &Engine,
     tenant: &str,
     subject: &str,
     last: u64,

@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use slatedb::config::{DurabilityLevel, ScanOptions};
-use slatedb::{Db, IterationOrder, WriteBatch};
+use slatedb::{IterationOrder, WriteBatch};
 use tokio::sync::{mpsc, watch};
 
 use super::reduce::ReducerKind;
 use super::runs::{self, Seen};
 use super::{Store, StoreError, keys, put_durably, record, write_durably};
+use crate::store::Engine;
 
 /// A stored snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,14 +83,12 @@ fn decode(subject: &str, version: u64, mut value: Bytes) -> Option<Snapshot> {
 
 /// The newest snapshot of `subject` at or below `at_or_below`.
 async fn latest(
-    db: &Db,
+    db: &Engine,
     tenant: &str,
     subject: &str,
     at_or_below: u64,
 ) -> Result<Option<Snapshot>, StoreError> {
-    let options = ScanOptions::default()
-        .with_durability_filter(DurabilityLevel::Remote)
-        .with_order(IterationOrder::Descending);
+    let options = db.durable_scan().with_order(IterationOrder::Descending);
     let mut newest = db
         .scan_with_options(
             keys::snapshots_up_to(tenant, subject, at_or_below),
@@ -145,7 +143,7 @@ impl Store {
 
 /// Runs folds as the sequencer asks for them, one at a time.
 pub(super) async fn compactor(
-    db: Arc<Db>,
+    db: Arc<Engine>,
     mut durable: watch::Receiver<u64>,
     mut jobs: mpsc::Receiver<CompactionJob>,
     deleting: Arc<tokio::sync::Mutex<()>>,
@@ -165,7 +163,7 @@ pub(super) async fn compactor(
 }
 
 async fn compact(
-    db: &Db,
+    db: &Engine,
     deleting: &tokio::sync::Mutex<()>,
     durable: &mut watch::Receiver<u64>,
     job: &CompactionJob,
@@ -237,7 +235,7 @@ async fn compact(
 /// Deletes the messages below `version`; the message at `version` stays so the
 /// subject's head is still recovered from its own range.
 async fn drop_covered(
-    db: &Db,
+    db: &Engine,
     deleting: &tokio::sync::Mutex<()>,
     tenant: &str,
     subject: &str,

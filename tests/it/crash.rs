@@ -46,6 +46,8 @@ pub(crate) struct Serve {
     guard: KillGuard,
     pub(crate) url: String,
     log: tokio::task::JoinHandle<Vec<String>>,
+    /// What it logged before it listened.
+    pub(crate) startup: Vec<String>,
 }
 
 impl Serve {
@@ -97,6 +99,7 @@ impl Serve {
             guard,
             url,
             log,
+            startup: seen,
         }
     }
 
@@ -186,8 +189,35 @@ async fn publisher(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acked_message_survives_kill_9() {
     let folder = tempfile::tempdir().expect("tempdir");
-    let data = folder.path().join("data");
-    let server = Serve::start(&data).await;
+    acked_messages_survive_kill_9(folder.path(), None).await;
+}
+
+/// The engine's own log is flushed only when a journal file fills (1 MiB here, so
+/// often): what the last files hold is only in the journal when the server dies, and
+/// the restarted server must write it to the engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acked_message_survives_kill_9_when_only_the_journal_holds_it() {
+    let folder = tempfile::tempdir().expect("tempdir");
+    let config = folder.path().join("canopy.toml");
+    std::fs::write(
+        &config,
+        "[store]\nflush_interval_ms = 600000\njournal_mb = 1\n",
+    )
+    .expect("config");
+    let restarted = acked_messages_survive_kill_9(folder.path(), Some(&config)).await;
+    assert!(
+        restarted
+            .iter()
+            .any(|line| line.contains("wrote the journal's rounds the engine did not hold")),
+        "the restarted server replayed the journal: {restarted:#?}"
+    );
+}
+
+/// Publishes until `KILL_AFTER_ACKS` acks, kills the server, restarts it and checks
+/// every acked message; returns what the restarted server logged as it started.
+async fn acked_messages_survive_kill_9(folder: &Path, config: Option<&Path>) -> Vec<String> {
+    let data = folder.join("data");
+    let server = Serve::start_with(&data, config).await;
 
     let acked = Arc::new(Mutex::new(Vec::new()));
     let total = Arc::new(AtomicUsize::new(0));
@@ -229,7 +259,7 @@ async fn every_acked_message_survives_kill_9() {
     let acked = std::mem::take(&mut *acked.lock().expect("ack log"));
     assert!(acked.len() >= KILL_AFTER_ACKS, "{} acks", acked.len());
 
-    let server = Serve::start(&data).await;
+    let server = Serve::start_with(&data, config).await;
     let client = async_nats::connect(&server.url).await.expect("connect");
     let heads = list_subjects(&client, "crash.>").await;
     let mut stored: BTreeMap<String, Vec<crate::common::Stored>> = BTreeMap::new();
@@ -307,7 +337,9 @@ async fn every_acked_message_survives_kill_9() {
     );
     assert!(ack["seq"].as_u64().expect("seq") > last, "{ack}");
     drop(client);
+    let startup = server.startup.clone();
     server.kill_9().await;
+    startup
 }
 
 #[tokio::test]

@@ -16,15 +16,18 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use slatedb::Db;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::journaled::JournalPair;
 use super::snapshot::CompactionJob;
 use super::{Input, StoreEvents, StoreSettings, StoredLimits, TenantSet};
+use crate::store::Engine;
 
 use super::{retention, stats};
 
+mod journaled;
 mod round;
 mod tenant;
 mod writer;
@@ -42,7 +45,7 @@ const DURABILITY_QUEUE: usize = 256;
 const WRITES_AHEAD: usize = 2;
 
 pub(super) struct Sequencer {
-    db: Arc<Db>,
+    db: Arc<Engine>,
     events: Arc<dyn StoreEvents>,
     tenants: SeededMap<Arc<str>, TenantState>,
     window_ms: u64,
@@ -78,14 +81,19 @@ pub(super) struct Sequencer {
     /// Flush the write-ahead log as soon as an ack waits (a local folder), not on the
     /// engine's timer.
     eager_flush: bool,
+    /// The journal rounds go through before the engine, and the next round's number.
+    journal: Option<(JournalPair, u64)>,
+    /// Most bytes of messages one round takes (a journal record must fit half a file).
+    round_bytes: usize,
 }
 
 /// A message by tenant, subject and version.
 type MessageKey = (Arc<str>, Arc<str>, u64);
 
 /// Rounds whose write may still be on its way to the engine when a later round
-/// loads: the ones queued for the writer and the one it is writing.
-const UNWRITTEN_ROUNDS: usize = WRITES_AHEAD + 2;
+/// loads: the ones queued for the writer and the one it is writing, and behind a
+/// journal those queued for and held by the syncer and the engine writer.
+const UNWRITTEN_ROUNDS: usize = WRITES_AHEAD + 2 + 4 * journaled::SYNC_QUEUE;
 
 /// A tenant's part of one round: its first offset and (subject, version, bytes) list.
 /// The maps the sequencer looks up once or more per append, keyed by tenant and
@@ -105,7 +113,7 @@ struct Assigned {
 
 impl Sequencer {
     pub(super) fn new(
-        db: Arc<Db>,
+        db: Arc<Engine>,
         events: Arc<dyn StoreEvents>,
         settings: &StoreSettings,
         durable_tx: watch::Sender<u64>,
@@ -135,10 +143,70 @@ impl Sequencer {
             written: Arc::new(AtomicU64::new(0)),
             eager_flush: matches!(settings.url, super::StoreUrl::File(_))
                 && settings.object_store.is_none(),
+            journal: None,
+            round_bytes: usize::MAX,
         }
     }
 
-    pub(super) async fn run(mut self, mut queue: mpsc::Receiver<Input>, stop: CancellationToken) {
+    /// Makes rounds durable through `journal`, numbering them from `next`.
+    pub(super) fn with_journal(mut self, journal: Option<(JournalPair, u64)>) -> Self {
+        if let Some((pair, _)) = &journal {
+            self.round_bytes = usize::try_from(pair.capacity() / 4).unwrap_or(usize::MAX);
+        }
+        self.journal = journal;
+        self
+    }
+
+    /// Starts the tasks that take decided rounds to durability: the engine writer and
+    /// the acker, or behind a journal its four stages.
+    fn start_writing(
+        &mut self,
+    ) -> (
+        mpsc::Sender<writer::RoundWrite>,
+        Vec<JoinHandle<()>>,
+        Option<JoinHandle<()>>,
+    ) {
+        let (write_tx, write_rx) = mpsc::channel(WRITES_AHEAD);
+        if let Some((pair, next)) = self.journal.take() {
+            let shared = journaled::Shared {
+                engine: Arc::clone(&self.db),
+                events: Arc::clone(&self.events),
+                failures: Arc::clone(&self.failures),
+                broken: Default::default(),
+                stats: Arc::clone(&self.stats),
+                flush_wanted: Default::default(),
+            };
+            let (held_tx, held_rx) = watch::channel(next - 1);
+            let (latest_tx, latest_rx) = watch::channel(None);
+            let (appended_tx, appended_rx) = mpsc::channel(journaled::SYNC_QUEUE);
+            let (synced_tx, synced_rx) = mpsc::channel(1);
+            let tasks = vec![
+                tokio::spawn(journaled::append_rounds(
+                    shared.clone(),
+                    pair,
+                    next,
+                    write_rx,
+                    appended_tx,
+                    held_rx,
+                )),
+                tokio::spawn(journaled::sync_rounds(
+                    shared.clone(),
+                    appended_rx,
+                    synced_tx,
+                )),
+                tokio::spawn(journaled::write_rounds(
+                    shared.clone(),
+                    synced_rx,
+                    self.durable_tx.clone(),
+                    Arc::clone(&self.written),
+                    latest_tx,
+                )),
+            ];
+            // Not awaited at the end: it may wait on the engine's slow log timer,
+            // which the store's close flushes anyway.
+            let tracker = tokio::spawn(journaled::track_engine(shared, latest_rx, held_tx));
+            return (write_tx, tasks, Some(tracker));
+        }
         let (durable_tx, durable_rx) = mpsc::channel(DURABILITY_QUEUE);
         let acker = tokio::spawn(acknowledge(
             durable_rx,
@@ -147,7 +215,6 @@ impl Sequencer {
             Arc::clone(&self.stats),
             self.eager_flush.then(|| Arc::clone(&self.db)),
         ));
-        let (write_tx, write_rx) = mpsc::channel(WRITES_AHEAD);
         let writer = tokio::spawn(write_rounds(
             Arc::clone(&self.db),
             Arc::clone(&self.events),
@@ -157,6 +224,11 @@ impl Sequencer {
             Arc::clone(&self.stats),
             Arc::clone(&self.written),
         ));
+        (write_tx, vec![writer, acker], None)
+    }
+
+    pub(super) async fn run(mut self, mut queue: mpsc::Receiver<Input>, stop: CancellationToken) {
+        let (write_tx, tasks, tracker) = self.start_writing();
         let mut requests = Vec::with_capacity(self.max_batch);
         let mut barriers = Vec::new();
         let mut durable_barriers = Vec::new();
@@ -172,9 +244,17 @@ impl Sequencer {
             };
             let Some(first) = first else { break };
             let mut next = Some(first);
+            let mut bytes = 0;
             while let Some(input) = next.take() {
                 match input {
-                    Input::Append(request) => requests.push(request),
+                    Input::Append(request) => {
+                        bytes += request
+                            .messages
+                            .iter()
+                            .map(|m| m.headers.len() + m.payload.len())
+                            .sum::<usize>();
+                        requests.push(request);
+                    }
                     Input::Barrier(passed) => barriers.push(passed),
                     Input::DurableBarrier(passed) => durable_barriers.push(passed),
                     Input::Forget(tenant) => {
@@ -198,7 +278,7 @@ impl Sequencer {
                         *self.released.entry(tenant).or_default() += bytes;
                     }
                 }
-                if requests.len() < self.max_batch {
+                if requests.len() < self.max_batch && bytes < self.round_bytes {
                     next = queue.try_recv().ok();
                 }
             }
@@ -214,7 +294,11 @@ impl Sequencer {
             }
         }
         drop(write_tx);
-        let _ = writer.await;
-        let _ = acker.await;
+        for task in tasks {
+            let _ = task.await;
+        }
+        if let Some(tracker) = tracker {
+            tracker.abort();
+        }
     }
 }

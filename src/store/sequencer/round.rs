@@ -9,12 +9,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use slatedb::WriteBatch;
-use slatedb::config::{PutOptions, Ttl};
-
 use crate::store::record::{self, MsgIdEntry};
 use crate::store::runs::{self, RUN_MAX_BYTES, RUN_MAX_MESSAGES, Seen};
 use crate::store::snapshot::CompactionJob;
+use crate::store::writes::Writes;
 use crate::store::{
     AckTo, AppendOutcome, AppendRequest, Durability, Expectation, NewMessage, Sequenced,
     StoreError, StoredLimits, StoredUsage, keys,
@@ -45,7 +43,7 @@ impl OpenRun {
             && self.builder.bytes() < RUN_MAX_BYTES
     }
 
-    fn write(self, batch: &mut WriteBatch, tenant: &str, subject: &str) {
+    fn write(self, batch: &mut Writes, tenant: &str, subject: &str) {
         if self.builder.count() > 0 {
             batch.put(
                 keys::message(tenant, subject, self.first),
@@ -60,7 +58,7 @@ type Ack = (Arc<str>, AckTo, AppendOutcome);
 
 /// The keys one round writes, gathered into its one write batch.
 struct RoundBatch {
-    batch: WriteBatch,
+    batch: Writes,
     /// Per (tenant, subject): the run of this round's messages being built.
     runs: SeededMap<(Arc<str>, Arc<str>), OpenRun>,
     /// Sizes of the messages appended to version-limited subjects this round.
@@ -170,7 +168,8 @@ struct RoundDraft {
     index: SeededMap<Arc<str>, RoundIndex>,
     /// Tenants whose usage this round changes, each once.
     changed: Vec<Arc<str>>,
-    msg_id_options: PutOptions,
+    /// How long the engine keeps a msg id key.
+    msg_id_ttl_ms: u64,
 }
 
 impl RoundDraft {
@@ -178,7 +177,7 @@ impl RoundDraft {
         RoundDraft {
             now,
             writes: RoundBatch {
-                batch: WriteBatch::new(),
+                batch: Writes::default(),
                 runs: SeededMap::default(),
                 sizes: HashMap::new(),
             },
@@ -187,9 +186,7 @@ impl RoundDraft {
             immediate: Vec::new(),
             index: SeededMap::default(),
             changed: Vec::new(),
-            msg_id_options: PutOptions {
-                ttl: Ttl::ExpireAfterMillis(window_ms.max(1)),
-            },
+            msg_id_ttl_ms: window_ms.max(1),
         }
     }
 
@@ -286,10 +283,10 @@ impl RoundDraft {
                 offset: new_head.offset,
                 time_ms: self.now,
             };
-            self.writes.batch.put_with_options(
+            self.writes.batch.put_expiring(
                 keys::msg_id(&request.tenant, id),
                 record::encode_msg_id(&seen),
-                &self.msg_id_options,
+                self.msg_id_ttl_ms,
             );
             state.msg_ids.insert(id.clone(), seen);
         }
@@ -530,7 +527,13 @@ impl Sequencer {
     fn finish(&mut self, mut draft: RoundDraft, requests: &mut Vec<AppendRequest>) -> RoundWrite {
         self.dropped_sizes.clear();
         self.dropped_in_runs.clear();
-        if self.recent_sizes.len() >= UNWRITTEN_ROUNDS {
+        let written = self.written.load(Ordering::Acquire);
+        while self.recent_sizes.len() >= UNWRITTEN_ROUNDS
+            || self
+                .recent_sizes
+                .front()
+                .is_some_and(|(round, _)| *round <= written)
+        {
             self.recent_sizes.pop_front();
         }
         self.rounds += 1;
@@ -553,7 +556,7 @@ impl Sequencer {
 
     /// Puts the usage of each tenant whose usage changed, and marks those now at or
     /// below their bytes limit; says whether any was put.
-    fn put_usage(&mut self, batch: &mut WriteBatch, changed: &[Arc<str>]) -> bool {
+    fn put_usage(&mut self, batch: &mut Writes, changed: &[Arc<str>]) -> bool {
         let mut usage_written = false;
         for tenant in changed {
             if let Some(state) = self.tenants.get_mut(tenant) {

@@ -6,9 +6,10 @@
 use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
+use slatedb::IterationOrder;
 use slatedb::config::ScanOptions;
-use slatedb::{Db, IterationOrder};
 
+use crate::store::Engine;
 use crate::store::record::{self, MsgIdEntry};
 use crate::store::runs::{self, Seen};
 use crate::store::{StoreError, StoredUsage, keys};
@@ -66,7 +67,10 @@ impl MsgIds {
 
 /// The offset after the last one the tenant's newest batch used (1 for a new tenant),
 /// or the floor retention left when it deleted the newest batches.
-pub(in crate::store) async fn load_next_offset(db: &Db, tenant: &str) -> Result<u64, StoreError> {
+pub(in crate::store) async fn load_next_offset(
+    db: &Engine,
+    tenant: &str,
+) -> Result<u64, StoreError> {
     let options = ScanOptions::default().with_order(IterationOrder::Descending);
     let mut newest = db
         .scan_with_options(keys::batch_range(tenant, 0), &options)
@@ -98,7 +102,10 @@ pub(super) fn encode_usage(usage: StoredUsage) -> Bytes {
 /// What the tenant keeps: its usage key, or what is missing from it in a store
 /// written before it (the subjects by counting markers, the bytes by summing the
 /// batch index), found once.
-pub(in crate::store) async fn load_usage(db: &Db, tenant: &str) -> Result<StoredUsage, StoreError> {
+pub(in crate::store) async fn load_usage(
+    db: &Engine,
+    tenant: &str,
+) -> Result<StoredUsage, StoreError> {
     let value = db.get(keys::tenant_usage(tenant)).await?;
     let word = |at: usize| {
         value
@@ -141,7 +148,11 @@ pub(in crate::store) async fn load_usage(db: &Db, tenant: &str) -> Result<Stored
 /// new subjects stays cheap however much is stored. An existing subject's head is one
 /// reverse seek of its message range; when the range is empty (purged or expired) the
 /// marker says how far versions went.
-pub(super) async fn load_head(db: &Db, tenant: &str, subject: &str) -> Result<Head, StoreError> {
+pub(super) async fn load_head(
+    db: &Engine,
+    tenant: &str,
+    subject: &str,
+) -> Result<Head, StoreError> {
     let Some(marker) = db.get(keys::subject_marker(tenant, subject)).await? else {
         return Ok(Head::default());
     };

@@ -8,16 +8,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::FutureExt;
+use slatedb::WriteHandle;
 use slatedb::config::{FlushOptions, FlushType, WriteOptions};
-use slatedb::{Db, WriteBatch, WriteHandle};
 use tokio::sync::{mpsc, watch};
 
+use crate::store::Engine;
+use crate::store::writes::Writes;
 use crate::store::{AckTo, AppendOutcome, StoreEvents};
 
 /// One decided round, for the writer task.
 #[derive(Default)]
 pub(super) struct RoundWrite {
-    pub(super) batch: Option<WriteBatch>,
+    pub(super) batch: Option<Writes>,
     pub(super) durable_acks: Vec<(Arc<str>, AckTo, AppendOutcome)>,
     /// Acks that do not wait for durability: conflicts, and `received` appends.
     pub(super) immediate: Vec<(Arc<str>, AckTo, AppendOutcome)>,
@@ -76,13 +78,13 @@ const L0_SLOW: usize = super::super::open::L0_MAX_SSTS / 2;
 
 /// How full L0 is, read from the engine's manifest at most every 10 ms.
 #[derive(Default)]
-struct Pacing {
+pub(super) struct Pacing {
     checked: Option<std::time::Instant>,
     l0: usize,
 }
 
 impl Pacing {
-    async fn pace(&mut self, db: &Db) {
+    pub(super) async fn pace(&mut self, db: &Engine) {
         let now = std::time::Instant::now();
         if self
             .checked
@@ -108,7 +110,7 @@ fn pause_for(l0: usize) -> Option<std::time::Duration> {
 /// sequencer learned of it (their versions follow the lost ones), is refused, so a
 /// subject's versions never skip.
 pub(super) async fn write_rounds(
-    db: Arc<Db>,
+    db: Arc<Engine>,
     events: Arc<dyn StoreEvents>,
     failures: Arc<AtomicU64>,
     mut rounds: mpsc::Receiver<RoundWrite>,
@@ -117,19 +119,22 @@ pub(super) async fn write_rounds(
     written: Arc<AtomicU64>,
 ) {
     let mut pacing = Pacing::default();
-    while let Some(round) = rounds.recv().await {
+    while let Some(mut round) = rounds.recv().await {
         let failed_before = failures.load(Ordering::Acquire);
         if round.batch.is_some() && round.epoch == failed_before {
             pacing.pace(&db).await;
         }
         // The engine's own write time, without the pacing's wait.
         let started = std::time::Instant::now();
-        let result = match round.batch {
+        let result = match round.batch.take() {
             None => Ok(None),
             Some(_) if round.epoch != failed_before => {
                 Err("an earlier write failed before this one; retry".to_owned())
             }
-            Some(batch) => match db.write_with_options(batch, &WriteOptions::default()).await {
+            Some(writes) => match db
+                .write_with_options(writes.into_batch(), &WriteOptions::default())
+                .await
+            {
                 Ok(handle) => {
                     stats.write.record(started.elapsed());
                     Ok(Some(handle))
@@ -162,29 +167,32 @@ pub(super) async fn write_rounds(
                     return;
                 }
             }
-            Err(reason) => {
-                // Before the round's barriers drop: a barrier's waiter then learns.
-                events.lost();
-                let failed = round
-                    .durable_acks
-                    .into_iter()
-                    .chain(round.immediate)
-                    .map(|(tenant, ack, outcome)| match outcome {
-                        // What was stored is not; refusals (conflicts, quotas) stand.
-                        AppendOutcome::Stored { .. } | AppendOutcome::Duplicate { .. } => (
-                            tenant,
-                            ack,
-                            AppendOutcome::Failed {
-                                reason: reason.clone(),
-                            },
-                        ),
-                        refused => (tenant, ack, refused),
-                    })
-                    .collect();
-                events.acknowledged(failed);
-            }
+            Err(reason) => refuse(&*events, round, &reason),
         }
     }
+}
+
+/// Refuses a round that was not stored: what it stored is not, its refusals
+/// (conflicts, quotas) stand, and its barriers drop, so their waiters learn.
+pub(super) fn refuse(events: &dyn StoreEvents, round: RoundWrite, reason: &str) {
+    // Before the round's barriers drop: a barrier's waiter then learns.
+    events.lost();
+    let failed = round
+        .durable_acks
+        .into_iter()
+        .chain(round.immediate)
+        .map(|(tenant, ack, outcome)| match outcome {
+            AppendOutcome::Stored { .. } | AppendOutcome::Duplicate { .. } => (
+                tenant,
+                ack,
+                AppendOutcome::Failed {
+                    reason: reason.to_owned(),
+                },
+            ),
+            refused => (tenant, ack, refused),
+        })
+        .collect();
+    events.acknowledged(failed);
 }
 
 /// Waits for each write's durability in order, then sends its acks and moves the
@@ -200,7 +208,7 @@ pub(super) async fn acknowledge(
     events: Arc<dyn StoreEvents>,
     durable: watch::Sender<u64>,
     stats: Arc<super::stats::StoreStats>,
-    eager: Option<Arc<Db>>,
+    eager: Option<Arc<Engine>>,
 ) {
     // What was queued behind the write being waited for, taken out of the channel so
     // the acker can see whether any of it is a write (a round without one is only a

@@ -15,6 +15,7 @@ use super::*;
 
 mod appends;
 mod format;
+mod journal;
 mod retained;
 mod retention;
 mod runs;
@@ -55,6 +56,8 @@ pub(crate) fn settings(object_store: Arc<dyn ObjectStore>) -> StoreSettings {
         meta_cache_bytes: 16 << 20,
         object_store: Some(object_store),
         clock: crate::clock::Clock::default(),
+        journal: true,
+        journal_bytes: 64 << 20,
     }
 }
 
