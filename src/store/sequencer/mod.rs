@@ -178,30 +178,15 @@ impl Sequencer {
             };
             let (held_tx, held_rx) = watch::channel(next - 1);
             let (latest_tx, latest_rx) = watch::channel(None);
-            let (appended_tx, appended_rx) = mpsc::channel(journaled::SYNC_QUEUE);
-            let (synced_tx, synced_rx) = mpsc::channel(1);
-            let tasks = vec![
-                tokio::spawn(journaled::append_rounds(
-                    shared.clone(),
-                    pair,
-                    next,
-                    write_rx,
-                    appended_tx,
-                    held_rx,
-                )),
-                tokio::spawn(journaled::sync_rounds(
-                    shared.clone(),
-                    appended_rx,
-                    synced_tx,
-                )),
-                tokio::spawn(journaled::write_rounds(
-                    shared.clone(),
-                    synced_rx,
-                    self.durable_tx.clone(),
-                    Arc::clone(&self.written),
-                    latest_tx,
-                )),
-            ];
+            let journal = journaled::JournalTask::new(
+                shared.clone(),
+                (pair, next),
+                held_rx,
+                self.durable_tx.clone(),
+                Arc::clone(&self.written),
+                latest_tx,
+            );
+            let tasks = vec![tokio::spawn(journal.run(write_rx))];
             // Not awaited at the end: it may wait on the engine's slow log timer,
             // which the store's close flushes anyway.
             let tracker = tokio::spawn(journaled::track_engine(shared, latest_rx, held_tx));
