@@ -9,7 +9,9 @@
 # Servers: nats-server -js (file storage, its default sync every 2 min: acks from
 # memory), nats-server -js with `sync_interval: always` (an fsync per ack), Canopy
 # (the default config: the journal), Canopy with `store.journal = false` (acks from the
-# engine's own write-ahead log, as before the journal), and BEFORE if given.
+# engine's own write-ahead log, as before the journal), and BEFORE if given; with
+# SERVERS=..., also canopy-received (every subject stored with durability = "received":
+# acked once the journal has the record, before its sync).
 # Shapes (SHAPES): one256 (1 connection, 256 in flight, 1,000 subjects), four256
 # (4 connections × 256), expect (one256 with Nats-Expected-Last-Subject-Sequence),
 # one1 (1 in flight: the latency of one durable publish). nats-js-always gets a tenth
@@ -53,11 +55,16 @@ start_server() { # label; sets port and data
       printf 'jetstream { store_dir: "%s"\n %s }\n' "$PWD/$data" "$sync" >"$out/nats.conf"
       "$NATS_SERVER" -a 127.0.0.1 -p "$port" -c "$out/nats.conf" >"$out/$label.log" 2>&1 & ;;
     *)
-      local binary=$AFTER settings=()
+      local binary=$AFTER settings=() config=()
       [[ $label == before ]] && binary=$BEFORE
       [[ $label == canopy-nojournal ]] && settings=(env CANOPY_STORE__JOURNAL=false)
-      CANOPY_STORE__URL="file://$PWD/$data" "${settings[@]}" "$binary" serve --listen "127.0.0.1:$port" \
-        --mqtt-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log warn >"$out/$label.log" 2>&1 & ;;
+      if [[ $label == canopy-received ]]; then
+        printf '[[store.policies]]\npattern = "_INBOX.>"\nstore = false\n\n[[store.policies]]\npattern = ">"\ndurability = "received"\n' >"$out/received.toml"
+        config=(--config "$out/received.toml")
+      fi
+      CANOPY_STORE__URL="file://$PWD/$data" "${settings[@]}" "$binary" serve "${config[@]}" \
+        --listen "127.0.0.1:$port" --mqtt-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
+        --log warn >"$out/$label.log" 2>&1 & ;;
   esac
   started $!
   wait_port "$port" "$!" "$label"

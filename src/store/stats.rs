@@ -57,7 +57,8 @@ impl Latency {
 pub struct StoreStats {
     /// One group commit's write into the engine (the memtable and the WAL buffer).
     pub write: Latency,
-    /// From that write to its durability (the WAL flushed to the object store).
+    /// Making it durable: the journal's sync, or (without a journal) from the engine
+    /// write to its WAL flushed to the object store.
     pub durable: Latency,
 }
 

@@ -7,8 +7,9 @@
 //! with it, the publishers wait while it catches up and every message arrives, in
 //! each publisher's order. Run
 //! with storing on (the sequencer routes) and off (the publishers' tasks route), over
-//! the native protocol (async-nats publishers) and MQTT (rumqttc publishers at QoS 0
-//! and 1, the subscriber at the same QoS).
+//! the native protocol (async-nats publishers), MQTT (rumqttc publishers at QoS 0
+//! and 1, the subscriber at the same QoS) and `/ws` (tokio-tungstenite publishers
+//! sending JSON `pub` requests, the subscriber native).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -359,5 +360,87 @@ mod mqtt {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn ten_mqtt_publishers_wait_for_a_slow_subscriber_at_qos_1_storing_on() {
         fan_in(true, QoS::AtLeastOnce).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// /ws
+
+mod ws {
+    use super::*;
+    use base64::Engine;
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    /// Publisher `p`'s message `n` as a `/ws` `pub`, on the native test's subjects.
+    /// As `data_b64`: inline `data` must be JSON, and a JSON string would reach the
+    /// native subscriber with its quotes, which the tally cannot read.
+    fn pub_request(p: usize, n: usize) -> Message {
+        let data = base64::engine::general_purpose::STANDARD.encode(payload(p, n));
+        Message::text(format!(
+            r#"{{"op":"pub","subject":"fan.p{p}.s{}","data_b64":"{data}"}}"#,
+            n % 100
+        ))
+    }
+
+    /// Sends publisher `p`'s messages as fast as the socket takes them, and returns
+    /// once every one was answered `ok`: taken, not merely written.
+    async fn publish_all(http: SocketAddr, p: usize) {
+        let (socket, _) = tokio_tungstenite::connect_async(format!("ws://{http}/ws"))
+            .await
+            .expect("open /ws");
+        let (mut sink, mut answers) = socket.split();
+        // The answers are read meanwhile: the server writes them between reads, and
+        // a publisher that left them unread would block those writes and be closed
+        // at the write deadline, not held back by the subscriber.
+        let answered = tokio::spawn(async move {
+            let mut oks = 0;
+            while oks < PER_PUBLISHER {
+                let message = answers
+                    .next()
+                    .await
+                    .unwrap_or_else(|| panic!("publisher {p}: /ws closed after {oks} answers"))
+                    .expect("answer");
+                let Message::Text(text) = message else {
+                    continue;
+                };
+                let answer: serde_json::Value =
+                    serde_json::from_str(text.as_str()).expect("JSON answer");
+                assert_eq!(answer["op"], "ok", "publisher {p}: {answer}");
+                oks += 1;
+            }
+            answers
+        });
+        for n in 0..PER_PUBLISHER {
+            sink.feed(pub_request(p, n)).await.expect("publish");
+        }
+        sink.flush().await.expect("flush");
+        let answers = answered.await.expect("answers task");
+        let mut socket = sink.reunite(answers).expect("one socket");
+        socket.close(None).await.expect("close");
+    }
+
+    async fn fan_in(storing: bool) {
+        let server = start(config(storing)).await;
+        let http = server.http_addr.expect("http on");
+        let subscriber =
+            slow_native_subscriber(server.native_addr, std::sync::Arc::clone(&server.metrics))
+                .await;
+        let publishers = (0..PUBLISHERS)
+            .map(|p| tokio::spawn(publish_all(http, p)))
+            .collect();
+        let what = if storing { "storing on" } else { "storing off" };
+        assert_all_delivered(&server, publishers, subscriber, what).await;
+        server.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ten_ws_publishers_wait_for_a_slow_subscriber_and_lose_nothing_storing_off() {
+        fan_in(false).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ten_ws_publishers_wait_for_a_slow_subscriber_and_lose_nothing_storing_on() {
+        fan_in(true).await;
     }
 }

@@ -388,7 +388,7 @@ fn render_mqtt_and_store(out: &mut String, state: &HttpState) {
         histogram(
             out,
             "canopy_store_durable_seconds",
-            "Time from a group commit's write to its durability (WAL flushed).",
+            "Time to make a group commit durable (the journal synced, or the WAL flushed).",
             &stats.durable,
         );
     }
