@@ -140,19 +140,33 @@ pub(super) async fn open(
             "wrote the journal's rounds the engine did not hold"
         );
     }
+    let resized = a.capacity() != capacity || b.capacity() != capacity;
     let mut pair = JournalPair {
         folder: folder.to_owned(),
         files: [a, b],
         last: [0, 0],
         active: 0,
     };
-    if !keep {
+    if !keep || resized {
+        // The engine holds everything the files had: they go (and, when
+        // `store.journal_mb` changed, come back at the new size).
         drop(pair);
         std::fs::remove_dir_all(folder).map_err(|e| error(e.into()))?;
-        return Ok(Opened {
-            pair: None,
-            next_round: last + 1,
-        });
+        if !keep {
+            return Ok(Opened {
+                pair: None,
+                next_round: last + 1,
+            });
+        }
+        std::fs::create_dir_all(folder).map_err(|e| error(e.into()))?;
+        let (a, _) = Journal::open(&folder.join(FILES[0]), capacity).map_err(error)?;
+        let (b, _) = Journal::open(&folder.join(FILES[1]), capacity).map_err(error)?;
+        pair = JournalPair {
+            folder: folder.to_owned(),
+            files: [a, b],
+            last: [0, 0],
+            active: 0,
+        };
     }
     // Both start over: the engine now holds everything they had. The active one
     // last, so the folder's newest generation is the one appended to.

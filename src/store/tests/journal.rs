@@ -116,6 +116,16 @@ async fn a_full_journal_file_starts_over_once_the_engine_holds_its_rounds() {
     let (store, _) = open(folder_settings(&crashed, 64 << 10)).await;
     assert_eq!(count_versions(&store, 7).await, 3_000);
     store.close().await.expect("closes");
+    // Opened again with larger files: nothing lost, and the files take the new size.
+    let (store, recorder) = open(folder_settings(&crashed, 128 << 10)).await;
+    assert_eq!(count_versions(&store, 7).await, 3_000);
+    let size = std::fs::metadata(crashed.join("journal").join("a.journal"))
+        .expect("journal file")
+        .len();
+    assert_eq!(size, 128 << 10);
+    append_acked(&store, &recorder, 100, 7).await;
+    assert_eq!(count_versions(&store, 7).await, 3_100);
+    store.close().await.expect("closes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
