@@ -31,7 +31,7 @@ use super::writer::{Pacing, RoundWrite, refuse, report_failure};
 /// Rounds appended and waiting for their sync: the next group's bound.
 pub(super) const SYNC_QUEUE: usize = 256;
 
-/// What every stage shares.
+/// What the journal task and the tracker share.
 #[derive(Clone)]
 pub(super) struct Shared {
     pub(super) engine: Arc<Engine>,
@@ -42,8 +42,9 @@ pub(super) struct Shared {
     /// Set by a failure after which the journal and the engine may disagree.
     pub(super) broken: Arc<AtomicBool>,
     pub(super) stats: Arc<crate::store::stats::StoreStats>,
-    /// A journal round the appender waits for the engine to hold durably: whoever
-    /// sees it written flushes the engine's log instead of waiting for its timer.
+    /// A journal round the journal task waits for the engine to hold durably (a full
+    /// file cannot start over before): the tracker, once it sees it written, flushes
+    /// the engine's log instead of waiting for its timer.
     pub(super) flush_wanted: Arc<AtomicU64>,
 }
 
