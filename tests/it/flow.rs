@@ -104,9 +104,24 @@ async fn assert_all_delivered(
     assert_eq!(metrics.slow_consumers, 0, "{what}: {metrics:?}");
 }
 
-/// Waits until a publisher stalled: the subscriber, reading nothing, made its outbox
-/// press. Without flow control this never comes (it is cut instead).
-async fn first_stall(metrics: &canopy::metrics::Metrics) {
+/// Messages the server may still take from the publishers after the first stall while
+/// the subscriber reads nothing, storing off: what each publisher's task had already
+/// read when it learned of the pressure (a read buffer or so). Without the pause the
+/// publishers go on at full speed: 2,200-12,700 in the trial that set this bound,
+/// against at most 1,105 with it.
+const TAKEN_WHILE_HELD: u64 = 2_000;
+/// How long the subscriber still reads nothing after the first stall: well inside the
+/// 250 ms after which the server stops waiting for a subscriber that takes nothing.
+const HELD: Duration = Duration::from_millis(100);
+
+/// Waits until a publisher stalled (the subscriber, reading nothing, made its outbox
+/// press; without flow control this never comes, it is cut instead), then reads
+/// nothing for `HELD` more and checks that the publishers were held back meanwhile:
+/// without the pause, their messages fill the outbox past its limit (the subscriber is
+/// cut) or, storing off, the server takes more than `TAKEN_WHILE_HELD`. Storing on, a
+/// publisher learns of the pressure only once the sequencer routes one of its
+/// messages, so a queue's worth may pass first and only the first check applies.
+async fn first_stall(metrics: &canopy::metrics::Metrics, storing: bool) {
     let until = tokio::time::Instant::now() + WAIT;
     while metrics.snapshot().stalls == 0 {
         assert!(
@@ -116,6 +131,14 @@ async fn first_stall(metrics: &canopy::metrics::Metrics) {
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    let before = metrics.snapshot().msgs_in;
+    tokio::time::sleep(HELD).await;
+    let taken = metrics.snapshot().msgs_in - before;
+    assert!(
+        storing || taken <= TAKEN_WHILE_HELD,
+        "the publishers were not held back: the server took {taken} messages in the \
+         {HELD:?} after the first stall"
+    );
 }
 
 // ---------------------------------------------------------------------------------
@@ -125,6 +148,7 @@ async fn first_stall(metrics: &canopy::metrics::Metrics) {
 async fn slow_native_subscriber(
     addr: SocketAddr,
     metrics: std::sync::Arc<canopy::metrics::Metrics>,
+    storing: bool,
 ) -> tokio::task::JoinHandle<Tally> {
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     // A small receive buffer, so the kernel does not absorb the flood for it.
@@ -147,7 +171,7 @@ async fn slow_native_subscriber(
     // INFO and PONG, and nothing else yet.
     let _ = buf.split_to(pong + 6);
     tokio::spawn(async move {
-        first_stall(&metrics).await;
+        first_stall(&metrics, storing).await;
         let mut tally = Tally::new();
         let total = PUBLISHERS * PER_PUBLISHER;
         while tally.total() < total {
@@ -203,8 +227,12 @@ fn next_msg(buf: &mut BytesMut, metrics: &canopy::metrics::Metrics) -> Option<By
 
 async fn native_fan_in(storing: bool) {
     let server = start(config(storing)).await;
-    let subscriber =
-        slow_native_subscriber(server.native_addr, std::sync::Arc::clone(&server.metrics)).await;
+    let subscriber = slow_native_subscriber(
+        server.native_addr,
+        std::sync::Arc::clone(&server.metrics),
+        storing,
+    )
+    .await;
     let mut publishers = Vec::new();
     for p in 0..PUBLISHERS {
         let client = async_nats::connect(server.native_url())
@@ -282,7 +310,7 @@ mod mqtt {
         // it does).
         let metrics = std::sync::Arc::clone(&server.metrics);
         let reader = tokio::spawn(async move {
-            first_stall(&metrics).await;
+            first_stall(&metrics, storing).await;
             let mut tally = Tally::new();
             while tally.total() < PUBLISHERS * PER_PUBLISHER {
                 let event = tokio::time::timeout(DELIVERED_WITHIN, sub_loop.poll())
@@ -423,9 +451,12 @@ mod ws {
     async fn fan_in(storing: bool) {
         let server = start(config(storing)).await;
         let http = server.http_addr.expect("http on");
-        let subscriber =
-            slow_native_subscriber(server.native_addr, std::sync::Arc::clone(&server.metrics))
-                .await;
+        let subscriber = slow_native_subscriber(
+            server.native_addr,
+            std::sync::Arc::clone(&server.metrics),
+            storing,
+        )
+        .await;
         let publishers = (0..PUBLISHERS)
             .map(|p| tokio::spawn(publish_all(http, p)))
             .collect();
