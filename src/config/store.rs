@@ -18,7 +18,7 @@ pub struct StoreConfig {
     /// On a `file://` folder, acks wait for the store's own journal (one preallocated
     /// file, one `fdatasync` per group of rounds) instead of the engine's log.
     pub journal: bool,
-    /// MiB of each of the journal's two files; a round takes at most a quarter.
+    /// MiB of each of the journal's two files; a round takes about an eighth at most.
     pub journal_mb: u64,
     /// How long msg ids are remembered for dedupe.
     pub dedupe_window_secs: u64,

@@ -39,6 +39,8 @@ pub enum JournalError {
     TooLarge { len: usize, max: u64 },
     #[error("{0} is not a journal (its header is not Canopy's)")]
     NotAJournal(String),
+    #[error("a journal record cannot be empty")]
+    Empty,
     #[error("the record of round {round} passed its checksum but does not decode: {reason}")]
     BadRecord { round: u64, reason: String },
     #[error("journal I/O: {0}")]
@@ -125,6 +127,10 @@ impl Journal {
 
     /// Appends one round (not yet durable: see [`Journal::sync`]).
     pub fn append(&mut self, round: u64, body: &[u8]) -> Result<(), JournalError> {
+        if body.is_empty() {
+            // A length of 0 is where the records end.
+            return Err(JournalError::Empty);
+        }
         let max = self.capacity.saturating_sub(HEADER + RECORD_HEAD);
         let len = u32::try_from(body.len())
             .ok()

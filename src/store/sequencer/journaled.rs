@@ -41,6 +41,10 @@ pub(super) struct Shared {
     pub(super) failures: Arc<AtomicU64>,
     /// Set by a failure after which the journal and the engine may disagree.
     pub(super) broken: Arc<AtomicBool>,
+    /// Set by a failed append or sync: a later sync that succeeds no longer says the
+    /// earlier records are on disk (a failed `fdatasync` may drop their pages), so no
+    /// round is acknowledged on the journal's word from then on.
+    pub(super) journal_failed: Arc<AtomicBool>,
     pub(super) stats: Arc<crate::store::stats::StoreStats>,
     /// A journal round the journal task waits for the engine to hold durably (a full
     /// file cannot start over before): the tracker, once it sees it written, flushes
@@ -193,12 +197,17 @@ impl JournalTask {
                     }
                     Err(Refusal::Round(reason)) => {
                         // Nothing of it is in the journal: later rounds decided
-                        // before the sequencer hears of it are refused above.
+                        // before the sequencer hears of it are refused above. The
+                        // sequencer then reads heads and offsets from the engine, so
+                        // every round before this one must be there first, or their
+                        // versions would be given again.
+                        self.drain(syncing).await;
                         self.shared.failures.fetch_add(1, Ordering::AcqRel);
                         self.shared.refuse(round, &reason);
                         return;
                     }
                     Err(Refusal::Broken(error)) => {
+                        self.shared.journal_failed.store(true, Ordering::Release);
                         self.shared.break_down(&error);
                         self.shared.refuse(round, BROKEN);
                         return;
@@ -216,6 +225,18 @@ impl JournalTask {
             number,
             file,
         });
+    }
+
+    /// Makes durable and writes to the engine everything appended so far.
+    async fn drain(&mut self, syncing: &mut Option<Syncing>) {
+        if let Some(mut done) = syncing.take() {
+            let synced = outcome(&mut done.sync).await;
+            self.finish(done.group, synced).await;
+        }
+        while let Some(mut done) = self.start_sync().await {
+            let synced = outcome(&mut done.sync).await;
+            self.finish(done.group, synced).await;
+        }
     }
 
     async fn append(
@@ -238,13 +259,10 @@ impl JournalTask {
                     if *self.held.borrow() < wait_for {
                         // Everything appended must reach the engine before the
                         // engine can hold it: this task is the one that writes it.
-                        if let Some(mut done) = syncing.take() {
-                            let synced = outcome(&mut done.sync).await;
-                            self.finish(done.group, synced).await;
-                        }
-                        while let Some(mut done) = self.start_sync().await {
-                            let synced = outcome(&mut done.sync).await;
-                            self.finish(done.group, synced).await;
+                        self.drain(syncing).await;
+                        if self.shared.broken.load(Ordering::Acquire) {
+                            // What the other file holds may never reach the engine.
+                            return Err(Refusal::Broken(StoreError::Refused(BROKEN.into())));
                         }
                         // The engine's log timer is slow behind a journal: flush now.
                         self.shared
@@ -298,8 +316,11 @@ impl JournalTask {
     /// Writes a synced group's rounds to the engine in order, then sends their durable
     /// acks, passes their barriers and moves the durable watch.
     async fn finish(&mut self, group: Vec<Journaled>, synced: std::io::Result<()>) {
-        if let Err(error) = synced {
-            self.shared.break_down(&error);
+        if let Err(error) = &synced {
+            self.shared.journal_failed.store(true, Ordering::Release);
+            self.shared.break_down(error);
+        }
+        if self.shared.journal_failed.load(Ordering::Acquire) {
             for journaled in group {
                 self.shared.refuse(journaled.round, BROKEN);
             }

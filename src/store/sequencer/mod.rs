@@ -151,7 +151,9 @@ impl Sequencer {
     /// Makes rounds durable through `journal`, numbering them from `next`.
     pub(super) fn with_journal(mut self, journal: Option<(JournalPair, u64)>) -> Self {
         if let Some((pair, _)) = &journal {
-            self.round_bytes = usize::try_from(pair.capacity() / 4).unwrap_or(usize::MAX);
+            // Keys, msg ids and the index add to the messages' bytes: an eighth of a file
+            // keeps a round well inside the half a record may take.
+            self.round_bytes = usize::try_from(pair.capacity() / 8).unwrap_or(usize::MAX);
         }
         self.journal = journal;
         self
@@ -173,6 +175,7 @@ impl Sequencer {
                 events: Arc::clone(&self.events),
                 failures: Arc::clone(&self.failures),
                 broken: Default::default(),
+                journal_failed: Default::default(),
                 stats: Arc::clone(&self.stats),
                 flush_wanted: Default::default(),
             };

@@ -151,3 +151,59 @@ async fn a_store_opened_without_a_journal_takes_in_what_one_left() {
     assert_eq!(count_versions(&store, 5).await, 505);
     store.close().await.expect("closes");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_too_large_for_the_journal_is_refused_and_no_version_is_given_twice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let live = dir.path().join("live");
+    // 64 KiB files: a 40 KiB message is more than half of one, refused alone, while
+    // the small rounds before it may still wait for their sync.
+    let (store, recorder) = open(folder_settings(&live, 64 << 10)).await;
+    let mut sent = 0u32;
+    for round in 0..4 {
+        for _ in 0..100 {
+            let payload = format!("small {sent}");
+            store
+                .append(request("j.0", &payload, sent))
+                .await
+                .expect("queued");
+            sent += 1;
+        }
+        if round < 3 {
+            store
+                .append(request("j.0", &"x".repeat(40_000), u32::MAX))
+                .await
+                .expect("queued");
+        }
+    }
+    let acks = acks(&recorder, sent as usize + 3).await;
+    let stored = store
+        .replay_subject("t", "j.0", ReplayFrom::Start, 1000, usize::MAX)
+        .await
+        .expect("replays")
+        .messages;
+    assert_eq!(
+        stored.iter().map(|m| m.version).collect::<Vec<_>>(),
+        (1..=stored.len() as u64).collect::<Vec<_>>(),
+        "versions contiguous"
+    );
+    let mut acked = 0;
+    for (ack, outcome) in &acks {
+        match outcome {
+            AppendOutcome::Stored { version, .. } => {
+                assert_ne!(ack.flags, u32::MAX, "the large message is refused");
+                let message = &stored[*version as usize - 1];
+                assert_eq!(
+                    message.payload,
+                    Bytes::from(format!("small {}", ack.flags)),
+                    "version {version} holds what its ack said"
+                );
+                acked += 1;
+            }
+            AppendOutcome::Failed { .. } => {}
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!(acked, stored.len(), "every stored message was acked once");
+    store.close().await.expect("closes");
+}
