@@ -345,7 +345,8 @@ pub struct StoreSettings {
 }
 
 impl StoreSettings {
-    /// The local folder of a store that runs behind a journal.
+    /// Where a local folder's journal lives, whether or not this run keeps one (a
+    /// journal left by an earlier run is replayed either way).
     pub(crate) fn journal_folder(&self) -> Option<std::path::PathBuf> {
         match (&self.url, &self.object_store) {
             (StoreUrl::File(folder), None) => Some(journaled::folder_of(folder)),
@@ -600,10 +601,7 @@ pub(crate) async fn write_durably(
     use futures::FutureExt;
     let handle = db.write(batch).await?;
     if db.journaled() && handle.await_durable().now_or_never().is_none() {
-        let wal = slatedb::config::FlushOptions {
-            flush_type: slatedb::config::FlushType::Wal,
-        };
-        db.flush_with_options(wal).await?;
+        db.flush_log().await?;
     }
     handle.await_durable().await?;
     Ok(())

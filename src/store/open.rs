@@ -170,6 +170,14 @@ impl Engine {
         }
     }
 
+    /// Flushes the engine's write-ahead log now instead of at its timer's next tick.
+    pub(super) async fn flush_log(&self) -> Result<(), slatedb::Error> {
+        let wal = slatedb::config::FlushOptions {
+            flush_type: slatedb::config::FlushType::Wal,
+        };
+        self.db.flush_with_options(wal).await
+    }
+
     /// A scan that shows only what a crash cannot take back.
     pub(super) fn durable_scan(&self) -> ScanOptions {
         ScanOptions::default().with_durability_filter(self.durable_level())

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use slatedb::WriteHandle;
-use slatedb::config::{FlushOptions, FlushType, WriteOptions};
+use slatedb::config::WriteOptions;
 use tokio::sync::{mpsc, watch};
 
 use crate::store::Engine;
@@ -76,10 +76,9 @@ impl Shared {
 /// A round on its way to the engine.
 struct Journaled {
     round: RoundWrite,
-    /// Its journal round number, when it writes anything.
-    number: Option<u64>,
-    /// The file its record went to, to sync.
-    file: Option<Arc<std::fs::File>>,
+    /// Its journal round number and the file its record went to (to sync), when it
+    /// writes anything.
+    record: Option<(u64, Arc<std::fs::File>)>,
 }
 
 /// A group of appended rounds and the data sync that covers them, under way on a
@@ -177,8 +176,8 @@ impl JournalTask {
             self.shared.refuse(round, BROKEN);
             return;
         }
-        let (number, file) = match round.batch.as_ref() {
-            None => (None, None),
+        let record = match round.batch.as_ref() {
+            None => None,
             Some(_) if round.epoch != self.shared.failures.load(Ordering::Acquire) => {
                 self.shared
                     .refuse(round, "an earlier write failed before this one; retry");
@@ -193,7 +192,7 @@ impl JournalTask {
                 match appended {
                     Ok(file) => {
                         self.next += 1;
-                        (Some(self.next - 1), Some(file))
+                        Some((self.next - 1, file))
                     }
                     Err(Refusal::Round(reason)) => {
                         // Nothing of it is in the journal: later rounds decided
@@ -220,11 +219,7 @@ impl JournalTask {
                 .events
                 .acknowledged(std::mem::take(&mut round.immediate));
         }
-        self.appended.push(Journaled {
-            round,
-            number,
-            file,
-        });
+        self.appended.push(Journaled { round, record });
     }
 
     /// Makes durable and writes to the engine everything appended so far.
@@ -268,7 +263,7 @@ impl JournalTask {
                         self.shared
                             .flush_wanted
                             .fetch_max(wait_for, Ordering::AcqRel);
-                        flush_log(&self.shared.engine).await;
+                        let _ = self.shared.engine.flush_log().await;
                         if self.held.wait_for(|held| *held >= wait_for).await.is_err() {
                             return Err(Refusal::Broken(StoreError::Closed));
                         }
@@ -292,7 +287,7 @@ impl JournalTask {
             }
             let group = std::mem::take(&mut self.appended);
             let mut files: Vec<Arc<std::fs::File>> = Vec::new();
-            for file in group.iter().filter_map(|j| j.file.as_ref()) {
+            for (_, file) in group.iter().filter_map(|j| j.record.as_ref()) {
                 if !files.iter().any(|f| Arc::ptr_eq(f, file)) {
                     files.push(Arc::clone(file));
                 }
@@ -328,9 +323,9 @@ impl JournalTask {
         }
         for journaled in group {
             let mut round = journaled.round;
-            if let (Some(writes), Some(number), false) = (
+            if let (Some(writes), Some((number, _)), false) = (
                 round.batch.take(),
-                journaled.number,
+                journaled.record,
                 self.shared.broken.load(Ordering::Acquire),
             ) {
                 self.write(writes, number).await;
@@ -408,7 +403,7 @@ pub(super) async fn track_engine(
             continue;
         };
         if shared.flush_wanted.load(Ordering::Acquire) > *held.borrow() {
-            flush_log(&shared.engine).await;
+            let _ = shared.engine.flush_log().await;
         }
         match handle.await_durable().await {
             Ok(()) => {
@@ -421,12 +416,4 @@ pub(super) async fn track_engine(
             }
         }
     }
-}
-
-/// Flushes the engine's log; a failure shows in the writes' own durability.
-async fn flush_log(engine: &Engine) {
-    let wal = FlushOptions {
-        flush_type: FlushType::Wal,
-    };
-    let _ = engine.flush_with_options(wal).await;
 }

@@ -92,8 +92,8 @@ type MessageKey = (Arc<str>, Arc<str>, u64);
 
 /// Rounds whose write may still be on its way to the engine when a later round
 /// loads: the ones queued for the writer and the one it is writing, and behind a
-/// journal those queued for and held by the syncer and the engine writer.
-const UNWRITTEN_ROUNDS: usize = WRITES_AHEAD + 2 + 4 * journaled::SYNC_QUEUE;
+/// journal those the journal task holds appended and syncing (two groups at most).
+const UNWRITTEN_ROUNDS: usize = WRITES_AHEAD + 2 + 2 * journaled::SYNC_QUEUE;
 
 /// A tenant's part of one round: its first offset and (subject, version, bytes) list.
 /// The maps the sequencer looks up once or more per append, keyed by tenant and
@@ -160,7 +160,7 @@ impl Sequencer {
     }
 
     /// Starts the tasks that take decided rounds to durability: the engine writer and
-    /// the acker, or behind a journal its four stages.
+    /// the acker, or behind a journal the journal task and its tracker.
     fn start_writing(
         &mut self,
     ) -> (

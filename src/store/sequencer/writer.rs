@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::FutureExt;
 use slatedb::WriteHandle;
-use slatedb::config::{FlushOptions, FlushType, WriteOptions};
+use slatedb::config::WriteOptions;
 use tokio::sync::{mpsc, watch};
 
 use crate::store::Engine;
@@ -241,10 +241,7 @@ pub(super) async fn acknowledge(
                     && handle.await_durable().now_or_never().is_none()
                 {
                     // A failed flush shows in the handle's own result below.
-                    let wal = FlushOptions {
-                        flush_type: FlushType::Wal,
-                    };
-                    let _ = db.flush_with_options(wal).await;
+                    let _ = db.flush_log().await;
                 }
                 let result = handle.await_durable().await;
                 stats.durable.record(pending.written_at.elapsed());
