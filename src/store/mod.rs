@@ -11,6 +11,7 @@
 //! returns untouched. Everything above it goes through this module's API, so an
 //! engine upgrade touches this folder only.
 
+mod engine;
 mod groups;
 pub mod journal;
 mod journaled;
@@ -31,6 +32,7 @@ pub mod stats;
 mod tenants;
 #[cfg(test)]
 pub(crate) mod tests;
+mod unflushed;
 mod users;
 mod writes;
 
@@ -40,7 +42,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 
-pub(crate) use open::Engine;
+pub(crate) use engine::{Engine, Found, Scanned};
 pub use open::{S3Settings, StoreLock, StoreUrl, s3_client};
 pub use purge::Purged;
 pub use read::{

@@ -15,9 +15,9 @@ use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use slatedb::Db;
-use slatedb::config::{CompressionCodec, DurabilityLevel, ReadOptions, ScanOptions, Settings};
+use slatedb::config::{CompressionCodec, Settings};
 
-use super::{FORMAT_VERSION, StoreError, StoreSettings, keys};
+use super::{Engine, FORMAT_VERSION, StoreError, StoreSettings, keys};
 
 /// Where the store lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,64 +137,6 @@ impl StoreLock {
 pub(super) struct Opened {
     pub db: Db,
     pub lock: Option<StoreLock>,
-}
-
-/// The engine, and what counts as durable in it.
-///
-/// Without a journal, a write is durable once the engine's write-ahead log holds it,
-/// and reads that must never show what a crash could take back read at
-/// [`DurabilityLevel::Remote`]. With a journal (a local folder), a round reaches the
-/// engine only once the journal holds it, so the engine's memory is already durable
-/// for messages and those reads read memory; a write outside the sequencer flushes
-/// the engine's log at once, since its timer is slow there.
-pub(crate) struct Engine {
-    db: Db,
-    journaled: bool,
-}
-
-impl Engine {
-    pub(super) fn new(db: Db, journaled: bool) -> Engine {
-        Engine { db, journaled }
-    }
-
-    /// Whether rounds are made durable by the journal.
-    pub(super) fn journaled(&self) -> bool {
-        self.journaled
-    }
-
-    fn durable_level(&self) -> DurabilityLevel {
-        if self.journaled {
-            DurabilityLevel::Memory
-        } else {
-            DurabilityLevel::Remote
-        }
-    }
-
-    /// Flushes the engine's write-ahead log now instead of at its timer's next tick.
-    pub(super) async fn flush_log(&self) -> Result<(), slatedb::Error> {
-        let wal = slatedb::config::FlushOptions {
-            flush_type: slatedb::config::FlushType::Wal,
-        };
-        self.db.flush_with_options(wal).await
-    }
-
-    /// A scan that shows only what a crash cannot take back.
-    pub(super) fn durable_scan(&self) -> ScanOptions {
-        ScanOptions::default().with_durability_filter(self.durable_level())
-    }
-
-    /// A read that shows only what a crash cannot take back.
-    pub(super) fn durable_read(&self) -> ReadOptions {
-        ReadOptions::default().with_durability_filter(self.durable_level())
-    }
-}
-
-impl std::ops::Deref for Engine {
-    type Target = Db;
-
-    fn deref(&self) -> &Db {
-        &self.db
-    }
 }
 
 pub(super) async fn open_engine(

@@ -26,14 +26,19 @@ impl Store {
     /// Deletes every message and snapshot of `subject` up to its current head.
     pub async fn purge_subject(&self, tenant: &str, subject: &str) -> Result<Purged, StoreError> {
         let _deleting = self.deleting.lock().await;
-        let Some(head) = self.get(tenant, subject, None).await? else {
+        // What the rounds not yet in the engine hold must be there before it is
+        // deleted, or their flush would write it again.
+        self.db().flush_unflushed().await?;
+        // What the engine holds, which is all there was when the purge began.
+        let newest = runs::newest(self.db(), tenant, subject, runs::Seen::Flushed).await?;
+        let Some((version, newest)) = newest else {
             return Ok(Purged::default());
         };
         // The marker first: should we stop half way, versions still never repeat.
         put_durably(
             self.db(),
             keys::subject_marker(tenant, subject),
-            record::encode_marker(head.version, head.offset),
+            record::encode_marker(version, newest.offset),
         )
         .await?;
         let (mut messages, mut bytes) = (0, 0);
@@ -43,7 +48,7 @@ impl Store {
                 self.db(),
                 tenant,
                 subject,
-                head.version,
+                version,
                 DELETE_CHUNK,
                 &mut batch,
             )
@@ -57,13 +62,18 @@ impl Store {
             tokio::task::yield_now().await;
         }
         self.release(tenant, bytes).await;
-        self.delete_range(keys::snapshots_up_to(tenant, subject, head.version))
+        self.delete_range(keys::snapshots_up_to(tenant, subject, version))
             .await?;
         // The retained message goes with the history it came from; one retained by a
         // publish after the purge began stays.
         let retained = keys::retained(tenant, subject);
-        if let Some(value) = self.db().get(&retained).await?
-            && record::decode_retained(value).is_none_or(|(version, _)| version <= head.version)
+        let flushed = self
+            .db()
+            .get_flushed(&retained, &self.db().durable_read())
+            .await?;
+        if let Some(value) = flushed
+            && record::decode_retained(value)
+                .is_none_or(|(retained_version, _)| retained_version <= version)
         {
             let mut batch = slatedb::WriteBatch::new();
             batch.delete(&retained);

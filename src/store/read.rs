@@ -340,7 +340,7 @@ impl Store {
         &self,
         tenant: &str,
         from_offset: u64,
-    ) -> Result<slatedb::DbIterator, StoreError> {
+    ) -> Result<super::Scanned, StoreError> {
         // The batch holding `from_offset` starts at or before it.
         let first_batch = {
             let options = self

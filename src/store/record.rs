@@ -114,6 +114,32 @@ impl RunBuilder {
     }
 }
 
+/// How many messages a stored value holds: a run's count, 1 for a bare record.
+pub fn run_count(value: &[u8]) -> u32 {
+    match value {
+        [RUN_MARK, a, b, c, d, ..] => u32::from_be_bytes([*a, *b, *c, *d]),
+        _ => 1,
+    }
+}
+
+/// One run holding the messages of `parts` (runs or bare records of one subject,
+/// each starting where the one before ends) in order: `count` is their total.
+pub fn join_runs(parts: &[Bytes], count: u32) -> Bytes {
+    let bytes: usize = parts.iter().map(|p| p.len() + 4).sum();
+    let mut out = BytesMut::with_capacity(RUN_HEADER + bytes);
+    out.put_u8(RUN_MARK);
+    out.put_u32(count);
+    for part in parts {
+        if part.first() == Some(&RUN_MARK) {
+            out.put_slice(part.get(RUN_HEADER..).unwrap_or_default());
+        } else {
+            out.put_u32(u32::try_from(part.len()).unwrap_or(u32::MAX));
+            out.put_slice(part);
+        }
+    }
+    out.freeze()
+}
+
 /// The records of one stored value, in version order: one for a bare record, the
 /// run's for a run. `None` when it is malformed.
 pub fn decode_run(mut value: Bytes) -> Option<Vec<Record>> {

@@ -63,7 +63,7 @@ impl Walk<'_> {
         &mut self,
         start: Vec<u8>,
         end: Vec<u8>,
-    ) -> Result<Option<slatedb::KeyValue>, StoreError> {
+    ) -> Result<Option<super::Found>, StoreError> {
         let start = self.above_floor(start);
         if start >= end {
             return Ok(None);
@@ -78,7 +78,7 @@ impl Walk<'_> {
     }
 
     /// Takes one retained entry if its subject matches.
-    fn take(&mut self, kv: slatedb::KeyValue) -> Room {
+    fn take(&mut self, kv: super::Found) -> Room {
         let Some(subject) = keys::marker_subject(self.tenant, &kv.key) else {
             return Room::More;
         };

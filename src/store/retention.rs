@@ -137,10 +137,14 @@ async fn enforce_tenant(
     now: u64,
     stop: &CancellationToken,
 ) -> Result<RetentionPass, StoreError> {
+    // Deleted from the engine, so first written there.
+    db.flush_unflushed().await?;
     let cap = rules.max_tenant_bytes();
     let mut stored: u64 = 0;
     if cap > 0 {
-        let mut batches = db.scan(keys::batch_range(tenant, 0)).await?;
+        let mut batches = db
+            .scan_flushed(keys::batch_range(tenant, 0), &db.durable_scan())
+            .await?;
         while let Some(kv) = batches.next().await? {
             if let Some(batch) = record::decode_batch(kv.value) {
                 stored += live_bytes(&batch);
@@ -150,7 +154,11 @@ async fn enforce_tenant(
     let shortest = shorter(rules.shortest_max_age_ms(), own_max_age_ms);
     let mut pass = RetentionPass::default();
     let mut work = Work::default();
-    let mut batches = db.scan(keys::batch_range(tenant, 0)).await?;
+    // Only what the engine holds: the rounds since the flush above are not deleted
+    // this pass (their flush would write them again).
+    let mut batches = db
+        .scan_flushed(keys::batch_range(tenant, 0), &db.durable_scan())
+        .await?;
     while let Some(kv) = batches.next().await? {
         let over_budget = cap > 0 && stored > cap;
         let Some(mut batch) = record::decode_batch(kv.value) else {

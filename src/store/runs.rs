@@ -13,7 +13,9 @@
 
 use bytes::Bytes;
 use slatedb::config::{ReadOptions, ScanOptions};
-use slatedb::{DbIterator, IterationOrder, WriteBatch};
+
+use super::Scanned;
+use slatedb::{IterationOrder, WriteBatch};
 
 use super::record::{self, Record};
 use super::{StoreError, keys};
@@ -24,27 +26,43 @@ pub(super) const RUN_MAX_MESSAGES: u32 = 1024;
 /// ...and about this many bytes, so reading one version never reads much more.
 pub(super) const RUN_MAX_BYTES: usize = 64 * 1024;
 
-/// What a read may see: only what is durable, or also what is in the engine's
-/// memory (the sequencer, which wrote it).
+/// What a read may see: only what is durable, also what is in the engine's memory
+/// (the sequencer, which wrote it), or only what the engine itself holds durably
+/// (deletions outside the sequencer, `Engine::scan_flushed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Seen {
     Durable,
     Written,
+    Flushed,
 }
 
 impl Seen {
-    fn scan(self, db: &Engine) -> ScanOptions {
+    fn options(self, db: &Engine) -> ScanOptions {
         match self {
-            Seen::Durable => db.durable_scan(),
+            Seen::Durable | Seen::Flushed => db.durable_scan(),
             Seen::Written => ScanOptions::default(),
         }
     }
 
-    fn read(self, db: &Engine) -> ReadOptions {
-        match self {
-            Seen::Durable => db.durable_read(),
-            Seen::Written => ReadOptions::default(),
-        }
+    async fn scan(
+        self,
+        db: &Engine,
+        range: std::ops::Range<Bytes>,
+        order: IterationOrder,
+    ) -> Result<Scanned, StoreError> {
+        let options = self.options(db).with_order(order);
+        Ok(match self {
+            Seen::Flushed => db.scan_flushed(range, &options).await?,
+            Seen::Durable | Seen::Written => db.scan_with_options(range, &options).await?,
+        })
+    }
+
+    async fn get(self, db: &Engine, key: &Bytes) -> Result<Option<Bytes>, StoreError> {
+        Ok(match self {
+            Seen::Durable => db.get_with_options(key, &db.durable_read()).await?,
+            Seen::Written => db.get_with_options(key, &ReadOptions::default()).await?,
+            Seen::Flushed => db.get_flushed(key, &db.durable_read()).await?,
+        })
     }
 }
 
@@ -94,13 +112,8 @@ async fn run_before(
     if below <= 1 {
         return Ok(None);
     }
-    let options = seen.scan(db).with_order(IterationOrder::Descending);
-    let mut iter = db
-        .scan_with_options(
-            keys::message(tenant, subject, 1)..keys::message(tenant, subject, below),
-            &options,
-        )
-        .await?;
+    let range = keys::message(tenant, subject, 1)..keys::message(tenant, subject, below);
+    let mut iter = seen.scan(db, range, IterationOrder::Descending).await?;
     Ok(iter
         .next()
         .await?
@@ -137,9 +150,8 @@ pub(super) async fn newest_of(
     let (Some(first), Some(last)) = (subjects.first(), subjects.last()) else {
         return Ok(found);
     };
-    let options = seen.scan(db).with_order(IterationOrder::Descending);
     let range = keys::message(tenant, first, 1)..keys::message_range(tenant, last, 0).end;
-    let mut iter = db.scan_with_options(range, &options).await?;
+    let mut iter = seen.scan(db, range, IterationOrder::Descending).await?;
     for _ in 0..max_keys {
         let Some(kv) = iter.next().await? else {
             break;
@@ -173,7 +185,7 @@ pub(super) async fn run_holding(
     // A version that starts a run (every message of a subject published once a
     // round) is one point read, which bloom filters answer.
     let key = keys::message(tenant, subject, version);
-    if let Some(value) = db.get_with_options(&key, &seen.read(db)).await? {
+    if let Some(value) = seen.get(db, &key).await? {
         return Ok(Run::decode(&key, value));
     }
     let run = run_before(db, tenant, subject, version, seen).await?;
@@ -211,7 +223,7 @@ pub(super) async fn runs_holding(
     };
     let start = keys::message(tenant, first, from);
     let end = keys::message_range(tenant, last, 0).end;
-    let mut iter = db.scan_with_options(start..end, &seen.scan(db)).await?;
+    let mut iter = seen.scan(db, start..end, IterationOrder::Ascending).await?;
     let mut i = 0;
     for _ in 0..max_keys {
         let Some(kv) = iter.next().await? else {
@@ -255,7 +267,7 @@ pub(super) async fn runs_holding(
 
 /// A subject's messages from a version on, in version order.
 pub(super) struct Scan {
-    iter: DbIterator,
+    iter: super::Scanned,
     from: u64,
     run: std::vec::IntoIter<Record>,
     next_version: u64,
@@ -275,9 +287,8 @@ impl Scan {
             Some(run) if run.end() > from => run.first,
             _ => from,
         };
-        let iter = db
-            .scan_with_options(keys::message_range(tenant, subject, start), &seen.scan(db))
-            .await?;
+        let range = keys::message_range(tenant, subject, start);
+        let iter = seen.scan(db, range, IterationOrder::Ascending).await?;
         Ok(Scan {
             iter,
             from,
@@ -356,8 +367,9 @@ pub(super) struct Deleted {
     pub done: bool,
 }
 
-/// Adds to `batch` the deletion of every version of `subject` up to `last`, reading at
-/// most `max_keys` keys: runs wholly below go, and a run reaching past `last` is
+/// Adds to `batch` the deletion of every version of `subject` up to `last` that the
+/// engine holds (its caller flushed the unflushed rounds first), reading at most
+/// `max_keys` keys: runs wholly below go, and a run reaching past `last` is
 /// written again from `last + 1`. The caller writes the batch; while `done` is
 /// false, it calls again afterwards. Callers deleting the same subject at once must
 /// not overlap (the store's deletion lock), or a rewritten run could bring back
@@ -376,7 +388,10 @@ pub(super) async fn delete_through(
         return Ok(deleted);
     }
     let end = keys::message(tenant, subject, last.saturating_add(1));
-    let mut iter = db.scan(keys::message(tenant, subject, 1)..end).await?;
+    let range = keys::message(tenant, subject, 1)..end;
+    let mut iter = Seen::Flushed
+        .scan(db, range, IterationOrder::Ascending)
+        .await?;
     for _ in 0..max_keys.max(1) {
         let Some(kv) = iter.next().await? else {
             deleted.done = true;

@@ -242,6 +242,8 @@ async fn drop_covered(
     version: u64,
 ) -> Result<(), StoreError> {
     let _deleting = deleting.lock().await;
+    // Deleted from the engine, so first written there.
+    db.flush_unflushed().await?;
     loop {
         let mut batch = WriteBatch::new();
         let deleted = runs::delete_through(

@@ -118,10 +118,13 @@ impl Store {
     /// deleted. Safe to run again after a crash half way.
     pub async fn purge_tenant(&self, tenant: &str) -> Result<u64, StoreError> {
         let mut deleted = 0;
+        // Deleted from the engine, so first written there.
+        self.db().flush_unflushed().await?;
         for kind in keys::TENANT_KINDS {
+            let range = keys::tenant_kind_range(kind, tenant);
             let mut found = self
                 .db()
-                .scan(keys::tenant_kind_range(kind, tenant))
+                .scan_flushed(range, &self.db().durable_scan())
                 .await?;
             let mut batch = WriteBatch::new();
             let mut pending = 0;

@@ -24,9 +24,17 @@ pub struct BadWrites {
     at: usize,
 }
 
+/// One write of a round.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Write {
+pub enum Write {
     Put {
+        key: Bytes,
+        value: Bytes,
+    },
+    /// A subject's messages as a run (`store/runs.rs`) that a later round's run of
+    /// the same subject may extend before the engine holds it. The journal records it
+    /// as a plain put.
+    Run {
         key: Bytes,
         value: Bytes,
     },
@@ -54,6 +62,12 @@ impl Writes {
         self.writes.push(Write::Put { key, value });
     }
 
+    /// A subject's run of messages, keyed by its first version.
+    pub fn put_run(&mut self, key: Bytes, value: Bytes) {
+        self.bytes += key.len() + value.len();
+        self.writes.push(Write::Run { key, value });
+    }
+
     /// A put the engine forgets `ttl_ms` after it is written.
     pub fn put_expiring(&mut self, key: Bytes, value: Bytes, ttl_ms: u64) {
         self.bytes += key.len() + value.len();
@@ -70,7 +84,9 @@ impl Writes {
         let mut batch = WriteBatch::new();
         for write in self.writes {
             match write {
-                Write::Put { key, value } => batch.put_bytes(key, value),
+                Write::Put { key, value } | Write::Run { key, value } => {
+                    batch.put_bytes(key, value)
+                }
                 Write::PutExpiring { key, value, ttl_ms } => batch.put_bytes_with_options(
                     key,
                     value,
@@ -84,19 +100,24 @@ impl Writes {
         batch
     }
 
+    /// The writes in the order they were made.
+    pub fn into_writes(self) -> std::vec::IntoIter<Write> {
+        self.writes.into_iter()
+    }
+
     /// Appends the journal record body of these writes to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.reserve(self.bytes + self.writes.len() * 17);
         for write in &self.writes {
             let (kind, key) = match write {
-                Write::Put { key, .. } => (PUT, key),
+                Write::Put { key, .. } | Write::Run { key, .. } => (PUT, key),
                 Write::PutExpiring { key, .. } => (PUT_EXPIRING, key),
                 Write::Delete { key } => (DELETE, key),
             };
             out.put_u8(kind);
             put_slice(out, key);
             match write {
-                Write::Put { value, .. } => put_slice(out, value),
+                Write::Put { value, .. } | Write::Run { value, .. } => put_slice(out, value),
                 Write::PutExpiring { value, ttl_ms, .. } => {
                     put_slice(out, value);
                     out.put_u64_le(*ttl_ms);

@@ -382,7 +382,7 @@ fn render_mqtt_and_store(out: &mut String, state: &HttpState) {
         histogram(
             out,
             "canopy_store_write_seconds",
-            "Time to hand one group commit to the storage engine.",
+            "Time to hand one write to the storage engine: a group commit, or behind the journal one flush of the unflushed rounds.",
             &stats.write,
         );
         histogram(

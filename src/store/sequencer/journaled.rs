@@ -1,35 +1,44 @@
 //! The sequencer's path to durability through the journal (a local folder): each
 //! decided round is appended to the journal, a group of them made durable by one
-//! data sync started as soon as the previous one ends, and only then written to the
-//! engine and acknowledged. The engine's own log is flushed behind, on its timer;
-//! what it durably holds says when a journal file may start over.
+//! data sync started as soon as the previous one ends, and only then applied to the
+//! unflushed rounds (`store/unflushed.rs`, which every read sees) and acknowledged.
+//! A flusher writes those rounds to the engine in large batches behind; the engine's
+//! own log is flushed behind that, on its timer; what it durably holds says when a
+//! journal file may start over.
 //!
-//! Two tasks: the journal task does every step in round order (the record, the
-//! immediate acks, the engine write, the durable acks and barriers), with only the
+//! Three tasks: the journal task does every step in round order (the record, the
+//! immediate acks, applying the round, the durable acks and barriers), with only the
 //! sync itself on a blocking thread, so a lone publish pays no hop between steps;
-//! the tracker follows the last round the engine's own log holds durably.
+//! the flusher writes the unflushed rounds to the engine; the tracker follows the
+//! last round the engine's own log holds durably.
 //!
-//! Must never: write a round to the engine before the journal holds it (reads show
-//! the engine's memory as durable), send a durable ack before the sync that covers
-//! its round, or go on after a failure that may have left a round in the journal
-//! but not in the engine: from then on every append is refused until a restart
-//! replays the journal.
+//! Must never: apply a round before the journal holds it (reads show the unflushed
+//! rounds and the engine's memory as durable), send a durable ack before the sync
+//! that covers its round, or go on after a failure that may have left a round in the
+//! journal but not in the engine: from then on every append is refused until a
+//! restart replays the journal.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use slatedb::WriteHandle;
-use slatedb::config::WriteOptions;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 
 use crate::store::Engine;
-use crate::store::journaled::{Appended, JournalPair, ROUND_KEY};
+use crate::store::journaled::{Appended, JournalPair};
 use crate::store::{StoreError, StoreEvents};
 
 use super::writer::{Pacing, RoundWrite, refuse, report_failure};
 
 /// Rounds appended and waiting for their sync: the next group's bound.
 pub(super) const SYNC_QUEUE: usize = 256;
+
+/// Unflushed rounds are written to the engine once they hold this much...
+const FLUSH_BYTES: usize = 4 << 20;
+/// ...or once the oldest has waited this long (what the engine's tables, and so a
+/// restart's replay, lag behind)...
+const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
+/// ...and past this much the journal task waits for a flush before taking more.
+const UNFLUSHED_MAX: usize = 4 * FLUSH_BYTES;
 
 /// What the journal task and the tracker share.
 #[derive(Clone)]
@@ -50,6 +59,8 @@ pub(super) struct Shared {
     /// file cannot start over before): the tracker, once it sees it written, flushes
     /// the engine's log instead of waiting for its timer.
     pub(super) flush_wanted: Arc<AtomicU64>,
+    /// Wakes the flusher when the unflushed rounds reach [`FLUSH_BYTES`].
+    pub(super) flush_due: Arc<Notify>,
 }
 
 const BROKEN: &str = "the store's journal or engine failed earlier; this server stores nothing \
@@ -90,7 +101,7 @@ struct Syncing {
 }
 
 /// The journal task: appends each round's record, makes groups of them durable, then
-/// writes them to the engine and acknowledges them, all in round order.
+/// applies them to the unflushed rounds and acknowledges them, all in round order.
 pub(super) struct JournalTask {
     pub(super) shared: Shared,
     pub(super) pair: JournalPair,
@@ -98,13 +109,10 @@ pub(super) struct JournalTask {
     pub(super) next: u64,
     /// The last journal round the engine holds durably (the tracker's).
     pub(super) held: watch::Receiver<u64>,
-    /// Moves once per engine write, for followers.
+    /// Moves once per group of rounds applied, for followers.
     pub(super) durable: watch::Sender<u64>,
-    /// The sequencer's number of the last round written to the engine.
+    /// The sequencer's number of the last round its reads can see.
     pub(super) written: Arc<AtomicU64>,
-    /// The latest engine write, for the tracker.
-    pub(super) latest: watch::Sender<Option<(u64, WriteHandle)>>,
-    pub(super) pacing: Pacing,
     /// Appended, waiting for the next sync.
     appended: Vec<Journaled>,
     body: Vec<u8>,
@@ -117,7 +125,6 @@ impl JournalTask {
         held: watch::Receiver<u64>,
         durable: watch::Sender<u64>,
         written: Arc<AtomicU64>,
-        latest: watch::Sender<Option<(u64, WriteHandle)>>,
     ) -> JournalTask {
         JournalTask {
             shared,
@@ -126,8 +133,6 @@ impl JournalTask {
             held,
             durable,
             written,
-            latest,
-            pacing: Pacing::default(),
             appended: Vec::new(),
             body: Vec::new(),
         }
@@ -138,6 +143,8 @@ impl JournalTask {
     /// runs elsewhere (a blocking call), and it starts as soon as the previous one
     /// ended with whatever was appended meanwhile.
     pub(super) async fn run(mut self, mut rounds: mpsc::Receiver<RoundWrite>) {
+        let (running, stopped) = watch::channel(());
+        let flusher = tokio::spawn(flush_behind(self.shared.clone(), stopped));
         let mut syncing: Option<Syncing> = None;
         let mut open = true;
         loop {
@@ -167,6 +174,23 @@ impl JournalTask {
                     }
                 }
             }
+        }
+        drop(running);
+        let _ = flusher.await;
+        // Not needed for what was acknowledged (a restart replays the journal), but
+        // a store closed cleanly starts without replaying.
+        self.flush().await;
+    }
+
+    /// Writes the unflushed rounds to the engine now.
+    async fn flush(&self) {
+        if self.shared.broken.load(Ordering::Acquire) {
+            return;
+        }
+        let engine = &self.shared.engine;
+        if let Err(error) = engine.unflushed().flush(engine.slatedb()).await {
+            report_failure(&error, "store write failed after the journal held it");
+            self.shared.break_down(&error);
         }
     }
 
@@ -255,6 +279,7 @@ impl JournalTask {
                         // Everything appended must reach the engine before the
                         // engine can hold it: this task is the one that writes it.
                         self.drain(syncing).await;
+                        self.flush().await;
                         if self.shared.broken.load(Ordering::Acquire) {
                             // What the other file holds may never reach the engine.
                             return Err(Refusal::Broken(StoreError::Refused(BROKEN.into())));
@@ -308,8 +333,8 @@ impl JournalTask {
         }
     }
 
-    /// Writes a synced group's rounds to the engine in order, then sends their durable
-    /// acks, passes their barriers and moves the durable watch.
+    /// Applies a synced group's rounds to the unflushed rounds in order, sends their
+    /// durable acks, passes their barriers and moves the durable watch.
     async fn finish(&mut self, group: Vec<Journaled>, synced: std::io::Result<()>) {
         if let Err(error) = &synced {
             self.shared.journal_failed.store(true, Ordering::Release);
@@ -321,6 +346,12 @@ impl JournalTask {
             }
             return;
         }
+        let unflushed = self.shared.engine.unflushed();
+        if unflushed.failed() && !self.shared.broken.load(Ordering::Acquire) {
+            self.shared
+                .break_down(&"an earlier write of unflushed rounds to the engine failed");
+        }
+        let mut applied = false;
         for journaled in group {
             let mut round = journaled.round;
             if let (Some(writes), Some((number, _)), false) = (
@@ -328,11 +359,12 @@ impl JournalTask {
                 journaled.record,
                 self.shared.broken.load(Ordering::Acquire),
             ) {
-                self.write(writes, number).await;
+                unflushed.apply(writes, number);
+                applied = true;
             }
             // The journal holds the round: its acks are true even when the engine
             // did not take it (a restart writes it there). Its barriers promise
-            // reads that see it, which only the engine gives.
+            // reads that see it, which the unflushed rounds give once applied.
             if !round.durable_acks.is_empty() {
                 self.shared.events.acknowledged(round.durable_acks);
             }
@@ -343,28 +375,18 @@ impl JournalTask {
                 }
             }
         }
-    }
-
-    async fn write(&mut self, writes: crate::store::writes::Writes, number: u64) {
-        self.pacing.pace(&self.shared.engine).await;
-        let started = std::time::Instant::now();
-        let mut batch = writes.into_batch();
-        batch.put(ROUND_KEY, number.to_be_bytes());
-        match self
-            .shared
-            .engine
-            .write_with_options(batch, &WriteOptions::default())
-            .await
-        {
-            Ok(handle) => {
-                self.shared.stats.write.record(started.elapsed());
-                self.latest.send_replace(Some((number, handle)));
-                self.durable.send_modify(|n| *n += 1);
-            }
-            Err(error) => {
-                report_failure(&error, "store write failed after the journal held it");
-                self.shared.break_down(&error);
-            }
+        if applied {
+            // After `written`: a round waiting for an earlier one to be applied
+            // looks at it when this moves.
+            self.durable.send_modify(|n| *n += 1);
+        }
+        let held = unflushed.bytes();
+        if held >= UNFLUSHED_MAX {
+            // The flusher is behind (the engine paces its writes while compaction
+            // catches up): wait for it rather than hold more in memory.
+            self.flush().await;
+        } else if held >= FLUSH_BYTES {
+            self.shared.flush_due.notify_one();
         }
     }
 }
@@ -393,11 +415,8 @@ enum Refusal {
 /// Follows the engine's durability: the last journal round its own log holds, which
 /// says when a journal file may start over. Its log is ordered, so waiting for the
 /// latest write covers every one before it.
-pub(super) async fn track_engine(
-    shared: Shared,
-    mut latest: watch::Receiver<Option<(u64, WriteHandle)>>,
-    held: watch::Sender<u64>,
-) {
+pub(super) async fn track_engine(shared: Shared, held: watch::Sender<u64>) {
+    let mut latest = shared.engine.unflushed().latest();
     while latest.changed().await.is_ok() {
         let Some((number, handle)) = latest.borrow_and_update().clone() else {
             continue;
@@ -413,6 +432,39 @@ pub(super) async fn track_engine(
                 report_failure(&error, "the engine's log could not be made durable");
                 shared.break_down(&error);
                 return;
+            }
+        }
+    }
+}
+
+/// Writes the unflushed rounds to the engine once they are large or old enough,
+/// pacing itself as the engine's L0 fills, until `stopped` closes.
+async fn flush_behind(shared: Shared, mut stopped: watch::Receiver<()>) {
+    let mut pacing = Pacing::default();
+    let engine = Arc::clone(&shared.engine);
+    let unflushed = engine.unflushed();
+    loop {
+        let wait = match unflushed.age() {
+            Some(age) => FLUSH_AFTER.saturating_sub(age),
+            None => FLUSH_AFTER,
+        };
+        tokio::select! {
+            _ = stopped.changed() => return,
+            () = shared.flush_due.notified() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+        let due = unflushed.bytes() >= FLUSH_BYTES
+            || unflushed.age().is_some_and(|age| age >= FLUSH_AFTER);
+        if !due || shared.broken.load(Ordering::Acquire) {
+            continue;
+        }
+        pacing.pace(&engine).await;
+        let started = std::time::Instant::now();
+        match unflushed.flush(engine.slatedb()).await {
+            Ok(_) => shared.stats.write.record(started.elapsed()),
+            Err(error) => {
+                report_failure(&error, "store write failed after the journal held it");
+                shared.break_down(&error);
             }
         }
     }

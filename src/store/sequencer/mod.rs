@@ -178,21 +178,20 @@ impl Sequencer {
                 journal_failed: Default::default(),
                 stats: Arc::clone(&self.stats),
                 flush_wanted: Default::default(),
+                flush_due: Default::default(),
             };
             let (held_tx, held_rx) = watch::channel(next - 1);
-            let (latest_tx, latest_rx) = watch::channel(None);
             let journal = journaled::JournalTask::new(
                 shared.clone(),
                 (pair, next),
                 held_rx,
                 self.durable_tx.clone(),
                 Arc::clone(&self.written),
-                latest_tx,
             );
             let tasks = vec![tokio::spawn(journal.run(write_rx))];
             // Not awaited at the end: it may wait on the engine's slow log timer,
             // which the store's close flushes anyway.
-            let tracker = tokio::spawn(journaled::track_engine(shared, latest_rx, held_tx));
+            let tracker = tokio::spawn(journaled::track_engine(shared, held_tx));
             return (write_tx, tasks, Some(tracker));
         }
         let (durable_tx, durable_rx) = mpsc::channel(DURABILITY_QUEUE);

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::store::record::{self, MsgIdEntry};
 use crate::store::runs::{self, RUN_MAX_BYTES, RUN_MAX_MESSAGES, Seen};
@@ -45,7 +45,7 @@ impl OpenRun {
 
     fn write(self, batch: &mut Writes, tenant: &str, subject: &str) {
         if self.builder.count() > 0 {
-            batch.put(
+            batch.put_run(
                 keys::message(tenant, subject, self.first),
                 self.builder.finish(),
             );
@@ -155,6 +155,8 @@ impl RoundBatch {
 
 /// What one round decides, gathered as it goes through its appends in queue order.
 struct RoundDraft {
+    /// The round's number (`Sequencer::rounds` once it is finished).
+    round: u64,
     now: u64,
     writes: RoundBatch,
     /// The accepted messages, for routing.
@@ -173,8 +175,9 @@ struct RoundDraft {
 }
 
 impl RoundDraft {
-    fn new(now: u64, window_ms: u64) -> RoundDraft {
+    fn new(round: u64, now: u64, window_ms: u64) -> RoundDraft {
         RoundDraft {
+            round,
             now,
             writes: RoundBatch {
                 batch: Writes::default(),
@@ -208,6 +211,9 @@ impl RoundDraft {
             .entry(Arc::clone(&request.tenant))
             .or_insert_with(|| (*next_offset, Vec::new()));
         let mut new_head = head;
+        if request.max_versions == 0 {
+            new_head.run_round = self.round;
+        }
         for (i, message) in request.messages.iter().enumerate() {
             new_head.version += 1;
             new_head.offset = *next_offset;
@@ -421,7 +427,7 @@ impl Sequencer {
             self.fail_all(requests, &error);
             return RoundWrite::default();
         }
-        let mut draft = RoundDraft::new(self.clock.now_ms(), self.window_ms);
+        let mut draft = RoundDraft::new(self.rounds + 1, self.clock.now_ms(), self.window_ms);
         self.take_released(&mut draft.changed);
         for (position, request) in requests.iter().enumerate() {
             self.decide(&mut draft, position, request);
@@ -656,6 +662,13 @@ impl Sequencer {
                     let size = match recent {
                         Some(size) => Some(size),
                         None => {
+                            let run_round = state
+                                .heads
+                                .get(&*request.subject)
+                                .map_or(0, |h| h.run_round);
+                            if run_round > written && self.db.journaled() {
+                                wait_applied(&self.written, &self.durable_tx, run_round).await?;
+                            }
                             let run = runs::run_holding(
                                 &self.db,
                                 &request.tenant,
@@ -744,3 +757,31 @@ impl Sequencer {
         }
     }
 }
+
+/// Waits until round `round` is applied, so that reads show the runs it extended:
+/// a decision that deletes a run's key must see the run as it will be written.
+async fn wait_applied(
+    written: &AtomicU64,
+    applied: &tokio::sync::watch::Sender<u64>,
+    round: u64,
+) -> Result<(), StoreError> {
+    let mut changes = applied.subscribe();
+    let deadline = tokio::time::Instant::now() + APPLY_WAIT;
+    while written.load(Ordering::Acquire) < round {
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(StoreError::Closed),
+            // A refused round is never applied: its failure makes the sequencer
+            // read every head again, and this round is refused meanwhile.
+            Err(_) => {
+                return Err(StoreError::Refused(
+                    "an earlier round did not reach the store; retry".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How long a round waits for an earlier one to be applied before it is refused.
+const APPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);

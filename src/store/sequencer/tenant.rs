@@ -21,6 +21,11 @@ pub(super) struct Head {
     pub(super) version: u64,
     /// Offset of the subject's last message (0 = none).
     pub(super) offset: u64,
+    /// The last round that put its messages on a run a later round may extend while
+    /// neither is in the engine (`store/unflushed.rs`); 0 when none did since the
+    /// head was read. A version limit's drop reads the subject's runs only once
+    /// that round is applied, so it decides on the runs as they will be.
+    pub(super) run_round: u64,
 }
 
 #[derive(Default)]
@@ -160,8 +165,13 @@ pub(super) async fn load_head(
         return Ok(Head {
             version,
             offset: newest.offset,
+            run_round: 0,
         });
     }
     let (version, offset) = record::decode_marker(marker).unwrap_or((0, 0));
-    Ok(Head { version, offset })
+    Ok(Head {
+        version,
+        offset,
+        run_round: 0,
+    })
 }

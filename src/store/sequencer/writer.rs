@@ -90,7 +90,7 @@ impl Pacing {
             .checked
             .is_none_or(|at| now.duration_since(at) >= std::time::Duration::from_millis(10))
         {
-            self.l0 = db.manifest().l0().len();
+            self.l0 = db.slatedb().manifest().l0().len();
             self.checked = Some(now);
         }
         if let Some(wait) = pause_for(self.l0) {

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use super::*;
 
-fn folder_settings(folder: &Path, journal_bytes: u64) -> StoreSettings {
+pub(super) fn folder_settings(folder: &Path, journal_bytes: u64) -> StoreSettings {
     StoreSettings {
         url: StoreUrl::File(folder.to_owned()),
         object_store: None,
@@ -34,7 +34,7 @@ fn copy_folder(from: &Path, to: &Path) {
 }
 
 /// Opens a store in `settings`, with a recorder of its acks.
-async fn open(settings: StoreSettings) -> (Store, Arc<Recorder>) {
+pub(super) async fn open(settings: StoreSettings) -> (Store, Arc<Recorder>) {
     let recorder = Arc::new(Recorder::default());
     let store = Store::open(settings, recorder.clone())
         .await
@@ -44,7 +44,7 @@ async fn open(settings: StoreSettings) -> (Store, Arc<Recorder>) {
 
 /// What a crash of the running `store` in `live` would leave: a copy of its folder
 /// (the store itself is then closed, its folder left aside).
-async fn crash(store: Store, live: &Path) -> std::path::PathBuf {
+pub(super) async fn crash(store: Store, live: &Path) -> std::path::PathBuf {
     let crashed = live.with_file_name("crashed");
     copy_folder(live, &crashed);
     store.close().await.expect("closes");
@@ -52,7 +52,12 @@ async fn crash(store: Store, live: &Path) -> std::path::PathBuf {
 }
 
 /// Appends `count` durable messages over `subjects` subjects and waits for their acks.
-async fn append_acked(store: &Store, recorder: &Recorder, count: usize, subjects: usize) {
+pub(super) async fn append_acked(
+    store: &Store,
+    recorder: &Recorder,
+    count: usize,
+    subjects: usize,
+) {
     let before = recorder.acks.lock().len();
     for i in 0..count {
         let payload = format!("message {i} {}", "x".repeat(200));
@@ -71,7 +76,7 @@ async fn append_acked(store: &Store, recorder: &Recorder, count: usize, subjects
     );
 }
 
-async fn count_versions(store: &Store, subjects: usize) -> usize {
+pub(super) async fn count_versions(store: &Store, subjects: usize) -> usize {
     let mut total = 0;
     for s in 0..subjects {
         let versions = versions(store, &format!("j.{s}")).await;

@@ -20,6 +20,7 @@ mod retained;
 mod retention;
 mod runs;
 mod tenants;
+mod unflushed;
 
 #[derive(Default)]
 struct Recorder {

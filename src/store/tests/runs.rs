@@ -4,7 +4,7 @@
 use super::*;
 
 /// One append of `n` messages to `subject` (payloads `p1`..`pn`, counting from `from`).
-fn many(subject: &str, from: u64, n: u64, max_versions: u64) -> AppendRequest {
+pub(super) fn many(subject: &str, from: u64, n: u64, max_versions: u64) -> AppendRequest {
     let mut r = request(subject, "", 0);
     r.ack = None;
     r.max_versions = max_versions;
