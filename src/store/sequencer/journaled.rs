@@ -27,7 +27,7 @@ use crate::store::Engine;
 use crate::store::journaled::{Appended, JournalPair};
 use crate::store::{StoreError, StoreEvents};
 
-use super::writer::{Pacing, RoundWrite, refuse, report_failure};
+use super::writer::{Pacing, RoundWrite, STALE, refuse, report_failure};
 
 /// Rounds appended and waiting for their sync: the next group's bound.
 pub(super) const SYNC_QUEUE: usize = 256;
@@ -200,13 +200,15 @@ impl JournalTask {
             self.shared.refuse(round, BROKEN);
             return;
         }
+        let stale = round.epoch != self.shared.failures.load(Ordering::Acquire);
+        // Durable acks without writes (duplicates) vouch for an earlier round, which
+        // may be the one that failed.
+        if stale && (round.batch.is_some() || !round.durable_acks.is_empty()) {
+            self.shared.refuse(round, STALE);
+            return;
+        }
         let record = match round.batch.as_ref() {
             None => None,
-            Some(_) if round.epoch != self.shared.failures.load(Ordering::Acquire) => {
-                self.shared
-                    .refuse(round, "an earlier write failed before this one; retry");
-                return;
-            }
             Some(writes) => {
                 let mut body = std::mem::take(&mut self.body);
                 body.clear();

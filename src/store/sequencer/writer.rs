@@ -106,6 +106,9 @@ fn pause_for(l0: usize) -> Option<std::time::Duration> {
     Some(std::time::Duration::from_micros(250 << over.min(6)))
 }
 
+/// Why a round decided before a failed write is refused.
+pub(super) const STALE: &str = "an earlier write failed before this one; retry";
+
 /// Writes decided rounds in order. A failed write, and every round decided before the
 /// sequencer learned of it (their versions follow the lost ones), is refused, so a
 /// subject's versions never skip.
@@ -126,11 +129,13 @@ pub(super) async fn write_rounds(
         }
         // The engine's own write time, without the pacing's wait.
         let started = std::time::Instant::now();
+        let stale = round.epoch != failed_before;
         let result = match round.batch.take() {
+            // Durable acks without writes (duplicates) vouch for an earlier round,
+            // which may be the one that failed.
+            None if stale && !round.durable_acks.is_empty() => Err(STALE.to_owned()),
             None => Ok(None),
-            Some(_) if round.epoch != failed_before => {
-                Err("an earlier write failed before this one; retry".to_owned())
-            }
+            Some(_) if stale => Err(STALE.to_owned()),
             Some(writes) => match db
                 .write_with_options(writes.into_batch(), &WriteOptions::default())
                 .await
