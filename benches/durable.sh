@@ -79,6 +79,8 @@ start_nats() { # name
 }
 
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+# CPU seconds (user + system) the process has used so far.
+cpu_secs() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
 hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$1/status"; }
 
 bench() { # label port run-name shape msgs extra...
@@ -159,11 +161,12 @@ if [[ $PHASES == *sustained* ]]; then
   for label in ${SUSTAINED_SERVERS:-canopy nats-server}; do
     if [[ $label == canopy ]]; then
       start_canopy canopy-sustained
-      pid=$canopy_pid port=$canopy_port
+      pid=$canopy_pid port=$canopy_port folder=$tmp/canopy-sustained
     else
       start_nats nats-sustained
-      pid=$nats_pid port=$nats_port
+      pid=$nats_pid port=$nats_port folder=$tmp/nats-sustained
     fi
+    cpu_before=$(cpu_secs "$pid")
     samples="$out/sustained-$label-rss.txt"
     (while kill -0 "$pid" 2>/dev/null; do
       echo "$(date +%s.%N) $(rss_kib "$pid")"
@@ -172,10 +175,21 @@ if [[ $PHASES == *sustained* ]]; then
     sampler=$!
     bench "$label" "$port" sustained durable "$SUSTAINED_MSGS" --publishers 10 --subjects 1000 \
       || echo "  $label: sustained run FAILED" >&2
+    cpu_load=$(cpu_secs "$pid")
     sleep 10 # memory after the load, once flushes and compaction settled
+    cpu_after=$(cpu_secs "$pid")
     kill "$sampler" 2>/dev/null || true
     wait "$sampler" 2>/dev/null || true
     stop_servers
+    # CPU per message during the load and with the 10 s after it (compaction behind),
+    # and the folder's bytes per message once the server stopped.
+    python3 -c 'import sys
+before, load, after, msgs, disk, label = sys.argv[1:]
+msgs = float(msgs)
+print(f"  {label}: server CPU per message {(float(load) - float(before)) / msgs * 1e6:.2f} us "
+      f"({(float(after) - float(before)) / msgs * 1e6:.2f} us with the 10 s after); "
+      f"{float(disk) / msgs:.0f} bytes on disk per message", file=sys.stderr)' \
+      "$cpu_before" "$cpu_load" "$cpu_after" "$SUSTAINED_MSGS" "$(du -sb "$folder" | cut -f1)" "$label"
     python3 - "$out/runs.jsonl" "$samples" "$label" <<'PY' >&2
 import json, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]

@@ -167,12 +167,13 @@ impl Layer {
     }
 }
 
-/// A subject's message key without its version, or `None` for another kind of key.
-fn subject_of(key: &[u8]) -> Option<&[u8]> {
+/// A subject's message key without its version (sharing the key's bytes), or `None`
+/// for another kind of key.
+fn subject_of(key: &Bytes) -> Option<Bytes> {
     if key.first() != Some(&keys::MESSAGE) {
         return None;
     }
-    key.get(..key.len().checked_sub(8)?)
+    Some(key.slice(..key.len().checked_sub(8)?))
 }
 
 /// A layer written out: the batch, the round it ends with and the generation it saw.
@@ -214,25 +215,23 @@ impl Unflushed {
         // A round that deletes a subject's message keys decided which from the runs
         // it read: none of that subject's runs grows in it.
         let mut deleting: HashSet<Bytes> = HashSet::new();
-        let writes: Vec<Write> = writes.into_writes().collect();
-        for write in &writes {
+        for write in writes.as_slice() {
             if let Write::Delete { key } = write
                 && let Some(prefix) = subject_of(key)
             {
-                deleting.insert(Bytes::copy_from_slice(prefix));
+                deleting.insert(prefix);
             }
         }
-        for write in writes {
+        for write in writes.into_writes() {
             match write {
                 Write::Run { key, value } => {
                     let Some(prefix) = subject_of(&key) else {
                         layer.set(key, Value::Put(value));
                         continue;
                     };
-                    if !deleting.contains(prefix) && layer.extend(prefix, &key, &value) {
+                    if !deleting.contains(&prefix) && layer.extend(&prefix, &key, &value) {
                         continue;
                     }
-                    let prefix = Bytes::copy_from_slice(prefix);
                     let run = Run {
                         count: record::run_count(&value),
                         bytes: value.len(),
@@ -248,7 +247,7 @@ impl Unflushed {
                 }
                 Write::Put { key, value } => {
                     if let Some(prefix) = subject_of(&key) {
-                        layer.tails.remove(prefix);
+                        layer.tails.remove(&prefix);
                     }
                     layer.set(key, Value::Put(value));
                 }
@@ -258,7 +257,7 @@ impl Unflushed {
                 }
                 Write::Delete { key } => {
                     if let Some(prefix) = subject_of(&key) {
-                        layer.tails.remove(prefix);
+                        layer.tails.remove(&prefix);
                     }
                     layer.set(key, Value::Delete);
                 }

@@ -101,6 +101,11 @@ impl Writes {
     }
 
     /// The writes in the order they were made.
+    pub fn as_slice(&self) -> &[Write] {
+        &self.writes
+    }
+
+    /// The writes in the order they were made, taken.
     pub fn into_writes(self) -> std::vec::IntoIter<Write> {
         self.writes.into_iter()
     }
