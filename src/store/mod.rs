@@ -528,7 +528,9 @@ impl Store {
             .send(Input::Forget(Arc::from(tenant)))
             .await
             .map_err(|_| StoreError::Closed)?;
-        self.barrier().await
+        // Every round of the tenant decided before is applied (behind a journal: in
+        // the unflushed rounds), so the purge's flush takes it and its scan sees it.
+        self.durable_barrier().await
     }
 
     /// Resolves once every append queued before it has been sequenced and handed to

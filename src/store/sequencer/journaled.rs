@@ -446,6 +446,11 @@ async fn flush_behind(shared: Shared, mut stopped: watch::Receiver<()>) {
     let engine = Arc::clone(&shared.engine);
     let unflushed = engine.unflushed();
     loop {
+        if shared.broken.load(Ordering::Acquire) {
+            // Nothing is flushed any more (a restart replays the journal); waiting
+            // on an old map's age would spin.
+            return;
+        }
         let wait = match unflushed.age() {
             Some(age) => FLUSH_AFTER.saturating_sub(age),
             None => FLUSH_AFTER,
@@ -457,7 +462,7 @@ async fn flush_behind(shared: Shared, mut stopped: watch::Receiver<()>) {
         }
         let due = unflushed.bytes() >= FLUSH_BYTES
             || unflushed.age().is_some_and(|age| age >= FLUSH_AFTER);
-        if !due || shared.broken.load(Ordering::Acquire) {
+        if !due {
             continue;
         }
         pacing.pace(&engine).await;

@@ -143,9 +143,14 @@ impl RoundBatch {
             dropped,
         );
         let delete = dropped_in_runs.remove(&key).unwrap_or(Some(dropped));
-        if let Some(version) = delete {
-            self.batch
-                .delete(keys::message(&request.tenant, &request.subject, version));
+        if let Some(first) = delete {
+            // A run read whole may have joined several rounds' runs while unflushed
+            // (`store/unflushed.rs`), which a restart replays each under its own first
+            // version: deleting the key of every version it holds deletes all of them.
+            for version in first..=dropped {
+                self.batch
+                    .delete(keys::message(&request.tenant, &request.subject, version));
+            }
         }
         dropped_sizes
             .remove(&key)

@@ -133,3 +133,30 @@ async fn a_purge_of_unflushed_messages_is_not_undone_by_their_flush_or_a_restart
     );
     store.close().await.expect("closes");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_that_drops_a_joined_run_drops_it_after_a_restart_too() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let live = dir.path().join("live");
+    let (store, recorder) = open(folder_settings(&live, 8 << 20)).await;
+    // Three rounds join into one run while unflushed; the journal holds three.
+    let mut sent = 0;
+    for v in 1..=3 {
+        store.append(several("k", v, 1, 0)).await.expect("queued");
+        sent += 1;
+        acks(&recorder, sent).await;
+    }
+    // A limit of 2: version 4 drops 2 (inside the run: kept), version 5 drops 3, the
+    // run's last, so the run goes. A restart that replays the journal must not bring
+    // back the rounds' own keys of versions 2 and 3.
+    for v in 4..=5 {
+        store.append(several("k", v, 1, 2)).await.expect("queued");
+        sent += 1;
+        acks(&recorder, sent).await;
+    }
+    assert_eq!(versions(&store, "k").await, [4, 5]);
+    let crashed = crash(store, &live).await;
+    let (store, _) = open(folder_settings(&crashed, 8 << 20)).await;
+    assert_eq!(versions(&store, "k").await, [4, 5]);
+    store.close().await.expect("closes");
+}

@@ -255,3 +255,39 @@ async fn a_joined_run_reaches_the_engine_as_one_key() {
     assert_eq!(payloads(kv.value), expected);
     assert!(iter.next().await.expect("next").is_none(), "only one key");
 }
+
+#[tokio::test]
+async fn a_flushed_read_shows_the_engine_without_what_the_unflushed_rounds_delete() {
+    let engine = engine().await;
+    let mut batch = WriteBatch::new();
+    for key in ["k1", "k2"] {
+        batch.put(key, "engine");
+    }
+    engine.write(batch).await.expect("writes");
+    let mut writes = Writes::default();
+    writes.delete(Bytes::from_static(b"k2"));
+    writes.put(Bytes::from_static(b"k3"), Bytes::from_static(b"layer"));
+    engine.unflushed().apply(writes, 1);
+    let options = slatedb::config::ScanOptions::default();
+    let mut iter = engine
+        .scan_flushed(b"k".to_vec()..b"l".to_vec(), &options)
+        .await
+        .expect("scans");
+    let mut found = Vec::new();
+    while let Some(kv) = iter.next().await.expect("next") {
+        found.push(String::from_utf8_lossy(&kv.key).into_owned());
+    }
+    // What the engine holds (k1), without what a round deleted (k2), and without
+    // what only the rounds hold (k3).
+    assert_eq!(found, ["k1"]);
+    let read = slatedb::config::ReadOptions::default();
+    assert_eq!(engine.get_flushed("k2", &read).await.expect("gets"), None);
+    assert_eq!(engine.get_flushed("k3", &read).await.expect("gets"), None);
+    assert!(
+        engine
+            .get_flushed("k1", &read)
+            .await
+            .expect("gets")
+            .is_some()
+    );
+}
