@@ -118,6 +118,8 @@ struct Layer {
     since: Option<Instant>,
     /// Flushes started, for readers that look here and then at the engine.
     flushes: u64,
+    /// Messages per run key in the last flush: how much waiting joined.
+    joining: f64,
 }
 
 impl Layer {
@@ -313,6 +315,12 @@ impl Unflushed {
         (found, flushes)
     }
 
+    /// Messages per run key in the last flush (0 before the first): how much
+    /// waiting to flush joined runs.
+    pub(crate) fn joining(&self) -> f64 {
+        self.layer.lock().joining
+    }
+
     /// Flushes started so far.
     pub(crate) fn flushes(&self) -> u64 {
         self.layer.lock().flushes
@@ -397,6 +405,18 @@ impl Unflushed {
         // What is written now is not extended after: a run grows only while nothing
         // of it is in the engine.
         layer.tails.clear();
+        let (mut runs, mut messages) = (0u64, 0u64);
+        for entry in layer.entries.values() {
+            if let Value::Run(run) = &entry.value {
+                runs += 1;
+                messages += u64::from(run.count);
+            }
+        }
+        layer.joining = if runs == 0 {
+            0.0
+        } else {
+            messages as f64 / runs as f64
+        };
         let entries = layer
             .entries
             .iter()

@@ -37,6 +37,12 @@ const FLUSH_BYTES: usize = 4 << 20;
 /// ...or once the oldest has waited this long (what the engine's tables, and so a
 /// restart's replay, lag behind)...
 const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
+/// ...or this long when the last flush joined few messages per key (many subjects at
+/// a low rate): waiting then only makes each flush a larger burst of engine work,
+/// which shows in the latency of live messages (BENCHMARKS.md, session 23)...
+const FLUSH_SOON: std::time::Duration = std::time::Duration::from_millis(50);
+/// ...below this many messages per key.
+const JOINING_WORTH_WAITING: f64 = 2.0;
 /// ...and past this much the journal task waits for a flush before taking more.
 const UNFLUSHED_MAX: usize = 4 * FLUSH_BYTES;
 
@@ -451,17 +457,23 @@ async fn flush_behind(shared: Shared, mut stopped: watch::Receiver<()>) {
             // on an old map's age would spin.
             return;
         }
+        let joins_little = unflushed.joining() < JOINING_WORTH_WAITING;
+        let after = if unflushed.flushes() > 0 && joins_little {
+            FLUSH_SOON
+        } else {
+            FLUSH_AFTER
+        };
         let wait = match unflushed.age() {
-            Some(age) => FLUSH_AFTER.saturating_sub(age),
-            None => FLUSH_AFTER,
+            Some(age) => after.saturating_sub(age),
+            None => after,
         };
         tokio::select! {
             _ = stopped.changed() => return,
             () = shared.flush_due.notified() => {}
             () = tokio::time::sleep(wait) => {}
         }
-        let due = unflushed.bytes() >= FLUSH_BYTES
-            || unflushed.age().is_some_and(|age| age >= FLUSH_AFTER);
+        let due =
+            unflushed.bytes() >= FLUSH_BYTES || unflushed.age().is_some_and(|age| age >= after);
         if !due {
             continue;
         }
