@@ -14,6 +14,22 @@ use slatedb::{ByteRangeBounds, Db, DbIterator, IterationOrder, WriteBatch, Write
 
 use super::unflushed::{Look, Unflushed};
 
+/// A range's bounds as owned bytes, kept for the engine's scan (which may be opened
+/// more than once) and lent to the unflushed rounds'.
+type OwnedRange = (Bound<Bytes>, Bound<Bytes>);
+
+fn owned(range: &impl ByteRangeBounds) -> OwnedRange {
+    let own = |bound: Bound<&[u8]>| bound.map(Bytes::copy_from_slice);
+    (own(range.start_bound()), own(range.end_bound()))
+}
+
+fn borrowed(range: &OwnedRange) -> (Bound<&[u8]>, Bound<&[u8]>) {
+    (
+        range.0.as_ref().map(|b| &b[..]),
+        range.1.as_ref().map(|b| &b[..]),
+    )
+}
+
 /// One key and its value, as a scan finds them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Found {
@@ -123,14 +139,8 @@ impl Engine {
         options: &ScanOptions,
     ) -> Result<Scanned, slatedb::Error> {
         let descending = matches!(options.order, IterationOrder::Descending);
-        let owned = |bound: Bound<&[u8]>| bound.map(Bytes::copy_from_slice);
-        let range = (owned(range.start_bound()), owned(range.end_bound()));
-        let borrowed = || {
-            (
-                range.0.as_ref().map(|b| &b[..]),
-                range.1.as_ref().map(|b| &b[..]),
-            )
-        };
+        let range = owned(&range);
+        let borrowed = || borrowed(&range);
         if !self.journaled {
             let engine = self.db.scan_with_options(range.clone(), options).await?;
             return Ok(Scanned::new(engine, Vec::new(), descending));
@@ -164,13 +174,8 @@ impl Engine {
         options: &ScanOptions,
     ) -> Result<Scanned, slatedb::Error> {
         let descending = matches!(options.order, IterationOrder::Descending);
-        let owned = |bound: Bound<&[u8]>| bound.map(Bytes::copy_from_slice);
-        let range = (owned(range.start_bound()), owned(range.end_bound()));
-        let borrowed = (
-            range.0.as_ref().map(|b| &b[..]),
-            range.1.as_ref().map(|b| &b[..]),
-        );
-        let (layer, _) = self.unflushed.range(borrowed, descending);
+        let range = owned(&range);
+        let (layer, _) = self.unflushed.range(borrowed(&range), descending);
         let deleted = layer
             .into_iter()
             .filter(|(_, value)| value.is_none())

@@ -85,6 +85,21 @@ impl Shared {
         self.events.lost();
     }
 
+    /// Writes the unflushed rounds to the engine; a failure breaks the store down.
+    async fn flush(&self) {
+        if self.broken.load(Ordering::Acquire) {
+            return;
+        }
+        let started = std::time::Instant::now();
+        match self.engine.unflushed().flush(self.engine.slatedb()).await {
+            Ok(_) => self.stats.write.record(started.elapsed()),
+            Err(error) => {
+                report_failure(&error, "store write failed after the journal held it");
+                self.break_down(&error);
+            }
+        }
+    }
+
     fn refuse(&self, round: RoundWrite, reason: &str) {
         refuse(&*self.events, round, reason);
     }
@@ -185,19 +200,7 @@ impl JournalTask {
         let _ = flusher.await;
         // Not needed for what was acknowledged (a restart replays the journal), but
         // a store closed cleanly starts without replaying.
-        self.flush().await;
-    }
-
-    /// Writes the unflushed rounds to the engine now.
-    async fn flush(&self) {
-        if self.shared.broken.load(Ordering::Acquire) {
-            return;
-        }
-        let engine = &self.shared.engine;
-        if let Err(error) = engine.unflushed().flush(engine.slatedb()).await {
-            report_failure(&error, "store write failed after the journal held it");
-            self.shared.break_down(&error);
-        }
+        self.shared.flush().await;
     }
 
     /// Appends one round's record and sends the acks that do not wait for durability.
@@ -287,7 +290,7 @@ impl JournalTask {
                         // Everything appended must reach the engine before the
                         // engine can hold it: this task is the one that writes it.
                         self.drain(syncing).await;
-                        self.flush().await;
+                        self.shared.flush().await;
                         if self.shared.broken.load(Ordering::Acquire) {
                             // What the other file holds may never reach the engine.
                             return Err(Refusal::Broken(StoreError::Refused(BROKEN.into())));
@@ -392,7 +395,7 @@ impl JournalTask {
         if held >= UNFLUSHED_MAX {
             // The flusher is behind (the engine paces its writes while compaction
             // catches up): wait for it rather than hold more in memory.
-            self.flush().await;
+            self.shared.flush().await;
         } else if held >= FLUSH_BYTES {
             self.shared.flush_due.notify_one();
         }
@@ -478,13 +481,6 @@ async fn flush_behind(shared: Shared, mut stopped: watch::Receiver<()>) {
             continue;
         }
         pacing.pace(&engine).await;
-        let started = std::time::Instant::now();
-        match unflushed.flush(engine.slatedb()).await {
-            Ok(_) => shared.stats.write.record(started.elapsed()),
-            Err(error) => {
-                report_failure(&error, "store write failed after the journal held it");
-                shared.break_down(&error);
-            }
-        }
+        shared.flush().await;
     }
 }
