@@ -261,6 +261,33 @@ impl Broker {
         }
     }
 
+    /// [`Broker::append`] for several appends at once: on this node's store they are
+    /// all queued before a round runs, so they share one. `Err` when the store is
+    /// closing (what was not taken was never acked).
+    pub async fn append_all(
+        &self,
+        requests: impl IntoIterator<Item = crate::store::AppendRequest>,
+    ) -> Result<(), ()> {
+        let store = match (self.mesh.get(), self.store.get()) {
+            (None, Some(store)) => store,
+            _ => {
+                for request in requests {
+                    self.append(request).await?;
+                }
+                return Ok(());
+            }
+        };
+        let mut queued = Ok(());
+        for request in requests {
+            if store.queue_append(request).await.is_err() {
+                queued = Err(());
+                break;
+            }
+        }
+        store.run_queued().await;
+        queued
+    }
+
     /// Waits until every stored publish handed to [`Broker::append`] for `tenant`
     /// before now has been stored and routed, wherever its store is: what a PING
     /// after publishes waits for. In a cluster it waits no longer than a publish

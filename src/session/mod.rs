@@ -269,19 +269,18 @@ impl Session {
         let _ = tokio::time::timeout_at(until, drained).await;
     }
 
-    /// Sends the publishes this batch made to stored subjects; waits only while the
-    /// sequencer's queue is full, which holds this publisher back and no one else.
+    /// Sends the publishes this batch made to stored subjects, and runs their round
+    /// here when none is under way; waits while the sequencer's queue is full, which
+    /// holds this publisher back and no one else.
     /// False when the store is closing (what was not taken was never acked).
     pub async fn send_appends(&mut self) -> bool {
         let mut appends = std::mem::take(&mut self.appends);
-        let mut taken = true;
-        for request in appends.drain(..) {
-            if self.publisher.broker.append(request).await.is_err() {
-                taken = false;
-                break;
-            }
-        }
-        appends.clear();
+        let taken = self
+            .publisher
+            .broker
+            .append_all(appends.drain(..))
+            .await
+            .is_ok();
         // Keeps the allocation for the next batch.
         self.appends = appends;
         taken

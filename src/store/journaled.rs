@@ -5,7 +5,7 @@
 //! A round's record goes to the active file. When it is full, the other file starts
 //! over and becomes the active one, but only once the engine holds, durably, every
 //! round the other file has: the engine's own log is flushed behind the acks, so by
-//! then it nearly always does, and the journal task waits for it otherwise. Each round's
+//! then it nearly always does, and the appender waits for it otherwise. Each round's
 //! engine write also puts [`ROUND_KEY`], its round number: at start, what the engine
 //! holds says which records to write again.
 //!

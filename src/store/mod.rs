@@ -362,7 +362,7 @@ pub struct Store {
     db: Arc<Engine>,
     clock: crate::clock::Clock,
     /// Cancelled by `close`: stops the sequencer and background passes.
-    appends: mpsc::Sender<Input>,
+    appends: sequencer::Inbox,
     durable: watch::Receiver<u64>,
     /// Held until [`Store::close`] (or the last drop), so the folder is free for the
     /// next server as soon as this one has closed, whoever still holds the store.
@@ -426,7 +426,6 @@ impl Store {
             }
             None => None,
         };
-        let (appends, queue) = mpsc::channel(settings.queue_depth.max(1));
         let (durable_tx, durable) = watch::channel(0);
         let stop = tokio_util::sync::CancellationToken::new();
         let (jobs, job_queue) = mpsc::channel(COMPACTION_QUEUE);
@@ -450,7 +449,7 @@ impl Store {
             Arc::clone(&bytes_full),
         )
         .with_journal(journal);
-        let task = tokio::spawn(sequencer.run(queue, stop.clone()));
+        let (appends, task) = sequencer::start(sequencer, settings.queue_depth, stop.clone());
         Ok(Store {
             db,
             appends,
@@ -481,8 +480,16 @@ impl Store {
     /// [`Store::append`] that gives the request back when the store is closed, so
     /// the caller can take it elsewhere (a cluster node whose shard just moved).
     pub async fn try_append(&self, request: AppendRequest) -> Result<(), Box<AppendRequest>> {
+        self.queue_append(request).await?;
+        self.run_queued().await;
+        Ok(())
+    }
+
+    /// Queues an append without running a round: a caller with several queues them
+    /// all, then calls [`Store::run_queued`] once, so they share one round.
+    pub async fn queue_append(&self, request: AppendRequest) -> Result<(), Box<AppendRequest>> {
         let Err(tokio::sync::mpsc::error::SendError(refused)) =
-            self.appends.send(Input::Append(request)).await
+            self.appends.queue(Input::Append(request)).await
         else {
             return Ok(());
         };
@@ -491,6 +498,13 @@ impl Store {
             // What was sent is what comes back: an append, never anything else.
             _ => Ok(()),
         }
+    }
+
+    /// Runs a round of what is queued in the caller's task when none is under way
+    /// (a lone publish pays no hop to the sequencer's task); else the sequencer's
+    /// task runs it.
+    pub async fn run_queued(&self) {
+        self.appends.run_queued().await;
     }
 
     /// Makes the sequencer forget a tenant before its data is purged.

@@ -6,11 +6,11 @@
 //! own log is flushed behind that, on its timer; what it durably holds says when a
 //! journal file may start over.
 //!
-//! Three tasks: the journal task does every step in round order (the record, the
-//! immediate acks, applying the round, the durable acks and barriers), with only the
-//! sync itself on a blocking thread, so a lone publish pays no hop between steps;
-//! the flusher writes the unflushed rounds to the engine; the tracker follows the
-//! last round the engine's own log holds durably.
+//! The sequencer's task appends each round's record and sends its immediate acks
+//! ([`Appender`]); the sync thread syncs groups of records, then applies their
+//! rounds and sends their durable acks and barriers, so a lone publish's ack leaves
+//! from the thread that saw its sync end; the flusher writes the unflushed rounds to
+//! the engine; the tracker follows the last round the engine's own log holds durably.
 //!
 //! Must never: apply a round before the journal holds it (reads show the unflushed
 //! rounds and the engine's memory as durable), send a durable ack before the sync
@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, watch};
 
 use crate::store::Engine;
 use crate::store::journaled::{Appended, JournalPair};
@@ -43,10 +43,10 @@ const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
 const FLUSH_SOON: std::time::Duration = std::time::Duration::from_millis(50);
 /// ...below this many messages per key.
 const JOINING_WORTH_WAITING: f64 = 2.0;
-/// ...and past this much the journal task waits for a flush before taking more.
+/// ...and past this much the appender waits for a flush before taking more.
 const UNFLUSHED_MAX: usize = 4 * FLUSH_BYTES;
 
-/// What the journal task and the tracker share.
+/// What the appender, the sync thread, the flusher and the tracker share.
 #[derive(Clone)]
 pub(super) struct Shared {
     pub(super) engine: Arc<Engine>,
@@ -61,7 +61,7 @@ pub(super) struct Shared {
     /// round is acknowledged on the journal's word from then on.
     pub(super) journal_failed: Arc<AtomicBool>,
     pub(super) stats: Arc<crate::store::stats::StoreStats>,
-    /// A journal round the journal task waits for the engine to hold durably (a full
+    /// A journal round the appender waits for the engine to hold durably (a full
     /// file cannot start over before): the tracker, once it sees it written, flushes
     /// the engine's log instead of waiting for its timer.
     pub(super) flush_wanted: Arc<AtomicU64>,
@@ -113,240 +113,131 @@ struct Journaled {
     record: Option<(u64, Arc<std::fs::File>)>,
 }
 
-/// A group of appended rounds and the data sync that covers them, under way on a
-/// blocking thread. (Run in place with `block_in_place` instead, a lone publish
-/// waited longer: 300 µs p50 against 255 µs, BENCHMARKS.md.)
-struct Syncing {
-    sync: tokio::task::JoinHandle<std::io::Result<()>>,
-    group: Vec<Journaled>,
+/// Rounds appended and not yet synced, from the appender to whoever syncs them: the
+/// sync thread, or a caller that ran the round itself and found no sync under way.
+#[derive(Default)]
+struct SyncQueue {
+    state: parking_lot::Mutex<Queued>,
+    ready: parking_lot::Condvar,
 }
 
-/// The journal task: appends each round's record, makes groups of them durable, then
-/// applies them to the unflushed rounds and acknowledges them, all in round order.
-pub(super) struct JournalTask {
-    pub(super) shared: Shared,
-    pub(super) pair: JournalPair,
-    /// The number the next journaled round takes.
-    pub(super) next: u64,
-    /// The last journal round the engine holds durably (the tracker's).
-    pub(super) held: watch::Receiver<u64>,
-    /// Moves once per group of rounds applied, for followers.
-    pub(super) durable: watch::Sender<u64>,
-    /// The sequencer's number of the last round its reads can see.
-    pub(super) written: Arc<AtomicU64>,
-    /// Appended, waiting for the next sync.
-    appended: Vec<Journaled>,
-    body: Vec<u8>,
+#[derive(Default)]
+struct Queued {
+    rounds: Vec<Journaled>,
+    /// A group is being synced and finished: the next waits for it, so groups are
+    /// finished in round order.
+    syncing: bool,
+    /// No more rounds come: the thread ends once every one is finished.
+    closed: bool,
 }
 
-impl JournalTask {
-    pub(super) fn new(
-        shared: Shared,
-        (pair, next): (JournalPair, u64),
-        held: watch::Receiver<u64>,
-        durable: watch::Sender<u64>,
-        written: Arc<AtomicU64>,
-    ) -> JournalTask {
-        JournalTask {
-            shared,
-            pair,
-            next,
-            held,
-            durable,
-            written,
-            appended: Vec::new(),
-            body: Vec::new(),
+/// A group of rounds a caller took to sync itself ([`Syncer::sync_claimed`]).
+pub(super) struct Claimed(Vec<Journaled>);
+
+impl SyncQueue {
+    /// Queues a round; with `claim`, takes the queue's rounds as a group to sync in
+    /// the caller when no sync is under way.
+    fn push(&self, journaled: Journaled, claim: bool) -> Option<Claimed> {
+        let mut state = self.state.lock();
+        state.rounds.push(journaled);
+        if state.syncing {
+            // Whoever syncs now wakes the thread for these when done.
+            return None;
         }
+        if claim {
+            state.syncing = true;
+            return Some(Claimed(std::mem::take(&mut state.rounds)));
+        }
+        drop(state);
+        self.ready.notify_one();
+        None
     }
 
-    /// Runs until the sequencer stops and everything it sent is through. One task
-    /// for every step, so a lone publish pays no hop between them: only the sync
-    /// runs elsewhere (a blocking call), and it starts as soon as the previous one
-    /// ended with whatever was appended meanwhile.
-    pub(super) async fn run(mut self, mut rounds: mpsc::Receiver<RoundWrite>) {
-        let (running, stopped) = watch::channel(());
-        let flusher = tokio::spawn(flush_behind(self.shared.clone(), stopped));
-        let mut syncing: Option<Syncing> = None;
-        let mut open = true;
+    fn close(&self) {
+        self.state.lock().closed = true;
+        self.ready.notify_one();
+    }
+
+    /// The sync thread's next group: every round appended so far, once there is one
+    /// and no other sync is under way; `None` once closed and all finished.
+    fn next_group(&self) -> Option<Vec<Journaled>> {
+        let mut state = self.state.lock();
         loop {
-            if syncing.is_none() && !self.appended.is_empty() {
-                syncing = self.start_sync().await;
+            if !state.syncing && !state.rounds.is_empty() {
+                state.syncing = true;
+                return Some(std::mem::take(&mut state.rounds));
             }
-            if !open && syncing.is_none() && self.appended.is_empty() {
-                break;
-            }
-            tokio::select! {
-                biased;
-                synced = wait(&mut syncing) => {
-                    if let Some(done) = syncing.take() {
-                        self.finish(done.group, synced).await;
-                    }
-                }
-                round = rounds.recv(), if open && self.appended.len() < SYNC_QUEUE => {
-                    let Some(round) = round else {
-                        open = false;
-                        continue;
-                    };
-                    self.take(round, &mut syncing).await;
-                    while self.appended.len() < SYNC_QUEUE
-                        && let Ok(round) = rounds.try_recv()
-                    {
-                        self.take(round, &mut syncing).await;
-                    }
-                }
-            }
-        }
-        drop(running);
-        let _ = flusher.await;
-        // Not needed for what was acknowledged (a restart replays the journal), but
-        // a store closed cleanly starts without replaying.
-        self.shared.flush().await;
-    }
-
-    /// Appends one round's record and sends the acks that do not wait for durability.
-    async fn take(&mut self, mut round: RoundWrite, syncing: &mut Option<Syncing>) {
-        if self.shared.broken.load(Ordering::Acquire) {
-            self.shared.refuse(round, BROKEN);
-            return;
-        }
-        let stale = round.epoch != self.shared.failures.load(Ordering::Acquire);
-        // Durable acks without writes (duplicates) vouch for an earlier round, which
-        // may be the one that failed.
-        if stale && (round.batch.is_some() || !round.durable_acks.is_empty()) {
-            self.shared.refuse(round, STALE);
-            return;
-        }
-        let record = match round.batch.as_ref() {
-            None => None,
-            Some(writes) => {
-                let mut body = std::mem::take(&mut self.body);
-                body.clear();
-                writes.encode(&mut body);
-                let appended = self.append(&body, syncing).await;
-                self.body = body;
-                match appended {
-                    Ok(file) => {
-                        self.next += 1;
-                        Some((self.next - 1, file))
-                    }
-                    Err(Refusal::Round(reason)) => {
-                        // Nothing of it is in the journal: later rounds decided
-                        // before the sequencer hears of it are refused above. The
-                        // sequencer then reads heads and offsets from the engine, so
-                        // every round before this one must be there first, or their
-                        // versions would be given again.
-                        self.drain(syncing).await;
-                        self.shared.failures.fetch_add(1, Ordering::AcqRel);
-                        self.shared.refuse(round, &reason);
-                        return;
-                    }
-                    Err(Refusal::Broken(error)) => {
-                        self.shared.journal_failed.store(true, Ordering::Release);
-                        self.shared.break_down(&error);
-                        self.shared.refuse(round, BROKEN);
-                        return;
-                    }
-                }
-            }
-        };
-        if !round.immediate.is_empty() {
-            self.shared
-                .events
-                .acknowledged(std::mem::take(&mut round.immediate));
-        }
-        self.appended.push(Journaled { round, record });
-    }
-
-    /// Makes durable and writes to the engine everything appended so far.
-    async fn drain(&mut self, syncing: &mut Option<Syncing>) {
-        if let Some(mut done) = syncing.take() {
-            let synced = outcome(&mut done.sync).await;
-            self.finish(done.group, synced).await;
-        }
-        while let Some(mut done) = self.start_sync().await {
-            let synced = outcome(&mut done.sync).await;
-            self.finish(done.group, synced).await;
-        }
-    }
-
-    async fn append(
-        &mut self,
-        body: &[u8],
-        syncing: &mut Option<Syncing>,
-    ) -> Result<Arc<std::fs::File>, Refusal> {
-        if body.len() as u64 > self.pair.capacity() / 2 {
-            return Err(Refusal::Round(format!(
-                "this round ({} bytes) is larger than half the journal ({} bytes): raise \
-                 store.journal_mb",
-                body.len(),
-                self.pair.capacity()
-            )));
-        }
-        for _ in 0..2 {
-            match self.pair.append(self.next, body).map_err(Refusal::Broken)? {
-                Appended::In(file) => return Ok(file),
-                Appended::Full { wait_for } => {
-                    if *self.held.borrow() < wait_for {
-                        // Everything appended must reach the engine before the
-                        // engine can hold it: this task is the one that writes it.
-                        self.drain(syncing).await;
-                        self.shared.flush().await;
-                        if self.shared.broken.load(Ordering::Acquire) {
-                            // What the other file holds may never reach the engine.
-                            return Err(Refusal::Broken(StoreError::Refused(BROKEN.into())));
-                        }
-                        // The engine's log timer is slow behind a journal: flush now.
-                        self.shared
-                            .flush_wanted
-                            .fetch_max(wait_for, Ordering::AcqRel);
-                        let _ = self.shared.engine.flush_log().await;
-                        if self.held.wait_for(|held| *held >= wait_for).await.is_err() {
-                            return Err(Refusal::Broken(StoreError::Closed));
-                        }
-                    }
-                    self.pair.switch().map_err(Refusal::Broken)?;
-                }
-            }
-        }
-        // A fresh file takes any record of at most half its size.
-        Err(Refusal::Round(
-            "the journal has no room for this round".to_owned(),
-        ))
-    }
-
-    /// Starts the sync of what was appended; a group with nothing to sync (rounds
-    /// that wrote nothing, behind rounds already synced) is finished at once.
-    async fn start_sync(&mut self) -> Option<Syncing> {
-        loop {
-            if self.appended.is_empty() {
+            if state.closed && !state.syncing && state.rounds.is_empty() {
                 return None;
             }
-            let group = std::mem::take(&mut self.appended);
-            let mut files: Vec<Arc<std::fs::File>> = Vec::new();
-            for (_, file) in group.iter().filter_map(|j| j.record.as_ref()) {
-                if !files.iter().any(|f| Arc::ptr_eq(f, file)) {
-                    files.push(Arc::clone(file));
-                }
-            }
-            if files.is_empty() {
-                self.finish(group, Ok(())).await;
-                continue;
-            }
-            let started = std::time::Instant::now();
-            let stats = Arc::clone(&self.shared.stats);
-            let sync_files = move || {
-                let synced = files.iter().try_for_each(|file| file.sync_data());
-                stats.durable.record(started.elapsed());
-                synced
-            };
-            let sync = tokio::task::spawn_blocking(sync_files);
-            return Some(Syncing { sync, group });
+            self.ready.wait(&mut state);
         }
+    }
+
+    /// Ends a group's sync; the thread takes what was queued meanwhile.
+    fn release(&self) {
+        self.state.lock().syncing = false;
+        self.ready.notify_one();
+    }
+}
+
+/// Syncs groups of appended rounds, then applies them to the unflushed rounds and
+/// acknowledges them, in round order. A thread of its own runs it behind the rounds
+/// the sequencer's task decides, each sync started as soon as the previous one ended
+/// with whatever was appended meanwhile; a publisher's task that ran a round itself
+/// (`combining.rs`) syncs it in place when no sync is under way, so a lone publish
+/// is acknowledged with no hop to another thread at all (BENCHMARKS.md, session 24).
+pub(super) struct Syncer {
+    shared: Shared,
+    queue: Arc<SyncQueue>,
+    /// Moves once per group of rounds applied, for followers.
+    durable: watch::Sender<u64>,
+    /// The sequencer's number of the last round its reads can see.
+    written: Arc<AtomicU64>,
+    /// Rounds finished so far, for the appender to wait on.
+    finished: watch::Sender<u64>,
+}
+
+impl Syncer {
+    /// The sync thread's loop.
+    fn run(&self) {
+        while let Some(group) = self.queue.next_group() {
+            self.sync_group(group);
+            self.queue.release();
+        }
+    }
+
+    /// Syncs and finishes a group a caller claimed: a blocking data sync on the
+    /// caller's thread, taken only when nothing else was syncing.
+    pub(super) fn sync_claimed(&self, claimed: Claimed) {
+        self.sync_group(claimed.0);
+        self.queue.release();
+    }
+
+    fn sync_group(&self, group: Vec<Journaled>) {
+        let mut files: Vec<Arc<std::fs::File>> = Vec::new();
+        for (_, file) in group.iter().filter_map(|j| j.record.as_ref()) {
+            if !files.iter().any(|f| Arc::ptr_eq(f, file)) {
+                files.push(Arc::clone(file));
+            }
+        }
+        let synced = if files.is_empty() {
+            // Rounds that wrote nothing, behind rounds already synced.
+            Ok(())
+        } else {
+            let started = std::time::Instant::now();
+            let synced = files.iter().try_for_each(|file| file.sync_data());
+            self.shared.stats.durable.record(started.elapsed());
+            synced
+        };
+        let count = group.len() as u64;
+        self.finish(group, synced);
+        self.finished.send_modify(|n| *n += count);
     }
 
     /// Applies a synced group's rounds to the unflushed rounds in order, sends their
     /// durable acks, passes their barriers and moves the durable watch.
-    async fn finish(&mut self, group: Vec<Journaled>, synced: std::io::Result<()>) {
+    fn finish(&self, group: Vec<Journaled>, synced: std::io::Result<()>) {
         if let Err(error) = &synced {
             self.shared.journal_failed.store(true, Ordering::Release);
             self.shared.break_down(error);
@@ -391,28 +282,246 @@ impl JournalTask {
             // looks at it when this moves.
             self.durable.send_modify(|n| *n += 1);
         }
-        let held = unflushed.bytes();
-        if held >= UNFLUSHED_MAX {
-            // The flusher is behind (the engine paces its writes while compaction
-            // catches up): wait for it rather than hold more in memory.
-            self.shared.flush().await;
-        } else if held >= FLUSH_BYTES {
+        if unflushed.bytes() >= FLUSH_BYTES {
             self.shared.flush_due.notify_one();
         }
     }
 }
 
-/// The outcome of a sync.
-async fn outcome(sync: &mut tokio::task::JoinHandle<std::io::Result<()>>) -> std::io::Result<()> {
-    sync.await
-        .unwrap_or_else(|stopped| Err(std::io::Error::other(stopped)))
+/// The sequencer's journal appender: appends each round's record in round order, in
+/// the task that ran the round (no hop between deciding a round and journaling it),
+/// sends the acks that do not wait for durability, and hands the round to the sync
+/// thread, or to its caller to sync in place ([`Appender::claim_next`]).
+pub(super) struct Appender {
+    pub(super) shared: Shared,
+    pub(super) pair: JournalPair,
+    /// The number the next journaled round takes.
+    pub(super) next: u64,
+    /// The last journal round the engine holds durably (the tracker's).
+    pub(super) held: watch::Receiver<u64>,
+    syncer: Arc<Syncer>,
+    queue: Arc<SyncQueue>,
+    /// Whether the next round taken may be claimed by its caller to sync in place...
+    claim: bool,
+    /// ...and the group it claimed.
+    claimed: Option<Claimed>,
+    /// Rounds handed to the sync thread so far...
+    pushed: u64,
+    /// ...and those it has finished.
+    finished: watch::Receiver<u64>,
+    body: Vec<u8>,
+    /// The flusher task and the sender whose drop stops it, once started.
+    flusher: Option<(tokio::task::JoinHandle<()>, watch::Sender<()>)>,
+    /// Closes when the sync thread ends.
+    ended: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
-/// The outcome of the sync under way, or never when there is none.
-async fn wait(syncing: &mut Option<Syncing>) -> std::io::Result<()> {
-    match syncing {
-        Some(under_way) => outcome(&mut under_way.sync).await,
-        None => std::future::pending().await,
+impl Appender {
+    pub(super) fn new(
+        shared: Shared,
+        (pair, next): (JournalPair, u64),
+        held: watch::Receiver<u64>,
+        durable: watch::Sender<u64>,
+        written: Arc<AtomicU64>,
+    ) -> Appender {
+        let queue = Arc::<SyncQueue>::default();
+        let (finished_tx, finished) = watch::channel(0);
+        let syncer = Arc::new(Syncer {
+            shared: shared.clone(),
+            queue: Arc::clone(&queue),
+            durable,
+            written,
+            finished: finished_tx,
+        });
+        Appender {
+            shared,
+            pair,
+            next,
+            held,
+            syncer,
+            queue,
+            claim: false,
+            claimed: None,
+            pushed: 0,
+            finished,
+            body: Vec::new(),
+            flusher: None,
+            ended: None,
+        }
+    }
+
+    /// Starts the flusher and the sync thread; a thread that cannot start breaks
+    /// the store down (every round is refused).
+    pub(super) fn start(&mut self) {
+        let (running, stopped) = watch::channel(());
+        self.flusher = Some((
+            tokio::spawn(flush_behind(self.shared.clone(), stopped)),
+            running,
+        ));
+        let (ended_tx, ended) = tokio::sync::oneshot::channel::<()>();
+        let syncer = Arc::clone(&self.syncer);
+        let runtime = tokio::runtime::Handle::current();
+        let spawned = std::thread::Builder::new()
+            .name("canopy-journal-sync".into())
+            .spawn(move || {
+                // Acks may start tasks (a publish that awaits consumer groups).
+                let _runtime = runtime.enter();
+                syncer.run();
+                drop(ended_tx);
+            });
+        match spawned {
+            Ok(_) => self.ended = Some(ended),
+            Err(error) => self.shared.break_down(&error),
+        }
+    }
+
+    /// Lets the caller of the next round taken sync it in place, when no sync is
+    /// under way then: see [`Appender::claimed`].
+    pub(super) fn claim_next(&mut self) {
+        self.claim = true;
+    }
+
+    /// The group the last round taken claimed, with what syncs it: the caller syncs
+    /// it ([`Syncer::sync_claimed`]) once it holds nothing others wait for.
+    pub(super) fn claimed(&mut self) -> Option<(Claimed, Arc<Syncer>)> {
+        self.claim = false;
+        let claimed = self.claimed.take()?;
+        Some((claimed, Arc::clone(&self.syncer)))
+    }
+
+    /// Waits until every round taken is through, then flushes the unflushed rounds.
+    pub(super) async fn close(mut self) {
+        self.queue.close();
+        if let Some(ended) = self.ended.take() {
+            let _ = ended.await;
+        }
+        if let Some((flusher, running)) = self.flusher.take() {
+            drop(running);
+            let _ = flusher.await;
+        }
+        // Not needed for what was acknowledged (a restart replays the journal), but
+        // a store closed cleanly starts without replaying.
+        self.shared.flush().await;
+    }
+
+    /// Appends one round's record, sends the acks that do not wait for durability
+    /// and hands the round to the sync thread.
+    pub(super) async fn take(&mut self, mut round: RoundWrite) {
+        if self.shared.broken.load(Ordering::Acquire) {
+            self.shared.refuse(round, BROKEN);
+            return;
+        }
+        let stale = round.epoch != self.shared.failures.load(Ordering::Acquire);
+        // Durable acks without writes (duplicates) vouch for an earlier round, which
+        // may be the one that failed.
+        if stale && (round.batch.is_some() || !round.durable_acks.is_empty()) {
+            self.shared.refuse(round, STALE);
+            return;
+        }
+        self.keep_up().await;
+        let record = match round.batch.as_ref() {
+            None => None,
+            Some(writes) => {
+                let mut body = std::mem::take(&mut self.body);
+                body.clear();
+                writes.encode(&mut body);
+                let appended = self.append(&body).await;
+                self.body = body;
+                match appended {
+                    Ok(file) => {
+                        self.next += 1;
+                        Some((self.next - 1, file))
+                    }
+                    Err(Refusal::Round(reason)) => {
+                        // Nothing of it is in the journal: later rounds decided
+                        // before the sequencer hears of it are refused above. The
+                        // sequencer then reads heads and offsets from the engine, so
+                        // every round before this one must be there first, or their
+                        // versions would be given again.
+                        self.drain().await;
+                        self.shared.failures.fetch_add(1, Ordering::AcqRel);
+                        self.shared.refuse(round, &reason);
+                        return;
+                    }
+                    Err(Refusal::Broken(error)) => {
+                        self.shared.journal_failed.store(true, Ordering::Release);
+                        self.shared.break_down(&error);
+                        self.shared.refuse(round, BROKEN);
+                        return;
+                    }
+                }
+            }
+        };
+        if !round.immediate.is_empty() {
+            self.shared
+                .events
+                .acknowledged(std::mem::take(&mut round.immediate));
+        }
+        self.pushed += 1;
+        let claim = std::mem::take(&mut self.claim);
+        self.claimed = self.queue.push(Journaled { round, record }, claim);
+    }
+
+    /// Holds the next round back while the sync thread is a queue's worth behind, or
+    /// while the unflushed rounds are past their bound: the flusher is behind (the
+    /// engine paces its writes while compaction catches up), so it waits for a flush
+    /// rather than hold more in memory.
+    async fn keep_up(&mut self) {
+        let pushed = self.pushed;
+        let _ = self
+            .finished
+            .wait_for(|finished| pushed - finished < SYNC_QUEUE as u64)
+            .await;
+        if self.shared.engine.unflushed().bytes() >= UNFLUSHED_MAX {
+            self.shared.flush().await;
+        }
+    }
+
+    /// Waits until everything appended so far is synced and applied.
+    async fn drain(&mut self) {
+        let pushed = self.pushed;
+        let _ = self.finished.wait_for(|finished| *finished >= pushed).await;
+    }
+
+    async fn append(&mut self, body: &[u8]) -> Result<Arc<std::fs::File>, Refusal> {
+        if body.len() as u64 > self.pair.capacity() / 2 {
+            return Err(Refusal::Round(format!(
+                "this round ({} bytes) is larger than half the journal ({} bytes): raise \
+                 store.journal_mb",
+                body.len(),
+                self.pair.capacity()
+            )));
+        }
+        for _ in 0..2 {
+            match self.pair.append(self.next, body).map_err(Refusal::Broken)? {
+                Appended::In(file) => return Ok(file),
+                Appended::Full { wait_for } => {
+                    if *self.held.borrow() < wait_for {
+                        // Everything appended must reach the engine before the
+                        // engine can hold it: this task is the one that writes it.
+                        self.drain().await;
+                        self.shared.flush().await;
+                        if self.shared.broken.load(Ordering::Acquire) {
+                            // What the other file holds may never reach the engine.
+                            return Err(Refusal::Broken(StoreError::Refused(BROKEN.into())));
+                        }
+                        // The engine's log timer is slow behind a journal: flush now.
+                        self.shared
+                            .flush_wanted
+                            .fetch_max(wait_for, Ordering::AcqRel);
+                        let _ = self.shared.engine.flush_log().await;
+                        if self.held.wait_for(|held| *held >= wait_for).await.is_err() {
+                            return Err(Refusal::Broken(StoreError::Closed));
+                        }
+                    }
+                    self.pair.switch().map_err(Refusal::Broken)?;
+                }
+            }
+        }
+        // A fresh file takes any record of at most half its size.
+        Err(Refusal::Round(
+            "the journal has no room for this round".to_owned(),
+        ))
     }
 }
 
@@ -482,5 +591,79 @@ async fn flush_behind(shared: Shared, mut stopped: watch::Receiver<()>) {
         }
         pacing.pace(&engine).await;
         shared.flush().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::{RecvTimeoutError, channel};
+    use std::time::Duration;
+
+    use super::*;
+
+    fn round(number: u64) -> Journaled {
+        Journaled {
+            round: RoundWrite {
+                number,
+                ..RoundWrite::default()
+            },
+            record: None,
+        }
+    }
+
+    fn numbers(group: &[Journaled]) -> Vec<u64> {
+        group.iter().map(|j| j.round.number).collect()
+    }
+
+    #[test]
+    fn a_caller_claims_its_round_only_while_nothing_syncs_and_the_thread_waits_for_it() {
+        let queue = Arc::new(SyncQueue::default());
+        let claimed = queue.push(round(1), true).expect("nothing syncs: claimed");
+        assert_eq!(numbers(&claimed.0), vec![1]);
+        // A sync is under way: neither a caller nor the thread takes round 2 yet.
+        assert!(queue.push(round(2), true).is_none());
+        let (taken_tx, taken) = channel();
+        let thread_queue = Arc::clone(&queue);
+        let thread = std::thread::spawn(move || {
+            while let Some(group) = thread_queue.next_group() {
+                taken_tx.send(numbers(&group)).expect("test waits");
+                thread_queue.release();
+            }
+        });
+        assert_eq!(
+            taken.recv_timeout(Duration::from_millis(100)),
+            Err(RecvTimeoutError::Timeout),
+            "the thread waits while the claimed group syncs"
+        );
+        queue.release();
+        assert_eq!(taken.recv_timeout(Duration::from_secs(5)), Ok(vec![2]));
+        // Without a claim the round goes to the thread.
+        assert!(queue.push(round(3), false).is_none());
+        assert_eq!(taken.recv_timeout(Duration::from_secs(5)), Ok(vec![3]));
+        queue.close();
+        thread
+            .join()
+            .expect("the thread ends once closed and empty");
+    }
+
+    #[test]
+    fn a_closed_queue_ends_the_thread_only_once_a_claimed_group_is_done() {
+        let queue = Arc::new(SyncQueue::default());
+        let claimed = queue.push(round(1), true).expect("claimed");
+        queue.close();
+        let (ended_tx, ended) = channel();
+        let thread_queue = Arc::clone(&queue);
+        std::thread::spawn(move || {
+            let next = thread_queue.next_group().map(|group| numbers(&group));
+            ended_tx.send(next).expect("test waits");
+        });
+        assert_eq!(
+            ended.recv_timeout(Duration::from_millis(100)),
+            Err(RecvTimeoutError::Timeout),
+            "a store closing waits for the claimed group"
+        );
+        drop(claimed);
+        queue.release();
+        assert_eq!(ended.recv_timeout(Duration::from_secs(5)), Ok(None));
     }
 }

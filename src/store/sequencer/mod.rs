@@ -4,9 +4,11 @@
 //! Each round drains up to `max_batch` queued appends, loads what it does not hold in
 //! memory (a tenant's next offset, a subject's head, a msg id) by reverse seeks, then
 //! decides every append in queue order, hands the accepted messages to routing in one
-//! call, and writes them all in one engine write (group commit). A separate task waits
-//! for each write's durability, in order, and only then sends the acks that asked for
-//! it. Heads are never written per message: a head is recovered by one reverse seek of
+//! call, and writes them all in one engine write (group commit) or journal record.
+//! Rounds run one at a time, in whichever task queued an input when none is under
+//! way, else in the sequencer's own (`combining.rs`). What makes rounds durable
+//! (`journaled.rs`, or without a journal `writer.rs`) sends the acks that asked for
+//! it only once their round is durable, in order. Heads are never written per message: a head is recovered by one reverse seek of
 //! its subject's range, so the only key a message costs is its own.
 //!
 //! Must never: write a message key from anywhere else, reorder appends of one subject,
@@ -18,20 +20,21 @@ use std::sync::atomic::AtomicU64;
 
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 use super::journaled::JournalPair;
 use super::snapshot::CompactionJob;
-use super::{Input, StoreEvents, StoreSettings, StoredLimits, TenantSet};
+use super::{AppendRequest, Input, StoreEvents, StoreSettings, StoredLimits, TenantSet};
 use crate::store::Engine;
 
 use super::{retention, stats};
 
+mod combining;
 mod journaled;
 mod round;
 mod tenant;
 mod writer;
 
+pub(super) use combining::{Inbox, start};
 use tenant::TenantState;
 pub(super) use tenant::{load_next_offset, load_usage};
 use writer::{acknowledge, write_rounds};
@@ -92,7 +95,7 @@ type MessageKey = (Arc<str>, Arc<str>, u64);
 
 /// Rounds whose write may still be on its way to the engine when a later round
 /// loads: the ones queued for the writer and the one it is writing, and behind a
-/// journal those the journal task holds appended and syncing (two groups at most).
+/// journal those appended and waiting for or in a sync (a queue's worth at most).
 const UNWRITTEN_ROUNDS: usize = WRITES_AHEAD + 2 + 2 * journaled::SYNC_QUEUE;
 
 /// A tenant's part of one round: its first offset and (subject, version, bytes) list.
@@ -159,16 +162,10 @@ impl Sequencer {
         self
     }
 
-    /// Starts the tasks that take decided rounds to durability: the engine writer and
-    /// the acker, or behind a journal the journal task and its tracker.
-    fn start_writing(
-        &mut self,
-    ) -> (
-        mpsc::Sender<writer::RoundWrite>,
-        Vec<JoinHandle<()>>,
-        Option<JoinHandle<()>>,
-    ) {
-        let (write_tx, write_rx) = mpsc::channel(WRITES_AHEAD);
+    /// Starts what takes decided rounds to durability: the engine writer and the
+    /// acker tasks, or behind a journal the appender (run in this task), its sync
+    /// thread and the tracker.
+    fn start_writing(&mut self) -> RoundSink {
         if let Some((pair, next)) = self.journal.take() {
             let shared = journaled::Shared {
                 engine: Arc::clone(&self.db),
@@ -181,19 +178,20 @@ impl Sequencer {
                 flush_due: Default::default(),
             };
             let (held_tx, held_rx) = watch::channel(next - 1);
-            let journal = journaled::JournalTask::new(
+            let mut appender = journaled::Appender::new(
                 shared.clone(),
                 (pair, next),
                 held_rx,
                 self.durable_tx.clone(),
                 Arc::clone(&self.written),
             );
-            let tasks = vec![tokio::spawn(journal.run(write_rx))];
+            appender.start();
             // Not awaited at the end: it may wait on the engine's slow log timer,
             // which the store's close flushes anyway.
             let tracker = tokio::spawn(journaled::track_engine(shared, held_tx));
-            return (write_tx, tasks, Some(tracker));
+            return RoundSink::Journal(Box::new(appender), tracker);
         }
+        let (write_tx, write_rx) = mpsc::channel(WRITES_AHEAD);
         let (durable_tx, durable_rx) = mpsc::channel(DURABILITY_QUEUE);
         let acker = tokio::spawn(acknowledge(
             durable_rx,
@@ -211,81 +209,122 @@ impl Sequencer {
             Arc::clone(&self.stats),
             Arc::clone(&self.written),
         ));
-        (write_tx, vec![writer, acker], None)
+        RoundSink::Writer(write_tx, vec![writer, acker])
     }
 
-    pub(super) async fn run(mut self, mut queue: mpsc::Receiver<Input>, stop: CancellationToken) {
-        let (write_tx, tasks, tracker) = self.start_writing();
-        let mut requests = Vec::with_capacity(self.max_batch);
-        let mut barriers = Vec::new();
-        let mut durable_barriers = Vec::new();
-        loop {
-            let first = tokio::select! {
-                biased;
-                request = queue.recv() => request,
-                _ = stop.cancelled() => {
-                    // Take what is already queued, then stop.
-                    queue.close();
-                    queue.recv().await
+    /// Takes one queued input into the round being gathered.
+    fn gather(&mut self, input: Input, gathered: &mut Gathered) {
+        match input {
+            Input::Append(request) => {
+                gathered.bytes += request
+                    .messages
+                    .iter()
+                    .map(|m| m.headers.len() + m.payload.len())
+                    .sum::<usize>();
+                gathered.requests.push(request);
+            }
+            Input::Barrier(passed) => gathered.barriers.push(passed),
+            Input::DurableBarrier(passed) => gathered.durable_barriers.push(passed),
+            Input::Forget(tenant) => {
+                self.tenants.remove(&tenant);
+                self.released.remove(&tenant);
+                self.bytes_full.set(&tenant, false);
+            }
+            Input::Limits(tenant, limits) => {
+                if limits == StoredLimits::default() {
+                    self.limits.remove(&tenant);
+                } else {
+                    self.limits.insert(Arc::clone(&tenant), limits);
                 }
-            };
-            let Some(first) = first else { break };
-            let mut next = Some(first);
-            let mut bytes = 0;
-            while let Some(input) = next.take() {
-                match input {
-                    Input::Append(request) => {
-                        bytes += request
-                            .messages
-                            .iter()
-                            .map(|m| m.headers.len() + m.payload.len())
-                            .sum::<usize>();
-                        requests.push(request);
-                    }
-                    Input::Barrier(passed) => barriers.push(passed),
-                    Input::DurableBarrier(passed) => durable_barriers.push(passed),
-                    Input::Forget(tenant) => {
-                        self.tenants.remove(&tenant);
-                        self.released.remove(&tenant);
-                        self.bytes_full.set(&tenant, false);
-                    }
-                    Input::Limits(tenant, limits) => {
-                        if limits == StoredLimits::default() {
-                            self.limits.remove(&tenant);
-                        } else {
-                            self.limits.insert(Arc::clone(&tenant), limits);
-                        }
-                        if let Some(state) = self.tenants.get(&tenant) {
-                            self.mark_full(&tenant, state.usage);
-                        } else if limits.max_bytes.is_none() {
-                            self.bytes_full.set(&tenant, false);
-                        }
-                    }
-                    Input::Released(tenant, bytes) => {
-                        *self.released.entry(tenant).or_default() += bytes;
-                    }
-                }
-                if requests.len() < self.max_batch && bytes < self.round_bytes {
-                    next = queue.try_recv().ok();
+                if let Some(state) = self.tenants.get(&tenant) {
+                    self.mark_full(&tenant, state.usage);
+                } else if limits.max_bytes.is_none() {
+                    self.bytes_full.set(&tenant, false);
                 }
             }
-            let mut write = self.round(&mut requests).await;
-            write.durable_barriers = std::mem::take(&mut durable_barriers);
-            for passed in barriers.drain(..) {
-                let _ = passed.send(());
-            }
-            if write_tx.send(write).await.is_err() {
-                // The writer is gone: this round's messages were routed, never stored.
-                self.events.lost();
-                break;
+            Input::Released(tenant, bytes) => {
+                *self.released.entry(tenant).or_default() += bytes;
             }
         }
-        drop(write_tx);
-        for task in tasks {
-            let _ = task.await;
+    }
+
+    /// Whether the round being gathered may take another input.
+    fn has_room(&self, gathered: &Gathered) -> bool {
+        gathered.requests.len() < self.max_batch && gathered.bytes < self.round_bytes
+    }
+
+    /// Runs the gathered round and hands its write on.
+    async fn run_round(&mut self, gathered: &mut Gathered, sink: &mut RoundSink) {
+        let mut write = self.round(&mut gathered.requests).await;
+        write.durable_barriers = std::mem::take(&mut gathered.durable_barriers);
+        for passed in gathered.barriers.drain(..) {
+            let _ = passed.send(());
         }
-        if let Some(tracker) = tracker {
-            tracker.abort();
+        gathered.bytes = 0;
+        if !sink.take(write).await {
+            // The writer is gone: this round's messages were routed, never stored.
+            self.events.lost();
+        }
+    }
+}
+
+/// The inputs of the next round.
+#[derive(Default)]
+struct Gathered {
+    requests: Vec<AppendRequest>,
+    barriers: Vec<tokio::sync::oneshot::Sender<()>>,
+    durable_barriers: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Message bytes of `requests`.
+    bytes: usize,
+}
+
+/// Where decided rounds go: the engine writer task, or the journal.
+enum RoundSink {
+    Writer(mpsc::Sender<writer::RoundWrite>, Vec<JoinHandle<()>>),
+    Journal(Box<journaled::Appender>, JoinHandle<()>),
+}
+
+impl RoundSink {
+    /// Takes a round on its way; false once the writer is gone.
+    async fn take(&mut self, write: writer::RoundWrite) -> bool {
+        match self {
+            RoundSink::Writer(write_tx, _) => write_tx.send(write).await.is_ok(),
+            RoundSink::Journal(appender, _) => {
+                appender.take(write).await;
+                true
+            }
+        }
+    }
+
+    /// Lets the caller of the next round sync it in place (behind a journal, when no
+    /// sync is under way then).
+    fn claim_next(&mut self) {
+        if let RoundSink::Journal(appender, _) = self {
+            appender.claim_next();
+        }
+    }
+
+    /// What the last round claimed to sync in place, with what syncs it.
+    fn claimed(&mut self) -> Option<(journaled::Claimed, Arc<journaled::Syncer>)> {
+        match self {
+            RoundSink::Writer(..) => None,
+            RoundSink::Journal(appender, _) => appender.claimed(),
+        }
+    }
+
+    /// Waits until every round taken is through.
+    async fn close(self) {
+        match self {
+            RoundSink::Writer(write_tx, tasks) => {
+                drop(write_tx);
+                for task in tasks {
+                    let _ = task.await;
+                }
+            }
+            RoundSink::Journal(appender, tracker) => {
+                appender.close().await;
+                tracker.abort();
+            }
         }
     }
 }

@@ -14,6 +14,7 @@ use super::observed::ObservedStore;
 use super::*;
 
 mod appends;
+mod combining;
 mod format;
 mod journal;
 mod retained;
