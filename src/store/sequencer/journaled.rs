@@ -458,7 +458,10 @@ impl Appender {
                 .acknowledged(std::mem::take(&mut round.immediate));
         }
         self.pushed += 1;
-        let claim = std::mem::take(&mut self.claim);
+        // Synced in place only for acks and barriers that wait for it: a round of
+        // `received` publishes was answered above, and its caller has its own work.
+        let waits = !round.durable_acks.is_empty() || !round.durable_barriers.is_empty();
+        let claim = std::mem::take(&mut self.claim) && waits;
         self.claimed = self.queue.push(Journaled { round, record }, claim);
     }
 
