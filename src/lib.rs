@@ -20,5 +20,6 @@ pub mod schemas;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod streams;
 pub mod tables;
 pub mod tenancy;

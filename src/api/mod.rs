@@ -396,6 +396,13 @@ impl Answer {
         self.wakes.wake_all();
     }
 
+    /// A message of the call's own making: its header block and payload (a JetStream
+    /// direct get's answer).
+    pub(crate) fn headed(&mut self, block: &[u8], payload: &[u8]) {
+        self.send(Some(block), payload);
+        self.wakes.wake_all();
+    }
+
     /// A status message (a header block without a payload), as JetStream frames pulls.
     pub(crate) fn status(&mut self, block: &[u8]) {
         self.send(Some(block), b"");

@@ -98,7 +98,13 @@ pub(super) async fn append(
             }),
             route: RouteTag::default(),
             compaction: policy.compaction(),
-            max_versions: policy.max_versions,
+            max_versions: call
+                .routes
+                .streams
+                .for_subject(&request.subject)
+                .map_or(policy.max_versions, |stream| {
+                    crate::streams::stricter(policy.max_versions, stream.max_versions)
+                }),
             retain: false,
         })
         .await?;
@@ -116,7 +122,10 @@ fn append_error(refusal: AppendRefusal) -> ApiError {
             Refusal::Reserved(_) | Refusal::Denied(_) => 403,
             Refusal::TooLarge { .. } => 413,
             Refusal::OverQuota(_) => 429,
-            Refusal::InvalidSubject(_) | Refusal::BadHeader(_) | Refusal::Invalid(_) => 400,
+            Refusal::InvalidSubject(_)
+            | Refusal::BadHeader(_)
+            | Refusal::WrongStream(_)
+            | Refusal::Invalid(_) => 400,
         },
     };
     ApiError::new(code, refusal.to_string())

@@ -47,13 +47,18 @@ impl Policies {
 
     /// The policy that stores `subject`, if any.
     pub fn for_subject(&self, subject: &str) -> Option<&StorePolicy> {
+        self.first_match(subject).filter(|p| p.store)
+    }
+
+    /// The first policy whose pattern matches `subject`, storing or not.
+    pub fn first_match(&self, subject: &str) -> Option<&StorePolicy> {
         let mut first = usize::MAX;
         self.trie.for_each_match(subject, &mut |plain, _| {
             for &i in plain {
                 first = first.min(i);
             }
         });
-        self.list.get(first).filter(|p| p.store)
+        self.list.get(first)
     }
 }
 
@@ -186,6 +191,11 @@ impl StoreRequest {
                 "Canopy-Await-Timeout" => await_timeout = Some(value.as_str()),
                 other if other.starts_with("Nats-Expected-") => {
                     return Err(BadStoreHeader(format!("{other} is not supported")));
+                }
+                // Refused rather than ignored: a rollup would keep the history it asks
+                // to drop, a TTL the message past its time.
+                "Nats-Rollup" | "Nats-TTL" => {
+                    return Err(BadStoreHeader(format!("{name} is not offered yet")));
                 }
                 _ => {}
             }
@@ -446,7 +456,11 @@ fn deliver_ack(
     let Ok(address) = std::str::from_utf8(&ack.address) else {
         return;
     };
-    let body = ack_body(tenant, &outcome, ack.flags & ACK_JETSTREAM != 0);
+    let stream = match stored_at(&outcome) {
+        Some((subject, _)) => broker.tenant(tenant).stream_of(&subject),
+        None => Arc::from(tenant),
+    };
+    let body = ack_body(&stream, &outcome, ack.flags & ACK_JETSTREAM != 0);
     let body = match &awaited {
         Some(awaited) => with_await(&body, awaited),
         None => body,
@@ -471,6 +485,15 @@ fn with_await(body: &[u8], awaited: &AwaitOutcome) -> Bytes {
     Bytes::from(serde_json::Value::Object(ack).to_string())
 }
 
+/// The error ack of a publish whose `Nats-Expected-Stream` is not its subject's
+/// stream, as nats-server words it.
+pub fn wrong_stream_body(stream: &str) -> Bytes {
+    Bytes::from(
+        json!({"error": {"code": 400, "err_code": 10060, "description": "expected stream does not match"}, "stream": stream})
+            .to_string(),
+    )
+}
+
 /// The error ack of a publish whose Canopy-* or Nats-* headers cannot be used.
 pub fn bad_request_body(tenant: &str, reason: &str) -> Bytes {
     Bytes::from(
@@ -478,8 +501,9 @@ pub fn bad_request_body(tenant: &str, reason: &str) -> Bytes {
     )
 }
 
-/// The JSON an ack carries: JetStream's PubAck (`stream`, `seq`, `duplicate`) with
-/// Canopy's `subject` and `version`; errors in JetStream's `{"error": {...}}` shape.
+/// The JSON an ack carries: JetStream's PubAck (`stream`: the declared stream holding
+/// the subject, or the tenant's own; `seq`, `duplicate`) with Canopy's `subject` and
+/// `version`; errors in JetStream's `{"error": {...}}` shape.
 pub fn ack_body(tenant: &str, outcome: &AppendOutcome, jetstream: bool) -> Bytes {
     let value = match outcome {
         AppendOutcome::Stored {
@@ -582,6 +606,15 @@ mod tests {
         assert!(waits.wants_ack(&policy), "a wait is answered");
         let lone = StoreRequest::from_headers(b"NATS/1.0\r\nCanopy-Await-Timeout: 2s\r\n\r\n");
         assert!(lone.expect_err("refused").0.contains("needs Canopy-Await"));
+    }
+
+    #[test]
+    fn rollups_and_ttls_are_refused_not_ignored() {
+        for header in ["Nats-Rollup: sub", "Nats-TTL: 5s"] {
+            let block = format!("NATS/1.0\r\n{header}\r\n\r\n");
+            let refused = StoreRequest::from_headers(block.as_bytes()).expect_err(header);
+            assert!(refused.0.contains("not offered"), "{header}: {refused}");
+        }
     }
 
     #[test]

@@ -236,6 +236,11 @@ impl Broker {
         self.policies.for_subject(subject)
     }
 
+    /// Whether any store policy's pattern matches `subject` (storing it or not).
+    pub fn has_policy_for(&self, subject: &str) -> bool {
+        self.policies.first_match(subject).is_some()
+    }
+
     /// Whether publishes can be stored here at all: a store is open, or this node is
     /// one of a cluster's, whose shards' owners store them.
     pub fn stores_messages(&self) -> bool {

@@ -1,10 +1,10 @@
 //! A tenant as one object: everything that is one tenant's and lives in memory (its
-//! route trie, live quotas, inbox claims, schema bindings, the followers of its log,
-//! its running consumer groups and the locks over its definition changes), opened
-//! from the store, served, and closed as a whole. This is the unit a node owns, and
-//! will fence and hand over when several nodes share one object store. What is a
-//! tenant's in the store (messages, retained messages, saved MQTT sessions, records)
-//! stays under its key prefix there.
+//! route trie, live quotas, inbox claims, schema bindings, declared streams, the
+//! followers of its log, its running consumer groups and the locks over its
+//! definition changes), opened from the store, served, and closed as a whole. This is
+//! the unit a node owns, and will fence and hand over when several nodes share one
+//! object store. What is a tenant's in the store (messages, retained messages, saved
+//! MQTT sessions, records) stays under its key prefix there.
 //!
 //! Must never: route a message, or keep a closed tenant reachable (a tenant made again
 //! under the same name starts with a new object).
@@ -28,6 +28,8 @@ pub struct Tenant {
     pub inboxes: InboxClaims,
     /// The tenant's schema bindings, which its publishes are checked against.
     pub schemas: Arc<crate::schemas::TenantSchemas>,
+    /// The tenant's declared JetStream streams, which name its subjects in PubAcks.
+    pub streams: Arc<crate::streams::TenantStreams>,
     /// The followers of the tenant's log (groups, tables, follows), offered each
     /// stored message as the sequencer routes it.
     pub taps: Arc<crate::follow::Taps>,
@@ -37,6 +39,8 @@ pub struct Tenant {
     pub group_changes: tokio::sync::Mutex<()>,
     /// Serialises the tenant's schema puts and deletes.
     pub schema_changes: tokio::sync::Mutex<()>,
+    /// Serialises the tenant's stream creates, updates and deletes.
+    pub stream_changes: tokio::sync::Mutex<()>,
     /// In a cluster: the other nodes' interest, each node the value of its patterns.
     pub remote: SharedTrie<super::mesh::RemoteNode>,
     /// In a cluster: how many subscriptions here make each interest (pattern as
@@ -47,6 +51,13 @@ pub struct Tenant {
 impl Tenant {
     pub fn subscription_count(&self) -> usize {
         self.trie.len()
+    }
+
+    /// The stream `subject` is in: the declared stream holding it, or the tenant's own.
+    pub fn stream_of(&self, subject: &str) -> Arc<str> {
+        self.streams
+            .for_subject(subject)
+            .map_or_else(|| Arc::clone(&self.name), |stream| Arc::clone(&stream.name))
     }
 }
 
@@ -79,10 +90,12 @@ impl Broker {
                 deleted: tokio_util::sync::CancellationToken::new(),
                 inboxes: InboxClaims::default(),
                 schemas: Arc::default(),
+                streams: Arc::default(),
                 taps: Arc::default(),
                 groups: super::groups::TenantGroups::default(),
                 group_changes: tokio::sync::Mutex::new(()),
                 schema_changes: tokio::sync::Mutex::new(()),
+                stream_changes: tokio::sync::Mutex::new(()),
                 remote: SharedTrie::new(),
                 interest: parking_lot::Mutex::default(),
             })
@@ -136,6 +149,12 @@ impl Broker {
         );
         if !bindings.is_empty() {
             tenant.schemas.set(bindings);
+        }
+        let streams = crate::streams::load(&store.streams(name).await?, |error| {
+            tracing::warn!(tenant = name, %error, "a stored stream is unreadable; its subjects are in the tenant's own stream until it is declared again");
+        });
+        if !streams.is_empty() {
+            tenant.streams.set(streams);
         }
         for record in store.groups(name).await? {
             match serde_json::from_slice::<crate::groups::StoredGroup>(&record) {
@@ -272,6 +291,7 @@ impl Broker {
         tenant.deleted.cancel();
         tenant.groups.stop_all();
         tenant.schemas.set(crate::schemas::Bindings::default());
+        tenant.streams.set(crate::streams::Streams::default());
     }
 
     /// Tells the followers of every tenant's log that a store write failed.

@@ -138,9 +138,23 @@ pub enum Refusal {
     OverQuota(Exceeded),
     #[error("invalid Canopy header: {0}")]
     BadHeader(String),
+    /// `Nats-Expected-Stream` names another stream than the one holding the subject.
+    #[error(
+        "expected stream does not match: {} is in stream {}, not {}",
+        .0.subject, .0.actual, .0.expected
+    )]
+    WrongStream(Box<StreamMismatch>),
     /// The payload does not match the schema bound to its subject.
     #[error("the message does not match schema {} at {}", .0.schema, .0.violation)]
     Invalid(Box<Invalid>),
+}
+
+/// A publish's subject and the stream holding it, against the one it expected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamMismatch {
+    pub subject: String,
+    pub expected: String,
+    pub actual: String,
 }
 
 /// A payload its subject's schema refused.
@@ -243,5 +257,24 @@ impl Publisher {
             origin,
             feedback: None,
         }
+    }
+
+    /// How `subject` is stored, if it is: as the first store policy matching it says,
+    /// or, for a subject a declared stream holds that no policy matches (`$KV.`
+    /// subjects, which `>` does not reach), the stream's own: stored, durable, acked
+    /// whenever a reply is given, as a JetStream stream acks. A policy that keeps a
+    /// subject live only is the operator's, and a stream does not override it.
+    pub fn store_policy(&self, subject: &str) -> Option<&crate::config::StorePolicy> {
+        static STREAM_POLICY: std::sync::LazyLock<crate::config::StorePolicy> =
+            std::sync::LazyLock::new(|| crate::config::StorePolicy {
+                ack: crate::config::AckMode::Always,
+                max_age_secs: 0,
+                ..crate::config::StorePolicy::default()
+            });
+        if self.broker.has_policy_for(subject) {
+            return self.broker.store_policy(subject);
+        }
+        (self.broker.stores_messages() && self.routes.streams.for_subject(subject).is_some())
+            .then(|| &*STREAM_POLICY)
     }
 }

@@ -9,7 +9,9 @@ use bytes::Bytes;
 use canopy_subjects::validate_native_subject;
 
 use super::namespaces::{JS_API_PREFIX, is_api_call, is_reserved};
-use super::{Admission, AskAck, Decision, Invalid, Publish, Publisher, Refusal, Route};
+use super::{
+    Admission, AskAck, Decision, Invalid, Publish, Publisher, Refusal, Route, StreamMismatch,
+};
 use crate::broker::durable::StoreRequest;
 use crate::config::StorePolicy;
 use crate::schemas::registry::RecentError;
@@ -62,7 +64,7 @@ impl Publisher {
         self.stage_rights(subject)?;
         let size = publish.size();
         self.stage_size(size)?;
-        let policy = self.broker.store_policy(subject);
+        let policy = self.store_policy(subject);
         self.stage_answer(publish, policy.is_some())?;
         let checked = self.stage_validators(publish)?;
         let request = self.stage_store_policy(publish, policy.is_some())?;
@@ -112,7 +114,7 @@ impl Publisher {
             .map_err(|e| refused(Refusal::InvalidSubject(e.to_string())))?;
         stage_namespace(subject).map_err(refused)?;
         self.stage_rights(subject).map_err(refused)?;
-        let Some(policy) = self.broker.store_policy(subject) else {
+        let Some(policy) = self.store_policy(subject) else {
             return Err(AppendRefusal::NotStored(subject.to_owned()));
         };
         if messages.is_empty() {
@@ -254,13 +256,15 @@ impl Publisher {
         } else {
             StoreRequest::default()
         };
-        if let Some(stream) = &request.expected_stream
-            && **stream != *self.routes.name
-        {
-            return Err(Refusal::BadHeader(format!(
-                "expected stream {stream} does not match: this stream is {}",
-                self.routes.name
-            )));
+        if let Some(expected) = &request.expected_stream {
+            let actual = self.routes.stream_of(publish.subject);
+            if **expected != *actual {
+                return Err(Refusal::WrongStream(Box::new(StreamMismatch {
+                    subject: publish.subject.to_owned(),
+                    expected: expected.to_string(),
+                    actual: actual.to_string(),
+                })));
+            }
         }
         if let Some(awaiting) = &mut request.awaiting {
             use crate::groups::awaiting::{Await, Caller};
@@ -350,7 +354,7 @@ impl Publisher {
         let refused = match self.check_target(reply) {
             Ok(())
                 if !calls
-                    || (self.broker.store_policy(reply).is_none()
+                    || (self.store_policy(reply).is_none()
                         && self.routes.schemas.for_subject(reply).is_none()) =>
             {
                 return Ok(());

@@ -76,7 +76,7 @@ impl Publisher {
             _ => self.ack_address(&publish, false),
         };
         let acked = ack.is_some();
-        let dead_policy = self.broker.store_policy(&subject);
+        let dead_policy = self.store_policy(&subject);
         appends.push(AppendRequest {
             tenant: Arc::clone(&self.routes.name),
             subject: Arc::from(subject),
@@ -237,6 +237,10 @@ impl Publisher {
                     route,
                 );
                 append.retain = publish.retain;
+                if let Some(stream) = self.routes.streams.for_subject(publish.subject) {
+                    append.max_versions =
+                        crate::streams::stricter(append.max_versions, stream.max_versions);
+                }
                 appends.push(append);
                 Published::Stored { acked }
             }
@@ -275,14 +279,18 @@ impl Publisher {
         let tenant = &self.routes.name;
         match refusal {
             Refusal::BadHeader(why) => Some((reply, bad_request_body(tenant, why))),
+            Refusal::WrongStream(mismatch) => Some((
+                reply,
+                crate::broker::durable::wrong_stream_body(&mismatch.actual),
+            )),
             // A publish that waits for the store (an ack asked for, or a JetStream
             // publish: a reply to a stored subject) hears its schema's refusal there.
             Refusal::Invalid(_) => {
-                self.broker.store_policy(publish.subject)?;
+                self.store_policy(publish.subject)?;
                 Some((reply, bad_request_body(tenant, &refusal.to_string())))
             }
             Refusal::OverQuota(exceeded) => {
-                let policy = self.broker.store_policy(publish.subject)?;
+                let policy = self.store_policy(publish.subject)?;
                 let request = if publish.headers.is_empty() {
                     StoreRequest::default()
                 } else {

@@ -29,10 +29,16 @@ impl Store {
 
     /// Every group definition of a tenant, in name order.
     pub async fn groups(&self, tenant: &str) -> Result<Vec<Bytes>, StoreError> {
-        let mut records = self
-            .db()
-            .scan(keys::tenant_kind_range(keys::GROUP, tenant))
-            .await?;
+        self.values_of(keys::tenant_kind_range(keys::GROUP, tenant))
+            .await
+    }
+
+    /// The values of every key in `range`, in key order.
+    pub(super) async fn values_of(
+        &self,
+        range: std::ops::Range<Bytes>,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        let mut records = self.db().scan(range).await?;
         let mut all = Vec::new();
         while let Some(kv) = records.next().await? {
             all.push(kv.value);

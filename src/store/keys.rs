@@ -16,6 +16,7 @@
 //!  group     'k' tenant 0x00 name                           -> a consumer group's definition (JSON, groups.rs)
 //!  cursor    'z' tenant 0x00 group 0x00 subject 0x00        -> the group's cursor in the subject (u64be)
 //!  schema    'y' tenant 0x00 pattern 0x00 version:u64be     -> one version of a schema binding (JSON, schemas.rs)
+//!  stream    'j' tenant 0x00 name                           -> a JetStream stream's definition (JSON, streams.rs)
 //!  format    'x' "format"                                   -> format version
 //! ```
 //!
@@ -39,8 +40,10 @@ pub const USER: u8 = b'u';
 pub const GROUP: u8 = b'k';
 pub const CURSOR: u8 = b'z';
 pub const SCHEMA: u8 = b'y';
+pub const STREAM: u8 = b'j';
 /// Every kind of key that belongs to one tenant's data (not its record).
-pub const TENANT_KINDS: [u8; 13] = [
+pub const TENANT_KINDS: [u8; 14] = [
+    STREAM,
     SCHEMA,
     USER,
     GROUP,
@@ -161,6 +164,13 @@ pub fn user(tenant: &str, name: &str) -> Bytes {
 /// The key of a consumer group's definition.
 pub fn group(tenant: &str, name: &str) -> Bytes {
     let mut key = prefix(GROUP, tenant, name.len());
+    key.put_slice(name.as_bytes());
+    key.freeze()
+}
+
+/// `'j' tenant 0 name`: a stream's definition.
+pub fn stream(tenant: &str, name: &str) -> Bytes {
+    let mut key = prefix(STREAM, tenant, name.len());
     key.put_slice(name.as_bytes());
     key.freeze()
 }

@@ -29,6 +29,7 @@ mod schemas;
 mod sequencer;
 mod snapshot;
 pub mod stats;
+mod streams;
 mod tenants;
 #[cfg(test)]
 pub(crate) mod tests;

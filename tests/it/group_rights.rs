@@ -36,7 +36,7 @@ async fn start(change: impl FnOnce(&mut canopy::config::Config)) -> Logins {
 }
 
 /// `$JS.API.<call>` with `body`; the JSON answer.
-async fn js(client: &async_nats::Client, call: &str, body: Value) -> Value {
+pub(crate) async fn js(client: &async_nats::Client, call: &str, body: Value) -> Value {
     let answer = tokio::time::timeout(
         WAIT,
         client.request(format!("$JS.API.{call}"), body.to_string().into()),

@@ -7,6 +7,7 @@
 //! What is stored is what was acked.
 
 use futures::StreamExt;
+use serde_json::json;
 
 use crate::common::{WAIT, replay_subject, replay_texts, request_then_marker, start_default};
 
@@ -129,8 +130,9 @@ async fn a_request_a_queue_group_answers_gets_only_the_service_answer() {
 
 /// JetStream's publish preconditions are held or refused, never ignored: the stream's
 /// last sequence (`Nats-Expected-Last-Sequence`, the tenant's last offset), the stream's
-/// name (`Nats-Expected-Stream`, the tenant), and `Nats-Expected-Last-Msg-Id`, which
-/// Canopy does not keep, is refused with a reason.
+/// name (`Nats-Expected-Stream`: the stream holding the subject, here the tenant's
+/// own), and `Nats-Expected-Last-Msg-Id`, which Canopy does not keep, is refused with a
+/// reason.
 #[tokio::test]
 async fn jetstream_expectations_are_held_or_refused() {
     use crate::common::{header, store_request};
@@ -181,9 +183,18 @@ async fn jetstream_expectations_are_held_or_refused() {
         "e",
     )
     .await;
-    let text = other["error"]["description"].as_str().unwrap_or_default();
-    assert!(
-        text.contains("expected stream ORDERS does not match"),
+    // nats-server's words and code for it.
+    assert_eq!(
+        (
+            &other["error"]["code"],
+            &other["error"]["err_code"],
+            &other["error"]["description"]
+        ),
+        (
+            &json!(400),
+            &json!(10060),
+            &json!("expected stream does not match")
+        ),
         "{other}"
     );
 

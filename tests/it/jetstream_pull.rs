@@ -620,7 +620,8 @@ async fn consumers_are_made_found_listed_and_deleted_and_what_canopy_lacks_is_re
     let server = start_default().await;
     let js = jetstream::new(connect(&server).await);
 
-    // The tenant is one stream over every subject; it is not made or deleted.
+    // The tenant's own stream holds every subject no declared stream holds; it is not
+    // made or deleted, and a stream Canopy cannot honour (in memory) is refused.
     let mut stream = default_stream(&js).await;
     assert_eq!(stream.cached_info().config.name, "default");
     assert_eq!(stream.cached_info().config.subjects, [">"]);
@@ -633,15 +634,16 @@ async fn consumers_are_made_found_listed_and_deleted_and_what_canopy_lacks_is_re
         js.create_stream(jetstream::stream::Config {
             name: "orders".into(),
             subjects: vec!["orders.>".into()],
+            storage: jetstream::stream::StorageType::Memory,
             ..Default::default()
         }),
     )
     .await;
     match made {
-        Ok(_) => panic!("a stream was made"),
+        Ok(_) => panic!("a stream in memory was made"),
         Err(e) => assert!(
             matches!(e.kind(), CreateStreamErrorKind::JetStream(_)),
-            "making a stream is refused with a JetStream API error, not {e}"
+            "a stream in memory is refused with a JetStream API error, not {e}"
         ),
     }
     match within("STREAM.DELETE", js.delete_stream("default")).await {

@@ -47,6 +47,7 @@ mod schema_costs;
 mod schemas;
 mod sealing;
 mod snapshots;
+mod stream_rights;
 mod tables;
 mod tenants;
 mod tls;

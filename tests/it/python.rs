@@ -29,6 +29,14 @@ async fn nats_py_pull_consumers_work_against_canopy() {
     run_script("nats_py_pull.py").await;
 }
 
+/// nats-py's stream calls: a stream declared at start (twice), PubAcks and
+/// `Nats-Expected-Stream` held to it, consumers bound to it, its versions per subject,
+/// its deletion, and the configs refused as nats-server refuses them.
+#[tokio::test]
+async fn nats_py_declares_and_uses_streams_against_canopy() {
+    run_script("nats_py_streams.py").await;
+}
+
 /// Runs one script of tests/python against a fresh server; it prints
 /// "all checks passed" when every check held.
 async fn run_script(name: &str) {

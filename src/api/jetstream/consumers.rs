@@ -23,7 +23,7 @@ use canopy_protocols::native::no_responders_block;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{JsError, authorize_reading, time};
+use super::{JsError, Stream, authorize_reading, time};
 use crate::api::groups::{groups_full, may_read, page};
 use crate::api::{Answer, ApiCall};
 use crate::broker::Broker;
@@ -253,13 +253,30 @@ pub(super) async fn create(
     broker: &Arc<Broker>,
     store: &Arc<Store>,
     call: &ApiCall,
-    stream: &str,
+    stream: &Stream,
     name: &str,
 ) -> Result<Value, JsError> {
     let request: Value = serde_json::from_slice(&call.body)
         .map_err(|e| JsError::bad_request(format!("the request is not JSON: {e}")))?;
-    let config = request.get("config").cloned().unwrap_or_else(|| json!({}));
+    let mut config = request.get("config").cloned().unwrap_or_else(|| json!({}));
+    let Some(fields) = config.as_object_mut() else {
+        return Err(JsError::bad_request("a consumer's config is a JSON object"));
+    };
+    if let Stream::Declared(declared) = stream
+        && pattern_of(&Value::Object(fields.clone()))? == ">"
+        && let [only] = declared.subjects.as_slice()
+    {
+        // A consumer of a declared stream reads the stream's subjects by default.
+        fields.insert("filter_subject".into(), json!(only));
+    }
     let spec = spec_of(name, &config)?;
+    if !stream.holds(&spec.pattern) {
+        return Err(JsError::new(
+            400,
+            10093,
+            "consumer filter subject is not a valid subset of the interest subjects",
+        ));
+    }
     authorize_reading(broker, call, &spec.pattern)?;
     if let Some(prefix) = &spec.dead_letter {
         crate::api::check_dead_letter(broker, &call.principal, prefix)
@@ -305,23 +322,48 @@ pub(super) async fn create(
             broker.groups().start(broker, store, &call.routes, group);
         }
     }
-    info(broker, store, stream, name).await
+    info(broker, store, call, stream, name).await
 }
 
-/// The consumer `name`, when the caller may read its group (403 otherwise).
+/// The consumer `name` on `stream`, when the caller may read its group (403
+/// otherwise).
 pub(super) async fn readable(
     broker: &Broker,
     store: &Store,
     call: &ApiCall,
+    stream: &Stream,
     name: &str,
 ) -> Result<StoredGroup, JsError> {
     let group = stored(store, &call.routes.name, name)
         .await?
+        .filter(|group| stream.holds(&group.spec.pattern))
         .ok_or_else(JsError::consumer_not_found)?;
     if !may_read(broker, &call.principal, &group.spec.pattern) {
         return Err(JsError::unreadable(name));
     }
     Ok(group)
+}
+
+/// Stops and deletes every consumer that reads inside `stream` (its deletion takes
+/// them, as in NATS).
+pub(super) async fn delete_within(
+    broker: &Broker,
+    store: &Store,
+    call: &ApiCall,
+    stream: &crate::streams::Stream,
+) -> Result<(), JsError> {
+    let tenant = &*call.routes.name;
+    let _change = call.routes.group_changes.lock().await;
+    for record in store.groups(tenant).await? {
+        let Ok(group) = serde_json::from_slice::<StoredGroup>(&record) else {
+            continue;
+        };
+        if stream.holds_filter(&group.spec.pattern) {
+            broker.groups().stop(&call.routes, &group.spec.name);
+            store.delete_group(tenant, &group.spec.name).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Every consumer of the tenant whose group the caller may read, in name order.
@@ -343,15 +385,17 @@ pub(super) async fn readable_all(
 pub(super) async fn info(
     broker: &Broker,
     store: &Store,
-    stream: &str,
+    call: &ApiCall,
+    stream: &Stream,
     name: &str,
 ) -> Result<Value, JsError> {
-    let group = stored(store, stream, name)
+    let group = stored(store, &call.routes.name, name)
         .await?
+        .filter(|group| stream.holds(&group.spec.pattern))
         .ok_or_else(JsError::consumer_not_found)?;
     let live = broker
         .groups()
-        .info(&broker.tenant(stream), name, false)
+        .info(&call.routes, name, false)
         .await
         .unwrap_or(Value::Null);
     let count = |key: &str| live.get(key).and_then(Value::as_u64).unwrap_or_default();
@@ -359,7 +403,7 @@ pub(super) async fn info(
     let consumer_seq = count("consumer_seq");
     Ok(json!({
         "type": "io.nats.jetstream.api.v1.consumer_info_response",
-        "stream_name": stream,
+        "stream_name": stream.name(),
         "name": name,
         "created": time::format(group.created_ms),
         "config": config_of(&group.spec),
@@ -378,11 +422,12 @@ pub(super) async fn delete(
     broker: &Broker,
     store: &Store,
     call: &ApiCall,
+    stream: &Stream,
     name: &str,
 ) -> Result<Value, JsError> {
     let tenant = &*call.routes.name;
     let _change = call.routes.group_changes.lock().await;
-    readable(broker, store, call, name).await?;
+    readable(broker, store, call, stream, name).await?;
     broker.groups().stop(&call.routes, name);
     store.delete_group(tenant, name).await?;
     Ok(json!({"type": "io.nats.jetstream.api.v1.consumer_delete_response", "success": true}))
@@ -402,6 +447,7 @@ pub(super) async fn list(
     broker: &Broker,
     store: &Store,
     call: &ApiCall,
+    stream: &Stream,
     infos: bool,
 ) -> Result<Value, JsError> {
     let request: ListRequest = if call.body.iter().all(u8::is_ascii_whitespace) {
@@ -411,13 +457,16 @@ pub(super) async fn list(
             JsError::bad_request(format!("the request is not the JSON expected: {e}"))
         })?
     };
-    let tenant = &*call.routes.name;
-    let groups = readable_all(broker, store, call).await?;
+    let groups: Vec<StoredGroup> = readable_all(broker, store, call)
+        .await?
+        .into_iter()
+        .filter(|group| stream.holds(&group.spec.pattern))
+        .collect();
     let limit = if infos { LIST_PAGE } else { NAMES_PAGE };
     let mut entries = Vec::new();
     for group in groups.iter().skip(request.offset).take(limit) {
         entries.push(if infos {
-            info(broker, store, tenant, &group.spec.name).await?
+            info(broker, store, call, stream, &group.spec.name).await?
         } else {
             json!(group.spec.name)
         });
@@ -468,7 +517,7 @@ pub(super) async fn next(
     store: &Store,
     call: &ApiCall,
     answer: &mut Answer,
-    stream: &str,
+    stream: &Stream,
     name: &str,
 ) {
     let Some(reply) = call.reply.clone() else {
@@ -487,8 +536,8 @@ pub(super) async fn next(
         answer.status(&status_block(409, &why, None));
         return;
     }
-    let group = match stored(store, stream, name).await {
-        Ok(Some(group)) => group,
+    let group = match stored(store, &call.routes.name, name).await {
+        Ok(Some(group)) if stream.holds(&group.spec.pattern) => group,
         // nats-server has nobody listening on a missing consumer's subject.
         _ => {
             answer.status(no_responders_block());
@@ -533,7 +582,7 @@ pub(super) async fn next(
         reply,
         routes: Arc::clone(&call.routes),
         style: PullStyle::JetStream {
-            stream: Arc::from(stream),
+            stream: Arc::from(stream.name()),
             terms: JetStreamPull {
                 no_wait,
                 heartbeat: request

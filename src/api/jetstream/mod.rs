@@ -1,10 +1,10 @@
-//! `$JS.API.` and `$JS.ACK.`: the part of JetStream's API that the pull consumers of
-//! async-nats and nats.py use, over Canopy's consumer groups, so NATS users keep the
-//! clients they have.
+//! `$JS.API.` and `$JS.ACK.`: the part of JetStream's API that the streams and pull
+//! consumers of async-nats and nats.py use, over Canopy's key streams and consumer
+//! groups, so NATS users keep the clients they have.
 //!
-//! The tenant is one stream, named after the tenant, holding every subject; creating,
-//! changing or deleting streams is refused. A consumer is a consumer group of the same
-//! name (`consumers.rs` maps one onto the other); `CONSUMER.MSG.NEXT` is a pull the
+//! A declared stream is a named set of subject filters (`streams.rs`); the tenant's own
+//! stream, named after it, holds every subject no declared stream holds and cannot be
+//! changed. A consumer is a consumer group of the same name (`consumers.rs` maps one onto the other); `CONSUMER.MSG.NEXT` is a pull the
 //! group answers itself, JetStream's way; `$JS.ACK.` subjects come back to the group by
 //! the consumer sequence they carry. Answers and errors are JetStream's JSON
 //! (`{"error": {"code", "err_code", "description"}}`), never Canopy's, since these
@@ -14,6 +14,8 @@
 //! decide deliveries (the groups do) or accept a push consumer it cannot serve.
 
 mod consumers;
+mod get;
+mod streams;
 pub(crate) mod time;
 
 use std::sync::Arc;
@@ -98,7 +100,9 @@ pub(super) fn ack(broker: &Arc<Broker>, call: &ApiCall) {
     let Some(target) = parse_ack(&call.operation) else {
         return;
     };
-    if target.stream != &*call.routes.name {
+    if target.stream != &*call.routes.name
+        && call.routes.streams.current().get(target.stream).is_none()
+    {
         return;
     }
     let Some(kind) = ReplyKind::parse(&call.body) else {
@@ -150,52 +154,76 @@ async fn call_api(
     let (verb, rest) = split_verb(operation);
     let body = match verb {
         "INFO" => account_info(broker, store, call).await?,
-        "STREAM.NAMES" => json!({
-            "type": "io.nats.jetstream.api.v1.stream_names_response",
-            "total": 1, "offset": 0, "limit": 1024, "streams": [tenant],
-        }),
-        "STREAM.LIST" => json!({
-            "type": "io.nats.jetstream.api.v1.stream_list_response",
-            "total": 1, "offset": 0, "limit": 256,
-            "streams": [stream_info(broker, store, call).await?],
-        }),
-        "STREAM.INFO" => {
-            stream_named(tenant, rest)?;
-            let mut info = stream_info(broker, store, call).await?;
-            info["type"] = json!("io.nats.jetstream.api.v1.stream_info_response");
-            info
+        "STREAM.NAMES" | "STREAM.LIST" => {
+            streams::list(broker, store, call, verb == "STREAM.LIST").await?
         }
-        "STREAM.CREATE" | "STREAM.UPDATE" | "STREAM.DELETE" | "STREAM.PURGE" => {
-            return Err(JsError::new(
-                400,
-                10052,
-                format!(
-                    "a Canopy tenant is one stream, {tenant}, holding every subject: it cannot \
-                     be created, changed, deleted or purged through JetStream (use stream \
-                     {tenant}, and `canopy purge` for purges)"
-                ),
-            ));
+        "STREAM.INFO" => {
+            let name = rest.split('.').next().unwrap_or_default();
+            if name == tenant {
+                let mut info = stream_info(broker, store, call).await?;
+                info["type"] = json!("io.nats.jetstream.api.v1.stream_info_response");
+                info
+            } else {
+                streams::info(broker, store, call, name)
+                    .await?
+                    .ok_or_else(JsError::stream_not_found)?
+            }
+        }
+        "STREAM.MSG.GET" => {
+            let stream = stream_named(broker, call, rest)?;
+            get::msg_get(broker, store, call, &stream).await?
+        }
+        "DIRECT.GET" => {
+            let name = rest.split('.').next().unwrap_or_default();
+            let subject = rest.get(name.len() + 1..).filter(|s| !s.is_empty());
+            match stream_named(broker, call, name) {
+                Ok(stream) => get::direct_get(broker, store, call, answer, &stream, subject).await,
+                // Nobody listens on a missing stream's direct subject.
+                Err(_) => answer.status(canopy_protocols::native::no_responders_block()),
+            }
+            return Ok(None);
+        }
+        "STREAM.CREATE" | "STREAM.UPDATE" => {
+            streams::create(broker, store, call, rest, verb == "STREAM.UPDATE").await?
+        }
+        "STREAM.DELETE" | "STREAM.PURGE" => {
+            if rest == tenant {
+                return Err(JsError::new(
+                    400,
+                    10052,
+                    format!(
+                        "stream {tenant} is the tenant's own, holding every subject no \
+                         declared stream holds: it cannot be deleted or purged through \
+                         JetStream (`canopy purge` purges subjects)"
+                    ),
+                ));
+            }
+            if verb == "STREAM.DELETE" {
+                streams::delete(broker, store, call, rest).await?
+            } else {
+                streams::purge(broker, store, call, rest).await?
+            }
         }
         "CONSUMER.CREATE" | "CONSUMER.DURABLE.CREATE" => {
-            let (stream, name) = consumer_target(tenant, rest, verb == "CONSUMER.CREATE")?;
-            consumers::create(broker, store, call, stream, name).await?
+            let (stream, name) = consumer_target(broker, call, rest, verb == "CONSUMER.CREATE")?;
+            consumers::create(broker, store, call, &stream, name).await?
         }
         "CONSUMER.INFO" => {
-            let (stream, name) = consumer_target(tenant, rest, false)?;
-            consumers::readable(broker, store, call, name).await?;
-            consumers::info(broker, store, stream, name).await?
+            let (stream, name) = consumer_target(broker, call, rest, false)?;
+            consumers::readable(broker, store, call, &stream, name).await?;
+            consumers::info(broker, store, call, &stream, name).await?
         }
         "CONSUMER.DELETE" => {
-            let (_, name) = consumer_target(tenant, rest, false)?;
-            consumers::delete(broker, store, call, name).await?
+            let (stream, name) = consumer_target(broker, call, rest, false)?;
+            consumers::delete(broker, store, call, &stream, name).await?
         }
         "CONSUMER.NAMES" | "CONSUMER.LIST" => {
-            stream_named(tenant, rest)?;
-            consumers::list(broker, store, call, verb == "CONSUMER.LIST").await?
+            let stream = stream_named(broker, call, rest)?;
+            consumers::list(broker, store, call, &stream, verb == "CONSUMER.LIST").await?
         }
         "CONSUMER.MSG.NEXT" => {
-            let (stream, name) = consumer_target(tenant, rest, false)?;
-            consumers::next(broker, store, call, answer, stream, name).await;
+            let (stream, name) = consumer_target(broker, call, rest, false)?;
+            consumers::next(broker, store, call, answer, &stream, name).await;
             return Ok(None);
         }
         _ => {
@@ -210,7 +238,9 @@ async fn call_api(
 
 /// Splits `STREAM.INFO.default` into the call (`STREAM.INFO`) and its arguments.
 fn split_verb(operation: &str) -> (&str, &str) {
-    const VERBS: [&str; 13] = [
+    const VERBS: [&str; 15] = [
+        "STREAM.MSG.GET",
+        "DIRECT.GET",
         "CONSUMER.DURABLE.CREATE",
         "CONSUMER.MSG.NEXT",
         "CONSUMER.CREATE",
@@ -238,22 +268,61 @@ fn split_verb(operation: &str) -> (&str, &str) {
     (operation, "")
 }
 
-/// Checks that a call names the tenant's stream.
-fn stream_named<'a>(tenant: &str, rest: &'a str) -> Result<&'a str, JsError> {
-    let stream = rest.split('.').next().unwrap_or_default();
-    if stream != tenant {
-        return Err(JsError::stream_not_found());
+/// The stream a call names: the tenant's own, or one it declared that the caller may
+/// read (one it may not is not there for it).
+fn stream_named(broker: &Broker, call: &ApiCall, rest: &str) -> Result<Stream, JsError> {
+    let name = rest.split('.').next().unwrap_or_default();
+    if name == &*call.routes.name {
+        return Ok(Stream::Tenant(Arc::clone(&call.routes.name)));
     }
-    Ok(stream)
+    call.routes
+        .streams
+        .current()
+        .get(name)
+        .filter(|declared| streams::may_read_stream(broker, call, declared))
+        .map(|declared| Stream::Declared(Arc::clone(declared)))
+        .ok_or_else(JsError::stream_not_found)
+}
+
+/// A stream consumers are called on.
+pub(super) enum Stream {
+    /// The tenant's own: every consumer of the tenant is on it.
+    Tenant(Arc<str>),
+    /// A declared one: the consumers whose filter it holds.
+    Declared(Arc<crate::streams::Stream>),
+}
+
+impl Stream {
+    pub(super) fn name(&self) -> &str {
+        match self {
+            Stream::Tenant(name) => name,
+            Stream::Declared(stream) => &stream.name,
+        }
+    }
+
+    /// Whether a consumer reading `pattern` is on this stream.
+    pub(super) fn holds(&self, pattern: &str) -> bool {
+        match self {
+            Stream::Tenant(_) => true,
+            Stream::Declared(stream) => stream.holds_filter(pattern),
+        }
+    }
 }
 
 /// The stream and consumer a consumer call names (`<stream>.<name>[.<filter>]`).
 fn consumer_target<'a>(
-    tenant: &str,
+    broker: &Broker,
+    call: &ApiCall,
     rest: &'a str,
     creating: bool,
-) -> Result<(&'a str, &'a str), JsError> {
-    let stream = stream_named(tenant, rest)?;
+) -> Result<(Stream, &'a str), JsError> {
+    let (stream, name) = consumer_parts(rest, creating)?;
+    Ok((stream_named(broker, call, stream)?, name))
+}
+
+/// The stream and consumer names a consumer call's subject holds.
+fn consumer_parts(rest: &str, creating: bool) -> Result<(&str, &str), JsError> {
+    let stream = rest.split('.').next().unwrap_or_default();
     let name = rest
         .get(stream.len()..)
         .and_then(|r| r.strip_prefix('.'))
@@ -279,10 +348,11 @@ async fn account_info(broker: &Broker, store: &Store, call: &ApiCall) -> Result<
         "type": "io.nats.jetstream.api.v1.account_info_response",
         "memory": 0,
         "storage": usage.bytes,
-        "streams": 1,
+        "streams": 1 + streams::readable(broker, call).len(),
         "consumers": consumers,
         "limits": {
-            "max_memory": -1, "max_storage": -1, "max_streams": 1,
+            "max_memory": -1, "max_storage": -1,
+            "max_streams": 1 + crate::streams::MAX_STREAMS,
             "max_consumers": call.routes.quota.max_groups(),
             "max_ack_pending": -1, "memory_max_stream_bytes": -1,
             "storage_max_stream_bytes": -1, "max_bytes_required": false,
@@ -373,16 +443,18 @@ mod tests {
     }
 
     #[test]
-    fn consumer_calls_name_the_tenants_stream_and_a_consumer() {
+    fn consumer_calls_name_a_stream_and_a_consumer() {
         assert_eq!(
-            consumer_target("default", "default.billing.orders.>", true).ok(),
+            consumer_parts("default.billing.orders.>", true).ok(),
             Some(("default", "billing"))
         );
-        let other = consumer_target("default", "ORDERS.billing", false).unwrap_err();
-        assert_eq!((other.code, other.err_code), (404, 10059));
-        let ephemeral = consumer_target("default", "default", true).unwrap_err();
+        assert_eq!(
+            consumer_parts("ORDERS.billing", false).ok(),
+            Some(("ORDERS", "billing"))
+        );
+        let ephemeral = consumer_parts("default", true).unwrap_err();
         assert_eq!(ephemeral.code, 400);
-        let missing = consumer_target("default", "default", false).unwrap_err();
+        let missing = consumer_parts("default", false).unwrap_err();
         assert_eq!(missing.err_code, 10014);
     }
 }

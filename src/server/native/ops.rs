@@ -322,6 +322,7 @@ fn nats_text(subject: &str, refusal: &Refusal) -> String {
         Refusal::TooLarge { .. } => "Maximum Payload Violation".to_owned(),
         Refusal::OverQuota(exceeded) => format!("Quota Exceeded: {exceeded}"),
         Refusal::BadHeader(why) => format!("Invalid Canopy Header: {why}"),
+        Refusal::WrongStream(_) => format!("Invalid Canopy Header: {refusal}"),
         Refusal::Invalid(_) => schema_refusal(subject, refusal),
     }
 }

@@ -171,7 +171,7 @@ fn publish_refusal(refused: &session::Refusal) -> Refusal {
         session::Refusal::Reserved(_) | session::Refusal::Denied(_) => ErrorCode::Forbidden,
         session::Refusal::TooLarge { .. } => ErrorCode::TooLarge,
         session::Refusal::OverQuota(_) => ErrorCode::QuotaExceeded,
-        session::Refusal::BadHeader(_) => ErrorCode::BadRequest,
+        session::Refusal::BadHeader(_) | session::Refusal::WrongStream(_) => ErrorCode::BadRequest,
         session::Refusal::Invalid(_) => ErrorCode::InvalidMessage,
     };
     refusal(code, refused.to_string())
