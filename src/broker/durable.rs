@@ -25,7 +25,7 @@ use crate::store::{
 /// [`RouteTag::flags`](crate::store::RouteTag) bits.
 pub const FLAG_NO_ECHO: u32 = 1;
 pub const FLAG_NO_RESPONDERS: u32 = 2;
-pub use super::{ACK_JETSTREAM, ACK_MQTT, ACK_REMOTE};
+pub use super::{ACK_JETSTREAM, ACK_MQTT, ACK_REMOTE, ACK_ROLLUP};
 
 /// The store policies, compiled: first match in configuration order wins.
 pub struct Policies {
@@ -112,8 +112,10 @@ pub struct StoreRequest {
     pub awaiting: Option<Arc<Await>>,
     /// The client sent a `Canopy-Schema` header, which only the server may set.
     pub schema_header: bool,
-    /// `Nats-Expected-Stream`: the stream (the tenant) the publisher expects.
+    /// `Nats-Expected-Stream`: the stream the publisher expects the subject in.
     pub expected_stream: Option<Box<str>>,
+    /// `Nats-Rollup: sub`: once stored, the message is the subject's only version.
+    pub rollup: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -192,9 +194,25 @@ impl StoreRequest {
                 other if other.starts_with("Nats-Expected-") => {
                     return Err(BadStoreHeader(format!("{other} is not supported")));
                 }
-                // Refused rather than ignored: a rollup would keep the history it asks
-                // to drop, a TTL the message past its time.
-                "Nats-Rollup" | "Nats-TTL" => {
+                "Nats-Rollup" => match value.trim() {
+                    "sub" => {
+                        request.rollup = true;
+                        request.jetstream = true;
+                    }
+                    "all" => {
+                        return Err(BadStoreHeader(
+                            "Nats-Rollup: all is not offered: a stream's subjects are each \
+                             their own key stream; roll up one subject (sub)"
+                                .into(),
+                        ));
+                    }
+                    other => {
+                        return Err(BadStoreHeader(format!("rollup value invalid: {other:?}")));
+                    }
+                },
+                // Refused rather than ignored: a TTL would keep the message past its
+                // time.
+                "Nats-TTL" => {
                     return Err(BadStoreHeader(format!("{name} is not offered yet")));
                 }
                 _ => {}
@@ -352,6 +370,36 @@ impl StoreEvents for StoreRouter {
         let mut scratch = RouteScratch::default();
         let mut wakes = Wakes::default();
         for (tenant, mut ack, outcome) in acks {
+            if ack.flags & ACK_ROLLUP != 0
+                && let Some((subject, version)) = stored_at(&outcome)
+                && let Some(store) = broker.store().cloned()
+            {
+                // The rolled-up subject keeps this version alone: what came before is
+                // purged, then the publisher hears (a read after the ack sees no
+                // older version).
+                let answer_to = Arc::clone(&broker);
+                tokio::spawn(async move {
+                    let before = version.saturating_sub(1);
+                    if before > 0
+                        && let Err(error) =
+                            store.purge_subject_through(&tenant, &subject, before).await
+                    {
+                        tracing::warn!(%error, %subject, "a rollup's purge of older versions failed");
+                    }
+                    let mut scratch = RouteScratch::default();
+                    let mut wakes = Wakes::default();
+                    deliver_ack(
+                        &answer_to,
+                        &tenant,
+                        &ack,
+                        outcome,
+                        None,
+                        (&mut scratch, &mut wakes),
+                    );
+                    wakes.wake_all();
+                });
+                continue;
+            }
             // A publish that waits for groups is answered once they pass its version
             // (or its wait ends); it is stored either way.
             if let Some(awaiting) = ack.cargo.take().and_then(AckCargo::get::<Await>)
@@ -609,11 +657,16 @@ mod tests {
     }
 
     #[test]
-    fn rollups_and_ttls_are_refused_not_ignored() {
-        for header in ["Nats-Rollup: sub", "Nats-TTL: 5s"] {
+    fn rollups_of_a_subject_are_read_and_the_rest_refused_not_ignored() {
+        let sub = StoreRequest::from_headers(b"NATS/1.0\r\nNats-Rollup: sub\r\n\r\n");
+        assert!(sub.is_ok_and(|r| r.rollup && r.jetstream));
+        for header in ["Nats-Rollup: all", "Nats-Rollup: nope", "Nats-TTL: 5s"] {
             let block = format!("NATS/1.0\r\n{header}\r\n\r\n");
             let refused = StoreRequest::from_headers(block.as_bytes()).expect_err(header);
-            assert!(refused.0.contains("not offered"), "{header}: {refused}");
+            assert!(
+                refused.0.contains("not offered") || refused.0.contains("invalid"),
+                "{header}: {refused}"
+            );
         }
     }
 

@@ -50,6 +50,10 @@ pub const ACK_MQTT: u32 = 2;
 /// forwarded; its address names that node and its handle, and the outcome goes back
 /// over the link.
 pub const ACK_REMOTE: u32 = 4;
+/// [`AckTo::flags`](crate::store::AckTo) bit: the publish rolls its subject up
+/// (`Nats-Rollup: sub`): once stored, the versions before it are purged, and only
+/// then is it acknowledged.
+pub const ACK_ROLLUP: u32 = 8;
 
 /// A message as routing sees it: borrowed from the publisher's frame.
 #[derive(Debug, Clone, Copy, Default)]

@@ -266,6 +266,27 @@ impl Publisher {
                 })));
             }
         }
+        if request.rollup
+            && !self
+                .routes
+                .streams
+                .for_subject(publish.subject)
+                .is_some_and(|stream| stream.allow_rollup)
+        {
+            return Err(Refusal::BadHeader(
+                "rollup not permitted: the subject's stream does not allow Nats-Rollup \
+                 (allow_rollup_hdrs)"
+                    .into(),
+            ));
+        }
+        if request.rollup && publish.reply.is_none() {
+            // The older versions are purged between storing and acknowledging it.
+            return Err(Refusal::BadHeader(
+                "Nats-Rollup needs a reply subject: the rollup is acknowledged once the \
+                 versions before it are purged"
+                    .into(),
+            ));
+        }
         if let Some(awaiting) = &mut request.awaiting {
             use crate::groups::awaiting::{Await, Caller};
             let authz = Arc::clone(self.broker.authorizer());

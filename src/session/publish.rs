@@ -227,6 +227,12 @@ impl Publisher {
                     payload: publish.payload,
                     flags: publish.flags,
                 };
+                let ack = ack.map(|mut ack| {
+                    if request.rollup {
+                        ack.flags |= crate::broker::durable::ACK_ROLLUP;
+                    }
+                    ack
+                });
                 let mut append = append_one(
                     policy,
                     &self.routes.name,

@@ -25,13 +25,39 @@ pub struct Purged {
 impl Store {
     /// Deletes every message and snapshot of `subject` up to its current head.
     pub async fn purge_subject(&self, tenant: &str, subject: &str) -> Result<Purged, StoreError> {
+        self.purge_through(tenant, subject, u64::MAX).await
+    }
+
+    /// Deletes the messages and snapshots of `subject` up to version `through` (a
+    /// rollup keeps the version after it).
+    pub async fn purge_subject_through(
+        &self,
+        tenant: &str,
+        subject: &str,
+        through: u64,
+    ) -> Result<Purged, StoreError> {
+        self.purge_through(tenant, subject, through).await
+    }
+
+    async fn purge_through(
+        &self,
+        tenant: &str,
+        subject: &str,
+        through: u64,
+    ) -> Result<Purged, StoreError> {
         let _deleting = self.deleting.lock().await;
         // What the rounds not yet in the engine hold must be there before it is
         // deleted, or their flush would write it again.
         self.db().flush_unflushed().await?;
         // What the engine holds, which is all there was when the purge began.
-        let newest = runs::newest(self.db(), tenant, subject, runs::Seen::Flushed).await?;
-        let Some((version, newest)) = newest else {
+        let found = if through == u64::MAX {
+            runs::newest(self.db(), tenant, subject, runs::Seen::Flushed).await?
+        } else {
+            runs::at(self.db(), tenant, subject, through, runs::Seen::Flushed)
+                .await?
+                .map(|found| (through, found))
+        };
+        let Some((version, newest)) = found else {
             return Ok(Purged::default());
         };
         // The marker first: should we stop half way, versions still never repeat.

@@ -35,6 +35,8 @@ pub struct Stream {
     pub subjects: Vec<String>,
     /// Versions kept per subject (0: all), from `max_msgs_per_subject`.
     pub max_versions: u64,
+    /// Whether a publish may roll its subject up (`allow_rollup_hdrs`).
+    pub allow_rollup: bool,
     /// When it was declared (the server's clock).
     pub created_ms: u64,
     /// The normalised config, as its info reports it.
@@ -70,10 +72,12 @@ impl Stream {
             .and_then(Value::as_i64)
             .and_then(|n| u64::try_from(n).ok())
             .unwrap_or(0);
+        let allow_rollup = config.get("allow_rollup_hdrs").and_then(Value::as_bool) == Some(true);
         Ok(Stream {
             name: Arc::from(name),
             subjects,
             max_versions,
+            allow_rollup,
             created_ms,
             config,
         })

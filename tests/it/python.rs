@@ -37,6 +37,15 @@ async fn nats_py_declares_and_uses_streams_against_canopy() {
     run_script("nats_py_streams.py").await;
 }
 
+/// nats-py's KV, short of watching: a bucket made and bound, put, get (latest and a
+/// revision), create, update at a revision, delete, purge (a rollup), status, the
+/// bucket deleted, and the errors for a wrong revision, an existing key and an
+/// unknown bucket.
+#[tokio::test]
+async fn nats_py_kv_works_against_canopy() {
+    run_script("nats_py_kv.py").await;
+}
+
 /// Runs one script of tests/python against a fresh server; it prints
 /// "all checks passed" when every check held.
 async fn run_script(name: &str) {

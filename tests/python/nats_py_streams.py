@@ -86,6 +86,13 @@ async def main(url: str) -> None:
         10060,
     )
 
+    # A rollup needs a stream that allows it (ORDERS does not).
+    try:
+        await js.publish("orders.eu", b"rolled", headers={"Nats-Rollup": "sub"})
+        raise AssertionError("a rollup on a stream without allow_rollup_hdrs was taken")
+    except APIError as e:
+        assert "rollup not permitted" in (e.description or ""), e
+
     # One message by subject or by sequence, as KV clients read keys.
     last = await js.get_last_msg("ORDERS", "orders.eu")
     assert (last.subject, last.seq, last.data) == ("orders.eu", ack.seq, b"first"), last
