@@ -453,6 +453,16 @@ fn stored_at(outcome: &AppendOutcome) -> Option<(Arc<str>, u64)> {
     }
 }
 
+/// The subject an outcome is about, when it names one.
+fn subject_of(outcome: &AppendOutcome) -> Option<&str> {
+    match outcome {
+        AppendOutcome::Stored { subject, .. }
+        | AppendOutcome::Duplicate { subject, .. }
+        | AppendOutcome::Conflict { subject, .. } => Some(subject),
+        _ => None,
+    }
+}
+
 impl Broker {
     /// Answers publishes whose appends another node stored (or could not), as if
     /// they had been stored here.
@@ -504,8 +514,8 @@ fn deliver_ack(
     let Ok(address) = std::str::from_utf8(&ack.address) else {
         return;
     };
-    let stream = match stored_at(&outcome) {
-        Some((subject, _)) => broker.tenant(tenant).stream_of(&subject),
+    let stream = match subject_of(&outcome) {
+        Some(subject) => broker.tenant(tenant).stream_of(subject),
         None => Arc::from(tenant),
     };
     let body = ack_body(&stream, &outcome, ack.flags & ACK_JETSTREAM != 0);
@@ -542,10 +552,13 @@ pub fn wrong_stream_body(stream: &str) -> Bytes {
     )
 }
 
-/// The error ack of a publish whose Canopy-* or Nats-* headers cannot be used.
-pub fn bad_request_body(tenant: &str, reason: &str) -> Bytes {
+/// The error ack of a publish whose Canopy-* or Nats-* headers cannot be used, or
+/// whose schema refuses it: JetStream's bad request (`err_code` 10003), from the
+/// subject's stream.
+pub fn bad_request_body(stream: &str, reason: &str) -> Bytes {
     Bytes::from(
-        json!({"error": {"code": 400, "description": reason}, "stream": tenant}).to_string(),
+        json!({"error": {"code": 400, "err_code": 10003, "description": reason}, "stream": stream})
+            .to_string(),
     )
 }
 

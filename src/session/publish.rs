@@ -282,7 +282,8 @@ impl Publisher {
             .reply
             .clone()
             .filter(|_| matches!(publish.ack, AskAck::Reply))?;
-        let tenant = &self.routes.name;
+        // Errors name the stream the subject is in, as its PubAck would.
+        let tenant = &self.routes.stream_of(publish.subject);
         match refusal {
             Refusal::BadHeader(why) => Some((reply, bad_request_body(tenant, why))),
             Refusal::WrongStream(mismatch) => Some((

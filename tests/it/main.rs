@@ -27,6 +27,7 @@ mod isolation;
 mod jetstream_publish;
 mod jetstream_pull;
 mod js;
+mod kv;
 mod layers;
 mod limits;
 mod local_folder;

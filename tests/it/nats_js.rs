@@ -40,6 +40,33 @@ async fn nats_js_publishes_subscribes_requests_and_jetstream_publishes() {
     server.stop().await;
 }
 
+/// nats.js's KV, short of watching (tests/js/nats_js_kv.mjs): a bucket made and bound,
+/// put, get over DIRECT.GET (latest and a revision), create, update at a revision,
+/// delete, purge, status and destroy, with the refusals of a stale revision and an
+/// existing key.
+#[tokio::test]
+async fn nats_js_kv_works_against_canopy() {
+    let js = js_dir();
+    let server = start_default().await;
+    let run = tokio::process::Command::new("node")
+        .arg(js.join("nats_js_kv.mjs"))
+        .arg(server.native_addr.to_string())
+        .current_dir(&js)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("nats_js_kv.mjs finishes within two minutes")
+        .expect("node runs (apt-get install nodejs npm)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains("all checks passed"),
+        "nats_js_kv.mjs failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    server.stop().await;
+}
+
 /// The bytes nats.js sends, and what a subscriber gets: a plain MSG (nats-server
 /// writes HMSG only for a header block of at least one byte), on a subject that is
 /// routed at once and on one the store sequences.

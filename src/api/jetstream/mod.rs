@@ -348,6 +348,9 @@ async fn account_info(broker: &Broker, store: &Store, call: &ApiCall) -> Result<
         "type": "io.nats.jetstream.api.v1.account_info_response",
         "memory": 0,
         "storage": usage.bytes,
+        // async-nats needs them to read the answer (`create_key_value` asks first).
+        "reserved_memory": 0,
+        "reserved_storage": 0,
         "streams": 1 + streams::readable(broker, call).len(),
         "consumers": consumers,
         "limits": {
