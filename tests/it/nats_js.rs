@@ -1,6 +1,6 @@
 //! nats.js (npm `nats` 2.29) against Canopy: core publish and subscribe, request/reply
 //! and JetStream publishes, with and without options and headers
-//! (tests/js/nats_js_clients.mjs). nats.js sends a JetStream publish without options as
+//! (tests/js/nats_js_clients.mjs), and its KV (tests/js/nats_js_kv.mjs). nats.js sends a JetStream publish without options as
 //! an HPUB with an empty header block (`HPUB <subject> <reply> 0 <#total>`); as in
 //! nats-server, that is a message without headers, delivered as a plain MSG.
 
@@ -15,6 +15,12 @@ fn js_dir() -> PathBuf {
 
 #[tokio::test]
 async fn nats_js_publishes_subscribes_requests_and_jetstream_publishes() {
+    run_node("nats_js_clients.mjs").await;
+}
+
+/// Runs one script of tests/js (nats.js, unmodified) against a fresh server; it
+/// prints "all checks passed" when every check held.
+async fn run_node(script: &str) {
     let js = js_dir();
     assert!(
         js.join("node_modules/nats").exists(),
@@ -22,20 +28,20 @@ async fn nats_js_publishes_subscribes_requests_and_jetstream_publishes() {
     );
     let server = start_default().await;
     let run = tokio::process::Command::new("node")
-        .arg(js.join("nats_js_clients.mjs"))
+        .arg(js.join(script))
         .arg(server.native_addr.to_string())
         .current_dir(&js)
         .kill_on_drop(true)
         .output();
     let output = tokio::time::timeout(Duration::from_secs(120), run)
         .await
-        .expect("nats_js_clients.mjs finishes within two minutes")
+        .unwrap_or_else(|_| panic!("{script} finishes within two minutes"))
         .expect("node runs (apt-get install nodejs npm)");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success() && stdout.contains("all checks passed"),
-        "nats_js_clients.mjs failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        "{script} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
     server.stop().await;
 }
@@ -46,25 +52,7 @@ async fn nats_js_publishes_subscribes_requests_and_jetstream_publishes() {
 /// existing key.
 #[tokio::test]
 async fn nats_js_kv_works_against_canopy() {
-    let js = js_dir();
-    let server = start_default().await;
-    let run = tokio::process::Command::new("node")
-        .arg(js.join("nats_js_kv.mjs"))
-        .arg(server.native_addr.to_string())
-        .current_dir(&js)
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("nats_js_kv.mjs finishes within two minutes")
-        .expect("node runs (apt-get install nodejs npm)");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success() && stdout.contains("all checks passed"),
-        "nats_js_kv.mjs failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    server.stop().await;
+    run_node("nats_js_kv.mjs").await;
 }
 
 /// The bytes nats.js sends, and what a subscriber gets: a plain MSG (nats-server
