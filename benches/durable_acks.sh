@@ -22,12 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/servers.sh
 
-for arg in "$@"; do
-  case $arg in
-    *=*) export "${arg?}" ;;
-    *) echo "durable_acks.sh: unknown argument $arg" >&2; exit 1 ;;
-  esac
-done
+export_settings "$@"
 ROUNDS=${ROUNDS:-3}
 MSGS=${MSGS:-200000}
 ONE_MSGS=${ONE_MSGS:-3000}

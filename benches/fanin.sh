@@ -24,12 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/servers.sh
 
-for arg in "$@"; do
-  case $arg in
-    *=*) export "${arg?}" ;;
-    *) echo "fanin.sh: unknown argument $arg" >&2; exit 1 ;;
-  esac
-done
+export_settings "$@"
 ROUNDS=${ROUNDS:-3}
 NATS_MSGS=${NATS_MSGS:-1000000}
 MQTT_MSGS=${MQTT_MSGS:-200000}

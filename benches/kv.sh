@@ -11,12 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/servers.sh
 
-for arg in "$@"; do
-  case $arg in
-    *=*) export "${arg?}" ;;
-    *) echo "kv.sh: unknown argument $arg" >&2; exit 1 ;;
-  esac
-done
+export_settings "$@"
 ROUNDS=${ROUNDS:-3}
 KEYS=${KEYS:-2000}
 TASKS=${TASKS:-16}

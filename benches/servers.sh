@@ -7,6 +7,17 @@
 # runs stop_servers when a phase ends and on exit (`trap stop_servers EXIT`, or its own
 # cleanup calling it). Nothing here stops a process by name, only by the PIDs it was given.
 
+# Exports each NAME=value argument as a setting; anything else ends the script.
+export_settings() { # "$@"
+  local arg
+  for arg in "$@"; do
+    case $arg in
+      *=*) export "${arg?}" ;;
+      *) echo "${0##*/}: unknown argument $arg (settings are NAME=value)" >&2; exit 1 ;;
+    esac
+  done
+}
+
 # PIDs of the servers this script started and has not stopped yet.
 pids=()
 

@@ -98,13 +98,7 @@ pub(super) async fn append(
             }),
             route: RouteTag::default(),
             compaction: policy.compaction(),
-            max_versions: call
-                .routes
-                .streams
-                .for_subject(&request.subject)
-                .map_or(policy.max_versions, |stream| {
-                    crate::streams::stricter(policy.max_versions, stream.max_versions)
-                }),
+            max_versions: publisher.version_limit(policy, &request.subject),
             retain: false,
         })
         .await?;

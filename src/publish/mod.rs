@@ -259,6 +259,15 @@ impl Publisher {
         }
     }
 
+    /// The versions of `subject` an append keeps under `policy`: the policy's limit,
+    /// or the declared stream's `max_msgs_per_subject` when that is stricter.
+    pub fn version_limit(&self, policy: &crate::config::StorePolicy, subject: &str) -> u64 {
+        match self.routes.streams.for_subject(subject) {
+            Some(stream) => crate::streams::stricter(policy.max_versions, stream.max_versions),
+            None => policy.max_versions,
+        }
+    }
+
     /// How `subject` is stored, if it is: as the first store policy matching it says,
     /// or, for a subject a declared stream holds that no policy matches (`$KV.`
     /// subjects, which `>` does not reach), the stream's own: stored, durable, acked

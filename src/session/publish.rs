@@ -243,10 +243,7 @@ impl Publisher {
                     route,
                 );
                 append.retain = publish.retain;
-                if let Some(stream) = self.routes.streams.for_subject(publish.subject) {
-                    append.max_versions =
-                        crate::streams::stricter(append.max_versions, stream.max_versions);
-                }
+                append.max_versions = self.version_limit(policy, publish.subject);
                 appends.push(append);
                 Published::Stored { acked }
             }

@@ -25,21 +25,12 @@ pub struct Purged {
 impl Store {
     /// Deletes every message and snapshot of `subject` up to its current head.
     pub async fn purge_subject(&self, tenant: &str, subject: &str) -> Result<Purged, StoreError> {
-        self.purge_through(tenant, subject, u64::MAX).await
+        self.purge_subject_through(tenant, subject, u64::MAX).await
     }
 
     /// Deletes the messages and snapshots of `subject` up to version `through` (a
-    /// rollup keeps the version after it).
+    /// rollup keeps the version after it; `u64::MAX`: up to its current head).
     pub async fn purge_subject_through(
-        &self,
-        tenant: &str,
-        subject: &str,
-        through: u64,
-    ) -> Result<Purged, StoreError> {
-        self.purge_through(tenant, subject, through).await
-    }
-
-    async fn purge_through(
         &self,
         tenant: &str,
         subject: &str,

@@ -10,16 +10,9 @@
 
 import { connect, headers, StringCodec } from "nats";
 
+import { check, fail } from "./checks.mjs";
+
 const sc = StringCodec();
-const fail = (what) => {
-  console.error(what);
-  process.exit(1);
-};
-const check = (holds, what) => {
-  if (!holds) {
-    fail(what);
-  }
-};
 
 // Each step names itself, so a timeout says which step hung.
 const step = async (name, body) => {

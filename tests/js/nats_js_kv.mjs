@@ -8,16 +8,9 @@
 
 import { connect, StringCodec } from "nats";
 
+import { check, fail } from "./checks.mjs";
+
 const sc = StringCodec();
-const fail = (what) => {
-  console.error(what);
-  process.exit(1);
-};
-const check = (holds, what) => {
-  if (!holds) {
-    fail(what);
-  }
-};
 const refused = async (what, body) => {
   try {
     await body();
