@@ -18,6 +18,7 @@ mod inbox_claims;
 pub mod mesh;
 pub mod outbox;
 mod parked;
+pub mod push;
 
 mod routing;
 mod subscription;

@@ -35,6 +35,8 @@ pub struct Tenant {
     pub taps: Arc<crate::follow::Taps>,
     /// The tenant's running consumer groups.
     pub groups: super::groups::TenantGroups,
+    /// The tenant's running JetStream push consumers (ordered ones: KV watches).
+    pub pushes: super::push::TenantPushes,
     /// Serialises the tenant's group creates and deletes (JetStream's too).
     pub group_changes: tokio::sync::Mutex<()>,
     /// Serialises the tenant's schema puts and deletes.
@@ -93,6 +95,7 @@ impl Broker {
                 streams: Arc::default(),
                 taps: Arc::default(),
                 groups: super::groups::TenantGroups::default(),
+                pushes: super::push::TenantPushes::default(),
                 group_changes: tokio::sync::Mutex::new(()),
                 schema_changes: tokio::sync::Mutex::new(()),
                 stream_changes: tokio::sync::Mutex::new(()),
@@ -249,6 +252,7 @@ impl Broker {
                 tasks.extend(tenant.groups.hand_over_all());
             } else {
                 tenant.groups.stop_all();
+                tenant.pushes.stop_all();
             }
             // Its bindings now come from what the cluster shows, as on any node that
             // does not own it.
@@ -290,6 +294,7 @@ impl Broker {
         };
         tenant.deleted.cancel();
         tenant.groups.stop_all();
+        tenant.pushes.stop_all();
         tenant.schemas.set(crate::schemas::Bindings::default());
         tenant.streams.set(crate::streams::Streams::default());
     }

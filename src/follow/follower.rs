@@ -18,6 +18,9 @@ pub enum Target {
     Subject(String),
     /// Every subject a pattern matches: positions are tenant offsets.
     Pattern(Pattern),
+    /// Every subject any of several patterns matches (a JetStream consumer's
+    /// `filter_subjects`): positions are tenant offsets.
+    Patterns(Vec<Pattern>),
     /// A caller's set of filters, given at each read (an MQTT session's, which may
     /// change between pages): positions are tenant offsets. History only.
     Filters,
@@ -59,7 +62,9 @@ struct Live {
     epoch: u64,
     /// Taken off the queue, not yet handed out (kept across a cancelled step).
     pending: VecDeque<StoredMessage>,
-    _registration: Registration,
+    /// One per pattern: a message two patterns match is queued twice, and the second
+    /// is dropped by its position.
+    _registrations: Vec<Registration>,
 }
 
 impl Follower {
@@ -87,6 +92,13 @@ impl Follower {
         self
     }
 
+    /// Reads from `from` instead: a follower whose tap had to be registered before
+    /// its start was known.
+    pub fn starting_at(mut self, from: ReplayFrom) -> Self {
+        self.from = from;
+        self
+    }
+
     /// The caller subscribed live before making the follower: the first read passes a
     /// durability barrier, so the history it reads meets the live messages.
     pub fn behind_live_subscription(mut self) -> Self {
@@ -102,20 +114,24 @@ impl Follower {
     pub fn tapped(mut self, taps: &Arc<Taps>, max_bytes: usize, durable: bool) -> Self {
         self.reading = true;
         self.restart = true;
-        let pattern = match &self.target {
-            Target::Subject(subject) => Pattern::parse_native(subject).ok(),
-            Target::Pattern(pattern) => Some(pattern.clone()),
-            Target::Filters => None,
+        let patterns = match &self.target {
+            Target::Subject(subject) => Pattern::parse_native(subject).ok().into_iter().collect(),
+            Target::Pattern(pattern) => vec![pattern.clone()],
+            Target::Patterns(patterns) => patterns.clone(),
+            Target::Filters => Vec::new(),
         };
-        if let Some(pattern) = pattern {
+        if !patterns.is_empty() {
             let (queue, rx) = Queue::new(QUEUE_MESSAGES, max_bytes);
-            let registration = taps.register(&pattern, Arc::clone(&queue) as Arc<dyn Tap>);
+            let registrations = patterns
+                .iter()
+                .map(|pattern| taps.register(pattern, Arc::clone(&queue) as Arc<dyn Tap>))
+                .collect();
             self.live = Some(Live {
                 queue,
                 rx,
                 epoch: 0,
                 pending: VecDeque::new(),
-                _registration: registration,
+                _registrations: registrations,
             });
             self.durable = durable;
         }
@@ -183,6 +199,15 @@ impl Follower {
             Target::Pattern(pattern) => {
                 let matches = |subject: &str| {
                     Subject::parse_native(subject).is_ok_and(|s| pattern.matches(&s))
+                };
+                self.store
+                    .replay_matching(&self.tenant, &matches, self.from, max, bytes)
+                    .await?
+            }
+            Target::Patterns(patterns) => {
+                let matches = |subject: &str| {
+                    Subject::parse_native(subject)
+                        .is_ok_and(|s| patterns.iter().any(|p| p.matches(&s)))
                 };
                 self.store
                     .replay_matching(&self.tenant, &matches, self.from, max, bytes)

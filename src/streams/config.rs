@@ -315,6 +315,21 @@ fn metadata_of(body: &Value) -> Result<Option<Map<String, Value>>, StreamRefusal
     Ok((!metadata.is_empty()).then_some(metadata))
 }
 
+/// The strings of a config's list field (`subjects`, `filter_subjects`); none when it
+/// is missing or not a list, and its entries that are not strings are passed over.
+pub fn strings_of(config: &Value, key: &str) -> Vec<String> {
+    config
+        .get(key)
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -57,16 +57,7 @@ impl Stream {
             .get("name")
             .and_then(Value::as_str)
             .ok_or_else(|| StreamRefusal::invalid("stream name is required"))?;
-        let subjects = config
-            .get("subjects")
-            .and_then(Value::as_array)
-            .map(|list| {
-                list.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let subjects = config::strings_of(&config, "subjects");
         let max_versions = config
             .get("max_msgs_per_subject")
             .and_then(Value::as_i64)

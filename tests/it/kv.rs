@@ -98,3 +98,101 @@ async fn async_nats_kv_works_against_canopy() {
     );
     server.stop().await;
 }
+
+/// The next entry of a watch, history or keys stream, within [`WAIT`].
+async fn next<S, T, E>(what: &str, stream: &mut S) -> T
+where
+    S: futures::Stream<Item = Result<T, E>> + Unpin,
+    E: std::fmt::Debug,
+{
+    use futures::StreamExt;
+    within(what, stream.next())
+        .await
+        .unwrap_or_else(|| panic!("{what} ended"))
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"))
+}
+
+/// async-nats's KV watching (`keys`, `history`, `watch_all`, `watch_with_history`,
+/// `watch_all_from_revision`), each an ordered push consumer: initial values in the
+/// order they were written, then live updates. (Its heartbeats are checked on the
+/// wire in `push_consumers`: async-nats recovers from missing ones unseen.)
+#[tokio::test]
+async fn async_nats_kv_watches_against_canopy() {
+    use futures::StreamExt;
+    let server = start_default().await;
+    let client = async_nats::connect(server.native_url())
+        .await
+        .expect("connects");
+    let js = jetstream::new(client);
+    let config = kv::Config {
+        bucket: "watched".into(),
+        history: 10,
+        ..Default::default()
+    };
+    let kv = within("create_key_value", js.create_key_value(config))
+        .await
+        .expect("a bucket is made");
+    let mut revisions = Vec::new();
+    for (key, value) in [("a", "1"), ("b", "2"), ("c.dot", "3"), ("a", "4")] {
+        let revision = within("put", kv.put(key, value.into())).await.expect("put");
+        if key == "a" {
+            revisions.push(revision);
+        }
+    }
+    within("delete", kv.delete("b")).await.expect("delete");
+
+    let keys = within("keys", kv.keys()).await.expect("keys");
+    let mut keys: Vec<String> = within("keys", keys.map(|k| k.expect("a key")).collect()).await;
+    keys.sort();
+    assert_eq!(keys, ["a", "c.dot"]);
+    let history = within("history", kv.history("a")).await.expect("history");
+    let history: Vec<kv::Entry> =
+        within("history", history.map(|e| e.expect("an entry")).collect()).await;
+    let seen: Vec<u64> = history.iter().map(|e| e.revision).collect();
+    assert_eq!(seen, revisions);
+
+    let mut all = within("watch_with_history", kv.watch_with_history(">"))
+        .await
+        .expect("watch");
+    let mut initial = Vec::new();
+    for _ in 0..3 {
+        let entry = next("watch_with_history", &mut all).await;
+        initial.push((entry.key, entry.operation));
+    }
+    assert_eq!(
+        initial,
+        [
+            ("c.dot".to_owned(), kv::Operation::Put),
+            ("a".to_owned(), kv::Operation::Put),
+            ("b".to_owned(), kv::Operation::Delete),
+        ]
+    );
+    let mut updates = within("watch_all", kv.watch_all())
+        .await
+        .expect("watch_all");
+    let mut from = within(
+        "watch_all_from_revision",
+        kv.watch_all_from_revision(revisions[1]),
+    )
+    .await
+    .expect("watch_all_from_revision");
+    let from_first = next("watch_all_from_revision", &mut from).await;
+    assert_eq!(
+        (from_first.key.as_str(), from_first.revision),
+        ("a", revisions[1])
+    );
+
+    let revision = within("put", kv.put("a", "5".into())).await.expect("put");
+    for (what, watch) in [
+        ("watch_with_history", &mut all),
+        ("watch_all", &mut updates),
+    ] {
+        let entry = next(what, watch).await;
+        assert_eq!(
+            (entry.key.as_str(), &entry.value[..], entry.revision),
+            ("a", &b"5"[..], revision),
+            "{what}"
+        );
+    }
+    server.stop().await;
+}

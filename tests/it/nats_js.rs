@@ -55,6 +55,14 @@ async fn nats_js_kv_works_against_canopy() {
     run_node("nats_js_kv.mjs").await;
 }
 
+/// nats.js's KV watching (tests/js/nats_js_kv_watch.mjs): keys, history, watch with
+/// its initial values then live updates (one key with history and headers only,
+/// updates only on a wildcard) and an ordered consumer over a stream.
+#[tokio::test]
+async fn nats_js_kv_watches_against_canopy() {
+    run_node("nats_js_kv_watch.mjs").await;
+}
+
 /// The bytes nats.js sends, and what a subscriber gets: a plain MSG (nats-server
 /// writes HMSG only for a header block of at least one byte), on a subject that is
 /// routed at once and on one the store sequences.

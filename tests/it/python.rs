@@ -37,6 +37,14 @@ async fn nats_py_declares_and_uses_streams_against_canopy() {
     run_script("nats_py_streams.py").await;
 }
 
+/// nats-py's KV watching: keys, history, watch and watchall (initial values, then
+/// live; with history, headers only, ignoring deletes) and an ordered `js.subscribe`,
+/// each an ordered push consumer.
+#[tokio::test]
+async fn nats_py_kv_watches_against_canopy() {
+    run_script("nats_py_kv_watch.py").await;
+}
+
 /// nats-py's KV, short of watching: a bucket made and bound, put, get (latest and a
 /// revision), create, update at a revision, delete, purge (a rollup), status, the
 /// bucket deleted, and the errors for a wrong revision, an existing key and an

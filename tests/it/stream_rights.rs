@@ -12,7 +12,7 @@ use crate::group_rights::js;
 use crate::logins::Logins;
 
 /// The rules of a user who owns `<name>.>` and may call JetStream's API.
-fn own(name: &str) -> Value {
+pub(crate) fn own(name: &str) -> Value {
     json!({
         "publish": {"allow": [format!("{name}.>"), "$JS.API.>", "$JS.ACK.>"]},
         "subscribe": {"allow": [format!("{name}.>")]}

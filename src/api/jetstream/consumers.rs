@@ -262,6 +262,27 @@ pub(super) async fn create(
     let Some(fields) = config.as_object_mut() else {
         return Err(JsError::bad_request("a consumer's config is a JSON object"));
     };
+    if super::push::is_push(&Value::Object(fields.clone())) {
+        return super::push::create(broker, store, call, stream, name, fields).await;
+    }
+    let name = match name {
+        "" => [
+            text(&request["config"], "durable_name"),
+            text(&request["config"], "name"),
+        ]
+        .into_iter()
+        .find(|given| !given.is_empty())
+        .ok_or_else(|| {
+            JsError::bad_request(
+                "Canopy keeps durable pull consumers: give the consumer a name \
+                     (durable_name); ephemeral consumers are push ones (a deliver_subject)",
+            )
+        })?,
+        name => name,
+    };
+    if call.routes.pushes.get(name).is_some() {
+        return Err(JsError::new(400, 10148, "consumer already exists"));
+    }
     if let Stream::Declared(declared) = stream
         && pattern_of(&Value::Object(fields.clone()))? == ">"
         && let [only] = declared.subjects.as_slice()
@@ -363,6 +384,11 @@ pub(super) async fn delete_within(
             store.delete_group(tenant, &group.spec.name).await?;
         }
     }
+    for pushed in call.routes.pushes.list() {
+        if *pushed.spec.stream == *stream.name {
+            call.routes.pushes.stop(&pushed.spec.name);
+        }
+    }
     Ok(())
 }
 
@@ -462,6 +488,7 @@ pub(super) async fn list(
         .into_iter()
         .filter(|group| stream.holds(&group.spec.pattern))
         .collect();
+    let pushes = super::push::readable_all(broker, call, stream);
     let limit = if infos { LIST_PAGE } else { NAMES_PAGE };
     let mut entries = Vec::new();
     for group in groups.iter().skip(request.offset).take(limit) {
@@ -471,6 +498,14 @@ pub(super) async fn list(
             json!(group.spec.name)
         });
     }
+    let pushes_from = request.offset.saturating_sub(groups.len());
+    for pushed in pushes.iter().skip(pushes_from).take(limit - entries.len()) {
+        entries.push(if infos {
+            super::push::info(broker, pushed)
+        } else {
+            json!(&*pushed.spec.name)
+        });
+    }
     let consumers = page(entries.into_iter(), 0, limit, broker.max_answer());
     let kind = if infos {
         "io.nats.jetstream.api.v1.consumer_list_response"
@@ -478,7 +513,7 @@ pub(super) async fn list(
         "io.nats.jetstream.api.v1.consumer_names_response"
     };
     Ok(json!({
-        "type": kind, "total": groups.len(), "offset": request.offset, "limit": limit,
+        "type": kind, "total": groups.len() + pushes.len(), "offset": request.offset, "limit": limit,
         "consumers": consumers,
     }))
 }

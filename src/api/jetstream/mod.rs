@@ -15,6 +15,7 @@
 
 mod consumers;
 mod get;
+mod push;
 mod streams;
 pub(crate) mod time;
 
@@ -210,12 +211,21 @@ async fn call_api(
         }
         "CONSUMER.INFO" => {
             let (stream, name) = consumer_target(broker, call, rest, false)?;
-            consumers::readable(broker, store, call, &stream, name).await?;
-            consumers::info(broker, store, call, &stream, name).await?
+            if let Some(pushed) = push::readable(broker, call, &stream, name)? {
+                push::info(broker, &pushed)
+            } else {
+                consumers::readable(broker, store, call, &stream, name).await?;
+                consumers::info(broker, store, call, &stream, name).await?
+            }
         }
         "CONSUMER.DELETE" => {
             let (stream, name) = consumer_target(broker, call, rest, false)?;
-            consumers::delete(broker, store, call, &stream, name).await?
+            if push::readable(broker, call, &stream, name)?.is_some() {
+                call.routes.pushes.stop(name);
+                json!({"type": "io.nats.jetstream.api.v1.consumer_delete_response", "success": true})
+            } else {
+                consumers::delete(broker, store, call, &stream, name).await?
+            }
         }
         "CONSUMER.NAMES" | "CONSUMER.LIST" => {
             let stream = stream_named(broker, call, rest)?;
@@ -328,14 +338,9 @@ fn consumer_parts(rest: &str, creating: bool) -> Result<(&str, &str), JsError> {
         .and_then(|r| r.strip_prefix('.'))
         .map(|r| r.split('.').next().unwrap_or_default())
         .unwrap_or_default();
-    if name.is_empty() {
-        return Err(if creating {
-            JsError::bad_request(
-                "Canopy keeps durable consumers only: give the consumer a name (durable_name)",
-            )
-        } else {
-            JsError::consumer_not_found()
-        });
+    // A create without a name makes an ephemeral consumer (or takes the config's).
+    if name.is_empty() && !creating {
+        return Err(JsError::consumer_not_found());
     }
     Ok((stream, name))
 }
@@ -455,8 +460,7 @@ mod tests {
             consumer_parts("ORDERS.billing", false).ok(),
             Some(("ORDERS", "billing"))
         );
-        let ephemeral = consumer_parts("default", true).unwrap_err();
-        assert_eq!(ephemeral.code, 400);
+        assert_eq!(consumer_parts("default", true).ok(), Some(("default", "")));
         let missing = consumer_parts("default", false).unwrap_err();
         assert_eq!(missing.err_code, 10014);
     }

@@ -406,7 +406,7 @@ pub(super) fn route_one(broker: &Broker, routes: &Tenant, message: &Message<'_>)
 /// same name is replaced rather than doubled (the server's `Canopy-Schema` stays), and
 /// the pull's own answers (`Canopy-Done`, `Canopy-Count`, `Canopy-Status`) are dropped:
 /// a message carrying them must not end or fail the pull it is in.
-pub(super) fn delivery_headers(own: &[u8], added: &[(&str, String)]) -> BytesMut {
+pub(in crate::broker) fn delivery_headers(own: &[u8], added: &[(&str, String)]) -> BytesMut {
     let mut block = BytesMut::with_capacity(own.len() + 160);
     let canopy = own.windows(7).any(|w| w.eq_ignore_ascii_case(b"canopy-"));
     if own.is_empty() || (!canopy && own.starts_with(b"NATS/1.0") && own.ends_with(b"\r\n\r\n")) {

@@ -33,6 +33,7 @@ pub mod jetstream;
 mod kept;
 mod registry;
 
+pub(in crate::broker) use delivery::delivery_headers;
 use delivery::send;
 pub use handle::Handed;
 use handle::Handle;

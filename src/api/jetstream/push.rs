@@ -1,0 +1,449 @@
+//! JetStream push consumers over `$JS.API`: a consumer config with a
+//! `deliver_subject` becomes a running [`PushSpec`] (see `broker::push`), answered,
+//! listed, read and deleted beside the pull consumers that are groups.
+//!
+//! Canopy's push consumers are the ordered kind: `ack_policy: none`, ephemeral, in
+//! memory, gone after `inactive_threshold` without a listener (5 s by default, as
+//! nats-server's ephemerals). That is what NATS KV's watch, keys and history, object
+//! gets and ordered subscriptions make. A push consumer with acks, or a durable one,
+//! is refused with why; a pull consumer (a group) does that work. Creating one needs
+//! subscribe rights on each filter and, for its deliver subject, either an inbox the
+//! calling connection holds or publish rights there: a consumer may not pour what its
+//! maker reads onto a subject its maker may not publish to. Must never: start a
+//! consumer a create with another config asked for under a running one's name.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use canopy_subjects::{Pattern, Subject};
+use serde_json::{Map, Value, json};
+
+use super::{JsError, Stream, authorize_reading, time};
+use crate::api::ApiCall;
+use crate::broker::Broker;
+use crate::broker::push::{self, PushError, PushHandle, PushSpec, PushStart};
+use crate::store::Store;
+use crate::tenancy::Action;
+
+/// An ephemeral consumer's inactive threshold when its config gives none
+/// (nats-server's).
+const DEFAULT_INACTIVE: Duration = Duration::from_secs(5);
+/// The longest inactive threshold taken: a consumer nobody listens to is gone after
+/// it at the latest.
+const MAX_INACTIVE: Duration = Duration::from_secs(24 * 3600);
+/// The shortest idle heartbeat (nats-server's floor).
+const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
+
+/// Whether a consumer config asks for push delivery.
+pub(super) fn is_push(config: &Value) -> bool {
+    !text(config, "deliver_subject").is_empty()
+}
+
+fn text<'a>(config: &'a Value, key: &str) -> &'a str {
+    config.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+fn nanos(config: &Value, key: &str) -> Duration {
+    Duration::from_nanos(config.get(key).and_then(Value::as_u64).unwrap_or_default())
+}
+
+/// A fresh ephemeral consumer name: 8 letters and digits, as nats-server's.
+fn ephemeral_name() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    (0..8)
+        .map(|_| ALPHABET[fastrand::usize(..ALPHABET.len())] as char)
+        .collect()
+}
+
+/// `CONSUMER.CREATE` of a push consumer: starts it, or answers with the running one
+/// of that name when the config is the same.
+pub(super) async fn create(
+    broker: &Arc<Broker>,
+    store: &Arc<Store>,
+    call: &ApiCall,
+    stream: &Stream,
+    name: &str,
+    config: &Map<String, Value>,
+) -> Result<Value, JsError> {
+    if broker.mesh().is_some() {
+        return Err(JsError::new(
+            500,
+            10052,
+            "push consumers are not run across a cluster's nodes yet: use a pull consumer",
+        ));
+    }
+    let given = text_of(config, "name");
+    let name = match (name, given) {
+        ("", "") => ephemeral_name(),
+        ("", given) => given.to_owned(),
+        (name, "") => name.to_owned(),
+        (name, given) if name == given => name.to_owned(),
+        (_, given) => {
+            return Err(JsError::new(
+                400,
+                10017,
+                format!("consumer name in subject does not match name in request ({given})"),
+            ));
+        }
+    };
+    let spec = spec_of(stream, &name, config, broker.clock().now_ms())?;
+    for filter in &spec.filters {
+        if !stream.holds(filter) {
+            return Err(JsError::new(
+                400,
+                10093,
+                "consumer filter subject is not a valid subset of the interest subjects",
+            ));
+        }
+        authorize_reading(broker, call, filter)?;
+    }
+    may_deliver_to(broker, call, &spec.deliver_subject)?;
+    let routes = &call.routes;
+    if let Some(running) = routes.pushes.get(&name) {
+        if running.spec.config == spec.config && running.spec.stream == spec.stream {
+            return Ok(info(broker, &running));
+        }
+        return Err(JsError::new(400, 10148, "consumer already exists"));
+    }
+    if store.group(&routes.name, &name).await?.is_some() {
+        return Err(JsError::new(400, 10148, "consumer already exists"));
+    }
+    let handle = push::start(broker, store, routes, spec)
+        .await
+        .map_err(|e| match e {
+            PushError::Exists(_) => JsError::new(400, 10148, "consumer already exists"),
+            PushError::TooMany => {
+                JsError::new(400, 10026, format!("maximum consumers limit reached: {e}"))
+            }
+            PushError::Store(e) => JsError::from(e),
+            PushError::Filter(_) | PushError::PlanTooLarge => JsError::bad_request(e.to_string()),
+        })?;
+    Ok(info(broker, &handle))
+}
+
+fn text_of<'a>(config: &'a Map<String, Value>, key: &str) -> &'a str {
+    config.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+/// The deliver subject must be a subject (no wildcard), under an inbox the calling
+/// connection holds or one the caller may publish to.
+fn may_deliver_to(broker: &Broker, call: &ApiCall, subject: &str) -> Result<(), JsError> {
+    let literal = Pattern::parse_native(subject).is_ok_and(|p| p.is_literal())
+        && Subject::parse_native(subject).is_ok();
+    if !literal {
+        return Err(JsError::new(
+            400,
+            10112,
+            format!("invalid push consumer deliver subject {subject:?}"),
+        ));
+    }
+    let own_inbox = crate::broker::inbox_owner(subject)
+        .is_some_and(|token| call.routes.inboxes.holds(token, call.origin));
+    if own_inbox {
+        return Ok(());
+    }
+    broker
+        .authorizer()
+        .authorize(&call.principal, Action::Publish, subject)
+        .map_err(|denied| JsError::new(403, 10003, denied.to_string()))
+}
+
+/// The push consumer a config describes, refusing what Canopy does not offer.
+fn spec_of(
+    stream: &Stream,
+    name: &str,
+    config: &Map<String, Value>,
+    now_ms: u64,
+) -> Result<PushSpec, JsError> {
+    let whole = Value::Object(config.clone());
+    if !text(&whole, "durable_name").is_empty() {
+        return Err(JsError::bad_request(
+            "Canopy's push consumers are ephemeral (ordered consumers): leave durable_name \
+             empty, or make a durable pull consumer",
+        ));
+    }
+    if text(&whole, "ack_policy") != "none" {
+        return Err(JsError::bad_request(
+            "Canopy's push consumers are ordered consumers without acks: set ack_policy \
+             none, or make a pull consumer for acked delivery",
+        ));
+    }
+    if !matches!(text(&whole, "replay_policy"), "" | "instant") {
+        return Err(JsError::bad_request(
+            "replay_policy original is not offered: messages are delivered at once",
+        ));
+    }
+    if whole
+        .get("rate_limit_bps")
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        > 0
+    {
+        return Err(JsError::bad_request("rate_limit_bps is not offered"));
+    }
+    let heartbeat = nanos(&whole, "idle_heartbeat");
+    let flow_control = whole.get("flow_control").and_then(Value::as_bool) == Some(true);
+    if flow_control && heartbeat.is_zero() {
+        return Err(JsError::new(
+            400,
+            10108,
+            "consumer with flow control also needs heartbeats",
+        ));
+    }
+    if !heartbeat.is_zero() && heartbeat < MIN_HEARTBEAT {
+        return Err(JsError::new(
+            400,
+            10083,
+            "consumer idle heartbeat needs to be >= 100ms",
+        ));
+    }
+    let filters = filters_of(stream, &whole)?;
+    let start = start_of(&whole)?;
+    let inactive = match nanos(&whole, "inactive_threshold") {
+        zero if zero.is_zero() => DEFAULT_INACTIVE,
+        given => given.min(MAX_INACTIVE),
+    };
+    let mut echoed = config.clone();
+    echoed.insert("name".into(), json!(name));
+    echoed.insert("ack_policy".into(), json!("none"));
+    echoed.insert("replay_policy".into(), json!("instant"));
+    echoed.insert("inactive_threshold".into(), json!(inactive.as_nanos()));
+    if text(&whole, "deliver_policy").is_empty() {
+        echoed.insert("deliver_policy".into(), json!("all"));
+    }
+    echoed.remove("durable_name");
+    Ok(PushSpec {
+        stream: Arc::from(stream.name()),
+        name: Arc::from(name),
+        filters,
+        deliver_subject: text(&whole, "deliver_subject").to_owned(),
+        start,
+        headers_only: whole.get("headers_only").and_then(Value::as_bool) == Some(true),
+        heartbeat: (!heartbeat.is_zero()).then_some(heartbeat),
+        inactive,
+        config: Value::Object(echoed),
+        created_ms: now_ms,
+    })
+}
+
+/// The consumer's filters: `filter_subject` or `filter_subjects` (none overlapping),
+/// else every subject of its stream.
+fn filters_of(stream: &Stream, config: &Value) -> Result<Vec<String>, JsError> {
+    let mut filters = crate::streams::config::strings_of(config, "filter_subjects");
+    let one = text(config, "filter_subject");
+    if !one.is_empty() {
+        if !filters.is_empty() {
+            return Err(JsError::new(
+                400,
+                10134,
+                "consumer cannot have both FilterSubject and FilterSubjects specified",
+            ));
+        }
+        filters.push(one.to_owned());
+    }
+    if filters.is_empty() {
+        filters = match stream {
+            Stream::Declared(declared) => declared.subjects.clone(),
+            Stream::Tenant(_) => vec![">".to_owned()],
+        };
+    }
+    for filter in &filters {
+        Pattern::parse_native(filter).map_err(|e| {
+            JsError::bad_request(format!("filter subject {filter:?} is not a pattern: {e}"))
+        })?;
+    }
+    for (i, a) in filters.iter().enumerate() {
+        if filters[i + 1..]
+            .iter()
+            .any(|b| crate::streams::filters::overlap(a, b))
+        {
+            return Err(JsError::new(
+                400,
+                10136,
+                "consumer subject filters cannot overlap",
+            ));
+        }
+    }
+    Ok(filters)
+}
+
+/// Where the consumer starts, from its deliver policy.
+fn start_of(config: &Value) -> Result<PushStart, JsError> {
+    Ok(match text(config, "deliver_policy") {
+        "" | "all" => PushStart::All,
+        "new" => PushStart::New,
+        "last" => PushStart::Last,
+        "last_per_subject" => PushStart::LastPerSubject,
+        "by_start_sequence" => match config.get("opt_start_seq").and_then(Value::as_u64) {
+            Some(seq) if seq > 0 => PushStart::Offset(seq),
+            _ => {
+                return Err(JsError::bad_request(
+                    "deliver_policy by_start_sequence needs an opt_start_seq of 1 or more",
+                ));
+            }
+        },
+        "by_start_time" => {
+            let at = time::parse(text(config, "opt_start_time")).ok_or_else(|| {
+                JsError::bad_request(
+                    "deliver_policy by_start_time needs an RFC 3339 opt_start_time",
+                )
+            })?;
+            PushStart::Time(at)
+        }
+        other => {
+            return Err(JsError::bad_request(format!(
+                "deliver_policy {other} is not a deliver policy"
+            )));
+        }
+    })
+}
+
+/// A running push consumer as a JetStream consumer info.
+pub(super) fn info(broker: &Broker, handle: &PushHandle) -> Value {
+    use std::sync::atomic::Ordering::Relaxed;
+    let state = &handle.state;
+    let delivered = json!({
+        "consumer_seq": state.consumer_seq.load(Relaxed),
+        "stream_seq": state.stream_seq.load(Relaxed),
+    });
+    let mut info = json!({
+        "type": "io.nats.jetstream.api.v1.consumer_info_response",
+        "stream_name": &*handle.spec.stream,
+        "name": &*handle.spec.name,
+        "created": time::format(handle.spec.created_ms),
+        "config": handle.spec.config,
+        "delivered": delivered,
+        // Without acks, what was delivered is done with.
+        "ack_floor": delivered,
+        "num_ack_pending": 0,
+        "num_redelivered": 0,
+        "num_waiting": 0,
+        "num_pending": state.pending.load(Relaxed),
+        "ts": time::format(broker.clock().now_ms()),
+    });
+    if state.bound.load(Relaxed) {
+        info["push_bound"] = json!(true);
+    }
+    info
+}
+
+/// The running push consumer `name` on `stream`, when the caller may read each of its
+/// filters; `Ok(None)` when there is none (it may be a pull consumer).
+pub(super) fn readable(
+    broker: &Broker,
+    call: &ApiCall,
+    stream: &Stream,
+    name: &str,
+) -> Result<Option<Arc<PushHandle>>, JsError> {
+    let Some(handle) = call.routes.pushes.get(name) else {
+        return Ok(None);
+    };
+    if &*handle.spec.stream != stream.name() {
+        return Err(JsError::consumer_not_found());
+    }
+    if !handle
+        .spec
+        .filters
+        .iter()
+        .all(|filter| crate::api::groups::may_read(broker, &call.principal, filter))
+    {
+        return Err(JsError::unreadable(name));
+    }
+    Ok(Some(handle))
+}
+
+/// The running push consumers on `stream` the caller may read, in name order.
+pub(super) fn readable_all(
+    broker: &Broker,
+    call: &ApiCall,
+    stream: &Stream,
+) -> Vec<Arc<PushHandle>> {
+    call.routes
+        .pushes
+        .list()
+        .into_iter()
+        .filter(|handle| &*handle.spec.stream == stream.name())
+        .filter(|handle| {
+            handle
+                .spec
+                .filters
+                .iter()
+                .all(|filter| crate::api::groups::may_read(broker, &call.principal, filter))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(config: Value) -> Result<PushSpec, JsError> {
+        let stream = Stream::Tenant(Arc::from("default"));
+        let config = config.as_object().cloned().unwrap_or_default();
+        spec_of(&stream, "w", &config, 0)
+    }
+
+    #[test]
+    fn an_ordered_consumers_config_becomes_a_push_spec() {
+        let made = spec(json!({
+            "deliver_subject": "_INBOX.x", "ack_policy": "none", "filter_subject": "$KV.b.>",
+            "deliver_policy": "last_per_subject", "headers_only": true, "flow_control": true,
+            "idle_heartbeat": 5_000_000_000u64, "inactive_threshold": 300_000_000_000u64,
+        }))
+        .expect("accepted");
+        assert_eq!(made.filters, ["$KV.b.>"]);
+        assert_eq!(made.start, PushStart::LastPerSubject);
+        assert!(made.headers_only);
+        assert_eq!(made.heartbeat, Some(Duration::from_secs(5)));
+        assert_eq!(made.inactive, Duration::from_secs(300));
+        assert_eq!(made.config["name"], json!("w"));
+        let plain =
+            spec(json!({"deliver_subject": "_INBOX.x", "ack_policy": "none"})).expect("accepted");
+        assert_eq!(plain.filters, [">"], "the tenant's stream: everything");
+        assert_eq!(plain.start, PushStart::All);
+        assert_eq!(plain.inactive, DEFAULT_INACTIVE);
+        let from = spec(json!({"deliver_subject": "_INBOX.x", "ack_policy": "none",
+            "deliver_policy": "by_start_sequence", "opt_start_seq": 7}))
+        .expect("accepted");
+        assert_eq!(from.start, PushStart::Offset(7));
+    }
+
+    #[test]
+    fn what_a_push_consumer_cannot_be_is_refused_with_why() {
+        for (config, err_code, says) in [
+            (json!({"ack_policy": "explicit"}), 10003, "ack_policy none"),
+            (json!({"durable_name": "d"}), 10003, "ephemeral"),
+            (json!({"replay_policy": "original"}), 10003, "original"),
+            (json!({"flow_control": true}), 10108, "heartbeats"),
+            (json!({"idle_heartbeat": 1_000_000}), 10083, "100ms"),
+            (json!({"filter_subjects": ["a.>", "a.b"]}), 10136, "overlap"),
+            (
+                json!({"filter_subject": "a", "filter_subjects": ["b"]}),
+                10134,
+                "both",
+            ),
+            (
+                json!({"deliver_policy": "by_start_sequence"}),
+                10003,
+                "opt_start_seq",
+            ),
+            (
+                json!({"deliver_policy": "sometimes"}),
+                10003,
+                "not a deliver",
+            ),
+        ] {
+            let mut full = json!({"deliver_subject": "_INBOX.x", "ack_policy": "none"});
+            if let (Some(full), Some(config)) = (full.as_object_mut(), config.as_object()) {
+                full.extend(config.clone());
+            }
+            let error = spec(full).expect_err("refused");
+            assert_eq!(error.err_code, err_code, "{config}: {}", error.description);
+            assert!(
+                error.description.contains(says),
+                "{config}: {}",
+                error.description
+            );
+        }
+    }
+}

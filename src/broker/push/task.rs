@@ -1,0 +1,260 @@
+//! A push consumer's task: delivers its plan, then follows the log live, while its
+//! deliver subject has a listener; sends idle heartbeats; ends after its inactive
+//! threshold without a listener. Must never block routing: it waits only on its
+//! follower, its tick and the outboxes it fills.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+use super::PushHandle;
+use super::plan::Planned;
+use crate::broker::groups::delivery_headers;
+use crate::broker::groups::jetstream::ack_subject;
+use crate::broker::{Broker, Message, RouteScratch, Tenant, Wakes};
+use crate::follow::{Follower, Page};
+use crate::store::{Store, StoredMessage};
+
+/// How often the task looks for a listener and for a heartbeat due.
+const TICK: Duration = Duration::from_millis(250);
+/// Planned messages taken (and read, when not kept) at a time.
+const PLANNED_BATCH: usize = 256;
+
+pub(super) struct Delivery {
+    broker: Arc<Broker>,
+    store: Arc<Store>,
+    routes: Arc<Tenant>,
+    handle: Arc<PushHandle>,
+    plan: VecDeque<Planned>,
+    follower: Follower,
+    /// Taken from the plan or the follower and not delivered yet, each with how many
+    /// messages are known to follow it.
+    held: VecDeque<(StoredMessage, u64)>,
+    bound: bool,
+    last_listened: Instant,
+    last_sent: Instant,
+    scratch: RouteScratch,
+}
+
+impl Delivery {
+    pub(super) fn new(
+        broker: Arc<Broker>,
+        store: Arc<Store>,
+        routes: Arc<Tenant>,
+        handle: Arc<PushHandle>,
+        plan: VecDeque<Planned>,
+        follower: Follower,
+    ) -> Self {
+        let now = Instant::now();
+        Self {
+            broker,
+            store,
+            routes,
+            handle,
+            plan,
+            follower,
+            held: VecDeque::new(),
+            bound: false,
+            last_listened: now,
+            last_sent: now,
+            scratch: RouteScratch::default(),
+        }
+    }
+
+    pub(super) async fn run(mut self, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        self.look_for_listener();
+        while !stop.is_cancelled() {
+            if self.bound && self.held.is_empty() {
+                if !self.plan.is_empty() {
+                    if let Err(e) = self.take_planned().await {
+                        tracing::warn!(consumer = %self.handle.spec.name, "push consumer stopped: {e}");
+                        break;
+                    }
+                    continue;
+                }
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => break,
+                    page = self.follower.next() => match page {
+                        Ok(page) => self.take_page(page),
+                        Err(e) => {
+                            tracing::warn!(consumer = %self.handle.spec.name, "push consumer stopped: {e}");
+                            break;
+                        }
+                    },
+                    _ = tick.tick() => if !self.on_tick() { break },
+                }
+                continue;
+            }
+            if self.bound {
+                self.deliver(&stop).await;
+                continue;
+            }
+            tokio::select! {
+                () = stop.cancelled() => break,
+                _ = tick.tick() => if !self.on_tick() { break },
+            }
+        }
+        self.routes.pushes.forget(&self.handle);
+    }
+
+    /// Whether the deliver subject has a listener now.
+    fn look_for_listener(&mut self) {
+        let spec = &self.handle.spec;
+        self.bound = self
+            .broker
+            .has_interest(&self.routes, &spec.deliver_subject);
+        if self.bound {
+            self.last_listened = Instant::now();
+        }
+        self.handle.state.bound.store(self.bound, Ordering::Relaxed);
+    }
+
+    /// Looks for a listener and sends a heartbeat when one is due; false when the
+    /// consumer has had no listener for its inactive threshold and ends.
+    fn on_tick(&mut self) -> bool {
+        self.look_for_listener();
+        let spec = &self.handle.spec;
+        if !self.bound {
+            return self.last_listened.elapsed() < spec.inactive;
+        }
+        let idle = self.held.is_empty() && self.plan.is_empty();
+        if let Some(every) = spec.heartbeat
+            && idle
+            && self.last_sent.elapsed() >= every
+        {
+            self.heartbeat();
+        }
+        true
+    }
+
+    /// `100 Idle Heartbeat` with the last consumer and stream sequences delivered,
+    /// which an ordered consumer compares with what it received.
+    fn heartbeat(&mut self) {
+        let state = &self.handle.state;
+        let block = format!(
+            "NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: {}\r\nNats-Last-Stream: {}\r\n\r\n",
+            state.consumer_seq.load(Ordering::Relaxed),
+            state.stream_seq.load(Ordering::Relaxed),
+        );
+        let message = Message {
+            subject: &self.handle.spec.deliver_subject,
+            headers: Some(block.as_bytes()),
+            ..Message::default()
+        };
+        let mut wakes = Wakes::default();
+        self.broker
+            .route(&self.routes, None, &message, &mut self.scratch, &mut wakes);
+        self.last_sent = Instant::now();
+    }
+
+    /// The next planned messages, read from the store where they were not kept (one
+    /// purged since is passed over).
+    async fn take_planned(&mut self) -> Result<(), crate::store::StoreError> {
+        for _ in 0..PLANNED_BATCH {
+            let Some(planned) = self.plan.pop_front() else {
+                break;
+            };
+            let message = match planned {
+                Planned::Kept(message) => Some(message),
+                Planned::At {
+                    subject, version, ..
+                } => {
+                    self.store
+                        .get(&self.routes.name, &subject, Some(version))
+                        .await?
+                }
+            };
+            if let Some(message) = message {
+                self.held.push_back((message, self.plan.len() as u64));
+            }
+        }
+        self.count_pending();
+        Ok(())
+    }
+
+    /// A page the follower gave: each message followed by the rest of the page.
+    fn take_page(&mut self, page: Page) {
+        let mut left = page.messages.len() as u64;
+        for message in page.messages {
+            left -= 1;
+            self.held.push_back((message, left));
+        }
+        self.count_pending();
+    }
+
+    fn count_pending(&self) {
+        let pending = (self.plan.len() + self.held.len()) as u64;
+        self.handle.state.pending.store(pending, Ordering::Relaxed);
+    }
+
+    /// Delivers what is held until it is all out, nobody listens, or an outbox it
+    /// fills presses; then waits for the pressing outboxes to drain.
+    async fn deliver(&mut self, stop: &CancellationToken) {
+        let spec = &self.handle.spec;
+        let state = &self.handle.state;
+        let mut wakes = Wakes::default();
+        while let Some((message, pending)) = self.held.front() {
+            let consumer_seq = state.consumer_seq.load(Ordering::Relaxed) + 1;
+            let ack = ack_subject(
+                &spec.stream,
+                &spec.name,
+                1,
+                message.offset,
+                consumer_seq,
+                message.time_ms,
+                *pending,
+            );
+            let only_headers;
+            let (headers, payload) = if spec.headers_only {
+                let size = message.payload.len().to_string();
+                only_headers = delivery_headers(&message.headers, &[("Nats-Msg-Size", size)]);
+                (Some(&only_headers[..]), &[][..])
+            } else {
+                let headers = (!message.headers.is_empty()).then_some(&message.headers[..]);
+                (headers, &message.payload[..])
+            };
+            let routed = Message {
+                subject: &spec.deliver_subject,
+                shown_as: Some(&message.subject),
+                reply: Some(ack.as_bytes()),
+                headers,
+                payload,
+                ..Message::default()
+            };
+            if self
+                .broker
+                .route(&self.routes, None, &routed, &mut self.scratch, &mut wakes)
+                == 0
+            {
+                // Nobody listens any more: kept for when someone does.
+                self.bound = false;
+                state.bound.store(false, Ordering::Relaxed);
+                break;
+            }
+            state.consumer_seq.store(consumer_seq, Ordering::Relaxed);
+            state.stream_seq.store(message.offset, Ordering::Relaxed);
+            self.held.pop_front();
+            if wakes.fed_pressing() {
+                break;
+            }
+        }
+        self.last_sent = Instant::now();
+        self.count_pending();
+        let mut pressing = Vec::new();
+        wakes.take_pressing(&mut pressing);
+        wakes.wake_all();
+        for outbox in pressing {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = outbox.drained() => {}
+            }
+        }
+    }
+}
