@@ -74,6 +74,8 @@ async def run(server: str, msgs: int, subjects: int, timeout_ms: int) -> dict:
     if not nc._server_info.get("go", "").startswith("canopy"):
         raise RuntimeError("Canopy-Await is Canopy's: run this against a Canopy server")
     js = nc.jetstream(timeout=10)
+    # A plain js.publish is stored where a stream holds its subject.
+    await js.add_stream(name="BENCHAWAIT", subjects=[f"{PREFIX}.>"])
     stop, ready = asyncio.Event(), asyncio.Event()
     worker = asyncio.create_task(member(server, stop, ready))
     await asyncio.wait_for(ready.wait(), 10)

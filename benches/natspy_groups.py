@@ -35,8 +35,8 @@ POISON = f"{PREFIX}.poison"
 
 async def load(nc, canopy: bool, msgs: int, subjects: int, poison: int) -> None:
     js = nc.jetstream(timeout=10)
-    if not canopy:
-        await js.add_stream(name="BENCHPYG", subjects=[f"{PREFIX}.>"])
+    # On either server a plain js.publish is stored where a stream holds its subject.
+    await js.add_stream(name="BENCHPYG", subjects=[f"{PREFIX}.>"])
     window = asyncio.Semaphore(512)
 
     async def one(i: int) -> None:

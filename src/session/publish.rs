@@ -178,8 +178,10 @@ impl Publisher {
                 let to_reply = matches!(publish.ack, AskAck::Reply);
                 // A request with no store headers to a stored subject: a service's
                 // when one answers the subject (it is then not stored, and only the
-                // service answers), otherwise a JetStream publish the store answers
-                // with its PubAck (and that only watchers see). Stored means acked.
+                // service answers); a JetStream publish the store answers with its
+                // PubAck (and that only watchers see) when a declared stream holds the
+                // subject, as in NATS; otherwise a request nobody answers, told so
+                // (503) and not stored. Stored means acked.
                 let plain_request =
                     to_reply && publish.reply.is_some() && !request.wants_ack(policy);
                 // The header says the server checked it: a client's own never passes.
@@ -193,9 +195,10 @@ impl Publisher {
                 let publish = Publish { headers, ..publish };
                 if plain_request {
                     let skip = outbox.filter(|o| !o.echo()).map(|o| o.conn_id);
-                    if self
-                        .broker
-                        .has_responder(&self.routes, publish.subject, skip)
+                    if self.routes.streams.for_subject(publish.subject).is_none()
+                        || self
+                            .broker
+                            .has_responder(&self.routes, publish.subject, skip)
                     {
                         return self.route_live(publish, outbox, scratch, wakes);
                     }

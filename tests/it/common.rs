@@ -668,3 +668,29 @@ pub fn metric_sample(page: &str, series: &str) -> Option<f64> {
             .ok()
     })
 }
+
+/// A JetStream publish into the tenant's own stream, which it names
+/// (`Nats-Expected-Stream`): a plain request to a subject no declared stream holds is
+/// answered "no responders", as in NATS. Returns the PubAck or the error ack.
+pub async fn js_publish_to_tenant(
+    js: &async_nats::jetstream::Context,
+    tenant: &str,
+    subject: impl Into<String>,
+    payload: impl Into<bytes::Bytes>,
+) -> Result<async_nats::jetstream::publish::PublishAck, async_nats::jetstream::context::PublishError>
+{
+    let subject = subject.into();
+    let pending = tokio::time::timeout(
+        WAIT,
+        js.publish_with_headers(
+            subject.clone(),
+            header("Nats-Expected-Stream", tenant),
+            payload.into(),
+        ),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{subject} sent within the wait"))?;
+    tokio::time::timeout(WAIT, pending)
+        .await
+        .unwrap_or_else(|_| panic!("an ack for {subject} within the wait"))
+}

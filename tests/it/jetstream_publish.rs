@@ -35,14 +35,58 @@ async fn js_publish(
         .unwrap_or_else(|e| panic!("ack for {subject}: {e}"))
 }
 
+/// A plain `js.publish` (a request without headers) is NATS's: with no stream holding
+/// its subject and no service answering it, it is told there are no responders and is
+/// not stored; once a stream holds the subject it is stored and acked, and the PubAck
+/// names the stream.
 #[tokio::test]
-async fn a_plain_jetstream_publish_is_stored_and_acked() {
+async fn a_plain_jetstream_publish_is_stored_and_acked_where_a_stream_holds_it() {
     let server = start_default().await;
     let client = connect(&server).await;
     let js = async_nats::jetstream::new(client.clone());
+    let refused = tokio::time::timeout(WAIT, async {
+        js.publish("orders.42", "nobody".into())
+            .await
+            .expect("sent")
+            .await
+    })
+    .await
+    .expect("answered within the wait");
+    let error = refused.expect_err("no stream holds orders.42");
+    assert_eq!(
+        error.kind(),
+        async_nats::jetstream::context::PublishErrorKind::StreamNotFound,
+        "{error}"
+    );
+    // A service client's request to a service that is down: 503 at once, not stored.
+    let down = tokio::time::timeout(WAIT, client.request("prices.quote", "q".into()))
+        .await
+        .expect("answered within the wait");
+    assert_eq!(
+        down.expect_err("nobody answers").kind(),
+        async_nats::RequestErrorKind::NoResponders
+    );
+    for subject in ["orders.42", "prices.quote"] {
+        assert!(
+            replay_subject(&client, subject).await.is_empty(),
+            "a request nobody answered is not stored: {subject}"
+        );
+    }
+
+    tokio::time::timeout(
+        WAIT,
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: "ORDERS".into(),
+            subjects: vec!["orders.>".into()],
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("answered")
+    .expect("a stream is declared");
     let first = js_publish(&js, "orders.42", "one").await;
     let second = js_publish(&js, "orders.42", "two").await;
-    assert_eq!(first.stream, "default");
+    assert_eq!(first.stream, "ORDERS");
     assert!(second.sequence > first.sequence, "{first:?} {second:?}");
     assert!(!first.duplicate && !second.duplicate);
 
@@ -138,10 +182,16 @@ async fn jetstream_expectations_are_held_or_refused() {
     use crate::common::{header, store_request};
     let server = start_default().await;
     let client = connect(&server).await;
-    let js = async_nats::jetstream::new(client.clone());
-    let first = js_publish(&js, "orders.1", "a").await;
+    let first = store_request(
+        &client,
+        "orders.1",
+        header("Nats-Expected-Stream", "default"),
+        "a",
+    )
+    .await;
+    let first_seq = first["seq"].as_u64().expect("acked");
 
-    let last = first.sequence.to_string();
+    let last = first_seq.to_string();
     let ok = store_request(
         &client,
         "orders.2",
@@ -149,7 +199,7 @@ async fn jetstream_expectations_are_held_or_refused() {
         "b",
     )
     .await;
-    assert_eq!(ok["seq"], first.sequence + 1, "{ok}");
+    assert_eq!(ok["seq"], first_seq + 1, "{ok}");
     // orders.2 moved the stream on: the same expectation is stale now.
     let stale = store_request(
         &client,
@@ -161,7 +211,7 @@ async fn jetstream_expectations_are_held_or_refused() {
     assert_eq!(stale["error"]["err_code"], 10071, "{stale}");
     let text = stale["error"]["description"].as_str().unwrap_or_default();
     assert!(
-        text.contains(&format!("wrong last sequence: {}", first.sequence + 1)),
+        text.contains(&format!("wrong last sequence: {}", first_seq + 1)),
         "{stale}"
     );
 

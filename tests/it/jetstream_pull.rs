@@ -48,30 +48,25 @@ async fn default_stream(js: &jetstream::Context) -> jetstream::stream::Stream {
         .unwrap_or_else(|e| panic!("get_stream(\"default\"): {e}"))
 }
 
-/// A JetStream publish and its PubAck.
+/// A JetStream publish into the tenant's own stream and its PubAck. It names the
+/// stream (`Nats-Expected-Stream`): a plain request to a subject no declared stream
+/// holds is answered "no responders", as in NATS.
 async fn js_publish(
     js: &jetstream::Context,
     subject: &str,
     payload: &str,
 ) -> jetstream::publish::PublishAck {
-    let pending = within(
-        "publish",
-        js.publish(subject.to_owned(), payload.to_owned().into()),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("publish to {subject}: {e}"));
-    within("PubAck", std::future::IntoFuture::into_future(pending))
-        .await
-        .unwrap_or_else(|e| panic!("ack for {subject}: {e}"))
+    js_publish_with(js, subject, async_nats::HeaderMap::new(), payload).await
 }
 
 /// A JetStream publish with headers and its PubAck.
 async fn js_publish_with(
     js: &jetstream::Context,
     subject: &str,
-    headers: async_nats::HeaderMap,
+    mut headers: async_nats::HeaderMap,
     payload: &str,
 ) -> jetstream::publish::PublishAck {
+    headers.insert("Nats-Expected-Stream", "default");
     let pending = within(
         "publish",
         js.publish_with_headers(subject.to_owned(), headers, payload.to_owned().into()),

@@ -188,9 +188,8 @@ async fn request_reply_and_no_responders() {
             .expect("answered");
         assert_eq!(answer.payload, Bytes::from(format!("echo: {i}")));
     }
-    // `_INBOX.>` is not stored by the default policies: a request there that nobody
-    // receives gets NATS's no-responders status. (A request to a stored subject that
-    // no service answers is a JetStream publish: `jetstream_publish.rs`.)
+    // A request nobody receives gets NATS's no-responders status (on a stored subject
+    // too, unless a declared stream holds it: `jetstream_publish.rs`).
     let error = client
         .request("_INBOX.nobody.home", Bytes::new())
         .await

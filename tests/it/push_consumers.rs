@@ -50,8 +50,12 @@ fn header<'a>(message: &'a Message, name: &str) -> Option<&'a str> {
         .map(|v| v.as_str())
 }
 
+/// A publish into the tenant's own stream, which it names (a plain request to a
+/// subject no declared stream holds gets no responders).
 async fn publish(js: &async_nats::jetstream::Context, subject: &str, body: &str) -> u64 {
-    js.publish(subject.to_owned(), body.to_owned().into())
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Expected-Stream", "default");
+    js.publish_with_headers(subject.to_owned(), headers, body.to_owned().into())
         .await
         .expect("publish")
         .await

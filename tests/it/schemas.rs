@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::common::{
-    Stored, WAIT, api, file_config, header, header_of, http_request, publish_acked, replay_subject,
-    replay_texts, start, start_default, store_request, test_config,
+    Stored, WAIT, api, file_config, header, header_of, http_request, js_publish_to_tenant,
+    publish_acked, replay_subject, replay_texts, start, start_default, store_request, test_config,
 };
 use crate::frontends::{Native, NativeEvent, Ws, WsEvent, pub_frame};
 use crate::logins::Logins;
@@ -755,25 +755,14 @@ async fn nats_publishes_are_refused_with_err_or_an_error_ack() {
 
     // JetStream's publish: an error ack, which async-nats returns as an error.
     let js = async_nats::jetstream::new(client.clone());
-    let pending = tokio::time::timeout(WAIT, js.publish("devices.d2.temp", HOT.into()))
-        .await
-        .expect("publish within the wait")
-        .expect("publish sent");
-    let failed = tokio::time::timeout(WAIT, pending)
-        .await
-        .expect("an answer within the wait");
+    let failed = js_publish_to_tenant(&js, "default", "devices.d2.temp", HOT).await;
     let error = failed.expect_err("an invalid JetStream publish is refused");
     assert!(
         error.to_string().contains(HOT_WHY),
         "the error ack says why: {error}"
     );
-    let ack = tokio::time::timeout(WAIT, js.publish("devices.d2.temp", WARM.into()))
+    let ack = js_publish_to_tenant(&js, "default", "devices.d2.temp", WARM)
         .await
-        .expect("publish within the wait")
-        .expect("publish sent");
-    let ack = tokio::time::timeout(WAIT, ack)
-        .await
-        .expect("an ack within the wait")
         .expect("a valid JetStream publish is acked");
     assert_eq!(ack.stream, "default");
 

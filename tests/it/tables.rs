@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::common::{api, local_folder_config, start};
+use crate::common::{api, js_publish_to_tenant, local_folder_config, start};
 
 fn python() -> PathBuf {
     let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/py-venv/bin/python");
@@ -94,19 +94,13 @@ async fn publish(client: &async_nats::Client, from: u64, to: u64) {
     let js = async_nats::jetstream::new(client.clone());
     for i in from..to {
         let payload = json!({"temp": i as f64 + 0.5, "unit": "C", "where": {"room": i % 3}});
-        js.publish(
-            format!("devices.d{}.temp", i % 4),
-            payload.to_string().into(),
-        )
-        .await
-        .expect("sent")
-        .await
-        .expect("stored");
+        let subject = format!("devices.d{}.temp", i % 4);
+        js_publish_to_tenant(&js, "default", subject, payload.to_string())
+            .await
+            .expect("stored");
     }
     // Not in the table's pattern: never a row.
-    js.publish("devices.d1.humidity", "40".into())
-        .await
-        .expect("sent")
+    js_publish_to_tenant(&js, "default", "devices.d1.humidity", "40")
         .await
         .expect("stored");
 }
@@ -382,11 +376,14 @@ async fn a_field_the_schema_gains_becomes_a_column() {
     let js = async_nats::jetstream::new(client.clone());
     for i in 0..4 {
         let payload = json!({"temp": 30.5, "battery": 90 + i});
-        js.publish(format!("devices.d{i}.temp"), payload.to_string().into())
-            .await
-            .expect("sent")
-            .await
-            .expect("stored");
+        js_publish_to_tenant(
+            &js,
+            "default",
+            format!("devices.d{i}.temp"),
+            payload.to_string(),
+        )
+        .await
+        .expect("stored");
     }
     let found = read_rows(&tables, 12, None).await;
     let columns = found["columns"].as_array().expect("columns");

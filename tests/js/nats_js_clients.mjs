@@ -91,8 +91,18 @@ const watch = peer.subscribe("natsjs.stored.>");
 await peer.flush();
 
 await step("JetStream publish without options", async () => {
+  // As in NATS: no stream holds the subject, so no responders (and nothing stored).
+  let refused;
+  try {
+    await js.publish("natsjs.nostream.x", sc.encode("nobody"));
+  } catch (error) {
+    refused = error;
+  }
+  check(refused?.code === "503", `a publish no stream holds: ${refused?.code} ${refused?.message}`);
+  const jsm = await nc.jetstreamManager();
+  await jsm.streams.add({ name: "NATSJS", subjects: ["natsjs.stored.>"] });
   const first = await js.publish("natsjs.stored.plain", sc.encode("one"));
-  check(first.stream === "default", `stream: ${JSON.stringify(first)}`);
+  check(first.stream === "NATSJS", `stream: ${JSON.stringify(first)}`);
   check(first.seq > 0, `seq: ${JSON.stringify(first)}`);
   check(first.duplicate === false, `duplicate: ${JSON.stringify(first)}`);
   const second = await js.publish("natsjs.stored.plain", sc.encode("two"));
@@ -110,7 +120,7 @@ await step("JetStream publish with headers", async () => {
   const h = headers();
   h.set("X-Trace", "t2");
   const ack = await js.publish("natsjs.stored.headed", sc.encode("headed"), { headers: h });
-  check(ack.stream === "default" && ack.seq > 0, `ack: ${JSON.stringify(ack)}`);
+  check(ack.stream === "NATSJS" && ack.seq > 0, `ack: ${JSON.stringify(ack)}`);
   const msg = await nextOf(watch, "watched headed");
   check(sc.decode(msg.data) === "headed", `payload: ${sc.decode(msg.data)}`);
   check(msg.headers?.get("X-Trace") === "t2", `headers: ${msg.headers}`);

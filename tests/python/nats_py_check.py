@@ -8,6 +8,7 @@ import sys
 
 import nats
 from nats.errors import NoRespondersError
+from nats.js.errors import NoStreamResponseError
 
 
 async def main(url: str) -> None:
@@ -59,12 +60,19 @@ async def main(url: str) -> None:
     except NoRespondersError:
         pass
 
-    # JetStream's plain publish (a request without headers) to a stored subject that
-    # no service answers: the store answers with its PubAck, once per message.
+    # JetStream's plain publish (a request without headers) that no service answers:
+    # as in NATS, no responders where no stream holds the subject (and not stored);
+    # once a stream does, the store answers with its PubAck, once per message.
     js = nc.jetstream()
+    try:
+        await js.publish("py.js.orders", b"nobody")
+        raise AssertionError("a publish no stream holds was acked")
+    except NoStreamResponseError:
+        pass
+    await js.add_stream(name="PYJS", subjects=["py.js.orders"])
     first = await js.publish("py.js.orders", b"one")
     second = await js.publish("py.js.orders", b"two")
-    assert first.stream == "default", first
+    assert first.stream == "PYJS", first
     assert second.seq > first.seq, (first, second)
     # A watcher with a wildcard does not answer: the publish is still the store's.
     watch = await other.subscribe("py.js.>")

@@ -97,11 +97,12 @@ async def main(url: str, create_stream: bool) -> None:
         except NotFoundError:
             pass
 
-    # 3 subjects x 5 messages, interleaved, each stored by "default"
+    # 3 subjects x 5 messages, interleaved, each stored by "default" (named: a plain
+    # js.publish to a subject no declared stream holds gets no responders, as in NATS)
     last_seq = 0
     for i in range(PER_SUBJECT):
         for subject in SUBJECTS:
-            ack = await js.publish(subject, f"{subject}:{i}".encode())
+            ack = await js.publish(subject, f"{subject}:{i}".encode(), stream="default")
             assert ack.stream == "default", ack
             assert ack.seq > last_seq, (ack, last_seq)
             last_seq = ack.seq
@@ -168,7 +169,7 @@ async def main(url: str, create_stream: bool) -> None:
     await expect_fetch_timeout(psub, 10)
 
     # nak: redelivered, num_delivered 2
-    await js.publish("orders.nak", b"nak-me")
+    await js.publish("orders.nak", b"nak-me", stream="default")
     first = await fetch_one(psub, "orders.nak")
     assert (first.subject, first.data, first.metadata.num_delivered) == ("orders.nak", b"nak-me", 1), first
     await first.nak()
@@ -179,7 +180,7 @@ async def main(url: str, create_stream: bool) -> None:
     await again.ack_sync(timeout=2)
 
     # nak with a delay: not redelivered before the delay, then with num_delivered 2
-    await js.publish("orders.later", b"later")
+    await js.publish("orders.later", b"later", stream="default")
     first = await fetch_one(psub, "orders.later")
     await first.nak(delay=0.5)
     start = time.monotonic()
@@ -191,7 +192,7 @@ async def main(url: str, create_stream: bool) -> None:
     await later[0].ack()
 
     # term: never redelivered
-    await js.publish("orders.term", b"term-me")
+    await js.publish("orders.term", b"term-me", stream="default")
     doomed = await fetch_one(psub, "orders.term")
     assert (doomed.subject, doomed.data) == ("orders.term", b"term-me"), doomed
     await doomed.term()
@@ -200,8 +201,8 @@ async def main(url: str, create_stream: bool) -> None:
     await wait_for_info(js, "billing", "after nak/term", num_ack_pending=0, num_pending=0)
 
     # A consumer made by add_consumer with a durable name, bound by pull_subscribe
-    await js.publish("jobs.pack", b"pack:0")
-    await js.publish("jobs.pack", b"pack:1")
+    await js.publish("jobs.pack", b"pack:0", stream="default")
+    await js.publish("jobs.pack", b"pack:1", stream="default")
     created = await js.add_consumer(
         "default",
         ConsumerConfig(

@@ -18,7 +18,13 @@ import traceback
 import nats
 import nats.errors
 from nats.js.api import StorageType, StreamConfig
-from nats.js.errors import APIError, BadRequestError, NotFoundError, ServerError
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServerError,
+)
 
 
 async def expect_api_error(what, call, kind, err_code):
@@ -75,7 +81,14 @@ async def main(url: str) -> None:
     # PubAcks name the stream holding the subject; others stay in the tenant's own.
     ack = await js.publish("orders.eu", b"first")
     assert ack.stream == "ORDERS", ack
-    other = await js.publish("billing.x", b"elsewhere")
+    # A subject no declared stream holds: a plain publish gets no responders (as in
+    # NATS, and is not stored); one naming the tenant's own stream is stored there.
+    try:
+        await js.publish("billing.x", b"nobody")
+        raise AssertionError("a publish no stream holds was acked")
+    except NoStreamResponseError:
+        pass
+    other = await js.publish("billing.x", b"elsewhere", stream="default")
     assert other.stream == "default", other
     held = await js.publish("orders.us", b"expected", stream="ORDERS")
     assert held.stream == "ORDERS", held
@@ -163,7 +176,7 @@ async def main(url: str) -> None:
         raise AssertionError("stream_info of a deleted stream succeeded")
     except NotFoundError:
         pass
-    after = await js.publish("orders.eu", b"after")
+    after = await js.publish("orders.eu", b"after", stream="default")
     assert after.stream == "default", after
     rest = await js.pull_subscribe("orders.>", durable="rest")
     left = await fetch_all(rest, 10)
