@@ -186,6 +186,7 @@ async fn create(broker: &Arc<Broker>, store: &Store, call: &ApiCall) -> Result<V
     let stored = Stored {
         spec,
         created_ms: broker.clock().now_ms(),
+        push: None,
     };
     let record = serde_json::to_vec(&stored)
         .map_err(|e| ApiError::new(500, format!("group record: {e}")))?;

@@ -161,7 +161,14 @@ impl Broker {
         }
         for record in store.groups(name).await? {
             match serde_json::from_slice::<crate::groups::StoredGroup>(&record) {
-                Ok(group) => self.groups.start(self, &store, &tenant, group),
+                Ok(group) => {
+                    let push = group.push.clone();
+                    let name = group.spec.name.clone();
+                    self.groups.start(self, &store, &tenant, group);
+                    if let Some(terms) = push {
+                        super::push::start_pump(self, &store, &tenant, &name, terms);
+                    }
+                }
                 Err(error) => {
                     tracing::warn!(tenant = name, %error, "a stored group is unreadable; not started");
                 }

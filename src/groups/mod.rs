@@ -72,6 +72,25 @@ pub fn check_member(name: &str) -> Result<(), String> {
 pub struct StoredGroup {
     pub spec: GroupSpec,
     pub created_ms: u64,
+    /// Set for a JetStream push consumer: its messages go to a deliver subject as they
+    /// come instead of waiting for pulls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push: Option<PushTerms>,
+}
+
+/// How a group that is a JetStream push consumer delivers (`deliver_subject`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushTerms {
+    /// The stream the consumer was made on, as its acks name it.
+    pub stream: String,
+    pub deliver_subject: String,
+    /// Send `100 Idle Heartbeat` this often (0: never).
+    #[serde(default)]
+    pub heartbeat_ms: u64,
+    /// Delete the group after this long with nobody listening on the deliver subject
+    /// (an ephemeral consumer's `inactive_threshold`); `None` keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inactive_ms: Option<u64>,
 }
 
 fn default_ack_wait_ms() -> u64 {

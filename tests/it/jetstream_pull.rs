@@ -703,9 +703,10 @@ async fn consumers_are_made_found_listed_and_deleted_and_what_canopy_lacks_is_re
             deliver_subject: "push.here".into(),
             durable_name: Some("pushy".into()),
             filter_subject: "ledger.>".into(),
+            ack_policy: AckPolicy::All,
             ..Default::default()
         },
-        "a push consumer",
+        "a push consumer acking all",
     )
     .await;
     assert_refused(

@@ -280,3 +280,139 @@ async fn push_consumers_keep_rights_and_tenants_sealed() {
     let names = js(&dave, "CONSUMER.NAMES.default", json!({})).await;
     assert_eq!(names["consumers"], json!(["w"]), "{names}");
 }
+
+/// A push consumer with acks is a group delivered to its subject as messages come:
+/// async-nats's push consumer gets what is stored and then what comes, acks it, gets
+/// an unacked one again; a durable one outlives a restart (its deliveries go on), an
+/// ephemeral one nobody listens to goes after its inactive threshold.
+#[tokio::test]
+async fn a_push_consumer_with_acks_delivers_as_messages_come_and_outlives_a_restart() {
+    use async_nats::jetstream::consumer::{AckPolicy, push};
+    let folder = tempfile::tempdir().expect("tempdir");
+    let server = crate::common::start(crate::common::file_config(folder.path())).await;
+    let client = async_nats::connect(server.native_url())
+        .await
+        .expect("connects");
+    let jetstream = async_nats::jetstream::new(client.clone());
+    let stream = jetstream
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "EV".into(),
+            subjects: vec!["ev.>".into()],
+            ..Default::default()
+        })
+        .await
+        .expect("a stream");
+    jetstream
+        .publish("ev.a", "a1".into())
+        .await
+        .expect("sent")
+        .await
+        .expect("acked");
+    let config = push::Config {
+        durable_name: Some("pusher".into()),
+        deliver_subject: "ev-deliver.pusher".into(),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(1),
+        filter_subject: "ev.>".into(),
+        ..Default::default()
+    };
+    let consumer: async_nats::jetstream::consumer::PushConsumer = stream
+        .create_consumer(config)
+        .await
+        .expect("a push consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let first = next_pushed(&mut messages).await;
+    assert_eq!(&first.payload[..], b"a1");
+    first.ack().await.expect("ack");
+    jetstream
+        .publish("ev.b", "b1".into())
+        .await
+        .expect("sent")
+        .await
+        .expect("acked");
+    let unacked = next_pushed(&mut messages).await;
+    assert_eq!(&unacked.payload[..], b"b1");
+    let again = next_pushed(&mut messages).await;
+    assert_eq!(&again.payload[..], b"b1", "an unacked message comes again");
+    assert_eq!(again.info().expect("info").delivered, 2);
+    again.ack().await.expect("ack");
+    crate::groups::await_cursors_stored(&client, "pusher", 1).await;
+    drop((messages, consumer, stream, jetstream, client));
+    server.stop().await;
+
+    let server = crate::common::start(crate::common::file_config(folder.path())).await;
+    let client = async_nats::connect(server.native_url())
+        .await
+        .expect("connects");
+    let mut sub = client
+        .subscribe("ev-deliver.pusher")
+        .await
+        .expect("subscribes");
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Expected-Stream", "EV");
+    let jetstream = async_nats::jetstream::new(client.clone());
+    jetstream
+        .publish_with_headers("ev.c", headers, "c1".into())
+        .await
+        .expect("sent")
+        .await
+        .expect("acked");
+    let after = next_data(&mut sub).await;
+    assert_eq!(
+        &after.payload[..],
+        b"c1",
+        "what was acked does not come again"
+    );
+
+    // Ephemeral, nobody listening: gone after its threshold.
+    let lonely = js(
+        &client,
+        "CONSUMER.CREATE.EV",
+        json!({"stream_name": "EV", "config": {"deliver_subject": "ev-deliver.nobody",
+            "ack_policy": "explicit", "inactive_threshold": 300_000_000u64}}),
+    )
+    .await;
+    let name = lonely["name"]
+        .as_str()
+        .expect("a generated name")
+        .to_owned();
+    assert_eq!(
+        lonely["config"]["deliver_subject"],
+        json!("ev-deliver.nobody")
+    );
+    let gone = tokio::time::timeout(WAIT, async {
+        loop {
+            let info = js(&client, &format!("CONSUMER.INFO.EV.{name}"), json!({})).await;
+            if info["error"]["err_code"] == json!(10014) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "an unheard ephemeral consumer outlived its threshold"
+    );
+    server.stop().await;
+}
+
+/// The next message that is not a status (a heartbeat).
+async fn next_data(sub: &mut async_nats::Subscriber) -> Message {
+    loop {
+        let message = next(sub).await;
+        if message.status.is_none() {
+            return message;
+        }
+    }
+}
+
+async fn next_pushed(
+    messages: &mut async_nats::jetstream::consumer::push::Messages,
+) -> async_nats::jetstream::Message {
+    tokio::time::timeout(WAIT, messages.next())
+        .await
+        .expect("a message in time")
+        .expect("the stream is open")
+        .expect("a message")
+}

@@ -37,6 +37,13 @@ async fn nats_py_declares_and_uses_streams_against_canopy() {
     run_script("nats_py_streams.py").await;
 }
 
+/// nats-py's push consumers with acks (`js.subscribe`): ephemeral and durable, with
+/// a callback, nak and redelivery after `ack_wait`.
+#[tokio::test]
+async fn nats_py_push_consumers_work_against_canopy() {
+    run_script("nats_py_push.py").await;
+}
+
 /// nats-py's KV watching: keys, history, watch and watchall (initial values, then
 /// live; with history, headers only, ignoring deletes) and an ordered `js.subscribe`,
 /// each an ordered push consumer.

@@ -1,12 +1,12 @@
 // nats.js (npm `nats` 2.29, unmodified) NATS KV watching against Canopy: keys,
 // history, watch (initial values, then live updates; one key, a wildcard, with
-// history, headers only, updates only) and an ordered consumer over a stream. Each
-// is an ordered push consumer that nats.js checks for gaps by consumer sequence and
-// by idle heartbeat.
+// history, headers only, updates only), an ordered consumer over a stream, and a
+// push consumer with acks. The KV calls are ordered push consumers that nats.js
+// checks for gaps by consumer sequence and by idle heartbeat.
 //
 // Usage: node nats_js_kv_watch.mjs host:port. Prints "all checks passed".
 
-import { connect, consumerOpts, StringCodec } from "nats";
+import { connect, consumerOpts, createInbox, StringCodec } from "nats";
 
 import { check, fail } from "./checks.mjs";
 
@@ -113,6 +113,28 @@ try {
     }
   }
   check(JSON.stringify(got) === JSON.stringify(["m0", "m1", "m2", "m3", "m4", "live"]), `ordered: ${got}`);
+
+  // A push consumer with acks: what is stored, then what comes; each acked.
+  const pushOpts = consumerOpts();
+  pushOpts.deliverTo(createInbox());
+  pushOpts.ackExplicit();
+  pushOpts.manualAck();
+  const pushed = await js.subscribe("ord.>", pushOpts);
+  const pushedGot = [];
+  for await (const m of pushed) {
+    pushedGot.push(sc.decode(m.data));
+    m.ack();
+    if (pushedGot.length === 6) {
+      break;
+    }
+  }
+  // As a pull consumer's: in order per subject (ord.0: m0 m2 m4; ord.1: m1 m3).
+  check(
+    [...pushedGot].sort().join(",") === "live,m0,m1,m2,m3,m4" &&
+      pushedGot.filter((m) => ["m0", "m2", "m4"].includes(m)).join(",") === "m0,m2,m4" &&
+      pushedGot.filter((m) => ["m1", "m3"].includes(m)).join(",") === "m1,m3",
+    `push with acks: ${pushedGot}`,
+  );
 
   await kv.destroy();
   await jsm.streams.delete("ORD");

@@ -6,9 +6,11 @@
 //! `ack_wait`, `max_deliver` (unset or -1: no limit) and `max_ack_pending` (the
 //! group's in flight per member) carry over; messages of one subject may be in
 //! flight together up to `max_ack_pending`, as in JetStream, unless the config's
-//! metadata sets `canopy.per_subject` (`"1"`: strict order per subject). Push
-//! consumers, ephemeral ones, other delivery policies and acks other than explicit
-//! are refused with an error that says so. A consumer needs the rights its group
+//! metadata sets `canopy.per_subject` (`"1"`: strict order per subject). A consumer
+//! with a `deliver_subject` and acks is such a group too, with push terms its pump
+//! (`broker::push`) follows; one without acks is an ordered push consumer
+//! (`push.rs`). Ephemeral pull consumers, other delivery policies and acks other than
+//! explicit are refused with an error that says so. A consumer needs the rights its group
 //! needs: subscribe on the filter to create, read or delete it, and publish under its
 //! dead-letter prefix, checked as `group.create` checks it. Pull terms that would make
 //! the group work for nothing are refused or raised as nats-server does, or below
@@ -120,11 +122,6 @@ fn refuse_unoffered(name: &str, config: &Value) -> Result<(), JsError> {
             ));
         }
     }
-    if !text(config, "deliver_subject").is_empty() {
-        return Err(JsError::bad_request(
-            "Canopy serves pull consumers only: leave deliver_subject empty and fetch",
-        ));
-    }
     if !matches!(text(config, "ack_policy"), "" | "explicit") {
         return Err(JsError::bad_request(
             "Canopy's consumers ack each message: ack_policy must be explicit",
@@ -234,6 +231,21 @@ pub(super) fn config_of(spec: &GroupSpec) -> Value {
     config
 }
 
+/// A stored group's config as its consumer's: the group's, with its push terms.
+fn config_of_group(group: &StoredGroup) -> Value {
+    let mut config = config_of(&group.spec);
+    if let Some(push) = &group.push {
+        config["deliver_subject"] = json!(push.deliver_subject);
+        if push.heartbeat_ms > 0 {
+            config["idle_heartbeat"] = json!(u128::from(push.heartbeat_ms) * 1_000_000);
+        }
+        if let Some(ms) = push.inactive_ms {
+            config["inactive_threshold"] = json!(u128::from(ms) * 1_000_000);
+        }
+    }
+    config
+}
+
 async fn stored(store: &Store, tenant: &str, name: &str) -> Result<Option<StoredGroup>, JsError> {
     match store.group(tenant, name).await? {
         None => Ok(None),
@@ -262,23 +274,36 @@ pub(super) async fn create(
     let Some(fields) = config.as_object_mut() else {
         return Err(JsError::bad_request("a consumer's config is a JSON object"));
     };
-    if super::push::is_push(&Value::Object(fields.clone())) {
+    let pushed = super::push::is_push(&Value::Object(fields.clone()));
+    if pushed && text(&request["config"], "ack_policy") == "none" {
         return super::push::create(broker, store, call, stream, name, fields).await;
     }
-    let name = match name {
-        "" => [
-            text(&request["config"], "durable_name"),
-            text(&request["config"], "name"),
-        ]
-        .into_iter()
-        .find(|given| !given.is_empty())
-        .ok_or_else(|| {
-            JsError::bad_request(
+    let given = [
+        text(&request["config"], "durable_name"),
+        text(&request["config"], "name"),
+    ]
+    .into_iter()
+    .find(|given| !given.is_empty());
+    let name = match (name, given) {
+        ("", Some(given)) => given.to_owned(),
+        ("", None) if pushed => super::push::ephemeral_name(),
+        ("", None) => {
+            return Err(JsError::bad_request(
                 "Canopy keeps durable pull consumers: give the consumer a name \
-                     (durable_name); ephemeral consumers are push ones (a deliver_subject)",
-            )
-        })?,
-        name => name,
+                 (durable_name); ephemeral consumers are push ones (a deliver_subject)",
+            ));
+        }
+        (name, _) => name.to_owned(),
+    };
+    let name = name.as_str();
+    let ephemeral = text(&request["config"], "durable_name").is_empty();
+    let push = if pushed {
+        let config = Value::Object(fields.clone());
+        Some(super::push::terms_of(
+            broker, call, stream, &config, ephemeral,
+        )?)
+    } else {
+        None
     };
     if call.routes.pushes.get(name).is_some() {
         return Err(JsError::new(400, 10148, "consumer already exists"));
@@ -307,7 +332,7 @@ pub(super) async fn create(
     let tenant = &*call.routes.name;
     let _change = call.routes.group_changes.lock().await;
     match stored(store, tenant, name).await? {
-        Some(existing) if existing.spec == spec => {}
+        Some(existing) if existing.spec == spec && existing.push == push => {}
         Some(_) if action == "create" => {
             return Err(JsError::new(400, 10148, "consumer already exists"));
         }
@@ -336,11 +361,15 @@ pub(super) async fn create(
             let group = StoredGroup {
                 spec,
                 created_ms: broker.clock().now_ms(),
+                push: push.clone(),
             };
             let record = serde_json::to_vec(&group)
                 .map_err(|e| JsError::new(500, 10012, format!("consumer record: {e}")))?;
             store.create_group(tenant, name, &record).await?;
             broker.groups().start(broker, store, &call.routes, group);
+            if let Some(terms) = push {
+                crate::broker::push::start_pump(broker, store, &call.routes, name, terms);
+            }
         }
     }
     info(broker, store, call, stream, name).await
@@ -381,6 +410,7 @@ pub(super) async fn delete_within(
         };
         if stream.holds_filter(&group.spec.pattern) {
             broker.groups().stop(&call.routes, &group.spec.name);
+            call.routes.pushes.stop(&group.spec.name);
             store.delete_group(tenant, &group.spec.name).await?;
         }
     }
@@ -432,7 +462,7 @@ pub(super) async fn info(
         "stream_name": stream.name(),
         "name": name,
         "created": time::format(group.created_ms),
-        "config": config_of(&group.spec),
+        "config": config_of_group(&group),
         "delivered": {"consumer_seq": consumer_seq, "stream_seq": count("last_offset")},
         "ack_floor": {"consumer_seq": 0, "stream_seq": 0},
         "num_ack_pending": count("in_flight"),
@@ -455,6 +485,7 @@ pub(super) async fn delete(
     let _change = call.routes.group_changes.lock().await;
     readable(broker, store, call, stream, name).await?;
     broker.groups().stop(&call.routes, name);
+    call.routes.pushes.stop(name);
     store.delete_group(tenant, name).await?;
     Ok(json!({"type": "io.nats.jetstream.api.v1.consumer_delete_response", "success": true}))
 }
@@ -625,6 +656,7 @@ pub(super) async fn next(
                     .filter(|&nanos| nanos > 0)
                     .map(Duration::from_nanos),
                 max_bytes: request.max_bytes.unwrap_or(0),
+                push: false,
             },
         },
         place,
@@ -706,10 +738,6 @@ mod tests {
     #[test]
     fn what_canopy_cannot_serve_is_refused_with_why() {
         for (config, says) in [
-            (
-                json!({"deliver_subject": "push.here"}),
-                "pull consumers only",
-            ),
             (json!({"ack_policy": "none"}), "explicit"),
             (json!({"deliver_policy": "last"}), "not offered"),
             (json!({"filter_subjects": ["a", "b"]}), "one filter"),

@@ -1,12 +1,12 @@
 //! JetStream push consumers over `$JS.API`: a consumer config with a
-//! `deliver_subject` becomes a running [`PushSpec`] (see `broker::push`), answered,
-//! listed, read and deleted beside the pull consumers that are groups.
-//!
-//! Canopy's push consumers are the ordered kind: `ack_policy: none`, ephemeral, in
-//! memory, gone after `inactive_threshold` without a listener (5 s by default, as
-//! nats-server's ephemerals). That is what NATS KV's watch, keys and history, object
-//! gets and ordered subscriptions make. A push consumer with acks, or a durable one,
-//! is refused with why; a pull consumer (a group) does that work. Creating one needs
+//! `deliver_subject`. Without acks (`ack_policy: none`: the ordered kind NATS KV's
+//! watch, keys and history, object gets and ordered subscriptions make) it becomes a
+//! running [`PushSpec`] (see `broker::push`): ephemeral, in memory, gone after
+//! `inactive_threshold` without a listener (5 s by default, as nats-server's
+//! ephemerals), answered, listed, read and deleted beside the groups. With acks it is
+//! a consumer group with [`PushTerms`] (`consumers.rs` makes it, [`terms_of`] reads
+//! its terms), pumped to its deliver subject; an ephemeral one is deleted after its
+//! inactive threshold, a durable one outlives restarts. Creating either needs
 //! subscribe rights on each filter and, for its deliver subject, either an inbox the
 //! calling connection holds or publish rights there: a consumer may not pour what its
 //! maker reads onto a subject its maker may not publish to. Must never: start a
@@ -22,6 +22,7 @@ use super::{JsError, Stream, authorize_reading, time};
 use crate::api::ApiCall;
 use crate::broker::Broker;
 use crate::broker::push::{self, PushError, PushHandle, PushSpec, PushStart};
+use crate::groups::PushTerms;
 use crate::store::Store;
 use crate::tenancy::Action;
 
@@ -48,7 +49,7 @@ fn nanos(config: &Value, key: &str) -> Duration {
 }
 
 /// A fresh ephemeral consumer name: 8 letters and digits, as nats-server's.
-fn ephemeral_name() -> String {
+pub(super) fn ephemeral_name() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     (0..8)
         .map(|_| ALPHABET[fastrand::usize(..ALPHABET.len())] as char)
@@ -121,6 +122,56 @@ pub(super) async fn create(
     Ok(info(broker, &handle))
 }
 
+/// How a push consumer with acks (a group) delivers: its deliver subject (which the
+/// caller must be allowed to deliver to), heartbeat and, for an ephemeral one or one
+/// given an `inactive_threshold`, when it goes.
+pub(super) fn terms_of(
+    broker: &Broker,
+    call: &ApiCall,
+    stream: &Stream,
+    config: &Value,
+    ephemeral: bool,
+) -> Result<PushTerms, JsError> {
+    let deliver_subject = text(config, "deliver_subject").to_owned();
+    may_deliver_to(broker, call, &deliver_subject)?;
+    let heartbeat = check_heartbeat(config)?;
+    let inactive = nanos(config, "inactive_threshold");
+    let inactive_ms = match (ephemeral, inactive.is_zero()) {
+        (true, true) => Some(DEFAULT_INACTIVE),
+        (_, false) => Some(inactive.min(MAX_INACTIVE)),
+        (false, true) => None,
+    }
+    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1));
+    Ok(PushTerms {
+        stream: stream.name().to_owned(),
+        deliver_subject,
+        heartbeat_ms: u64::try_from(heartbeat.as_millis()).unwrap_or(u64::MAX),
+        inactive_ms,
+    })
+}
+
+/// A push consumer's idle heartbeat, held to nats-server's rules: at least 100 ms,
+/// and present when flow control is asked for.
+fn check_heartbeat(config: &Value) -> Result<Duration, JsError> {
+    let heartbeat = nanos(config, "idle_heartbeat");
+    let flow_control = config.get("flow_control").and_then(Value::as_bool) == Some(true);
+    if flow_control && heartbeat.is_zero() {
+        return Err(JsError::new(
+            400,
+            10108,
+            "consumer with flow control also needs heartbeats",
+        ));
+    }
+    if !heartbeat.is_zero() && heartbeat < MIN_HEARTBEAT {
+        return Err(JsError::new(
+            400,
+            10083,
+            "consumer idle heartbeat needs to be >= 100ms",
+        ));
+    }
+    Ok(heartbeat)
+}
+
 fn text_of<'a>(config: &'a Map<String, Value>, key: &str) -> &'a str {
     config.get(key).and_then(Value::as_str).unwrap_or_default()
 }
@@ -158,14 +209,13 @@ fn spec_of(
     let whole = Value::Object(config.clone());
     if !text(&whole, "durable_name").is_empty() {
         return Err(JsError::bad_request(
-            "Canopy's push consumers are ephemeral (ordered consumers): leave durable_name \
-             empty, or make a durable pull consumer",
+            "a push consumer without acks is an ordered consumer, which is ephemeral: \
+             leave durable_name empty, or ask for acks (ack_policy explicit)",
         ));
     }
     if text(&whole, "ack_policy") != "none" {
         return Err(JsError::bad_request(
-            "Canopy's push consumers are ordered consumers without acks: set ack_policy \
-             none, or make a pull consumer for acked delivery",
+            "an ordered push consumer has no acks: ack_policy none",
         ));
     }
     if !matches!(text(&whole, "replay_policy"), "" | "instant") {
@@ -181,22 +231,7 @@ fn spec_of(
     {
         return Err(JsError::bad_request("rate_limit_bps is not offered"));
     }
-    let heartbeat = nanos(&whole, "idle_heartbeat");
-    let flow_control = whole.get("flow_control").and_then(Value::as_bool) == Some(true);
-    if flow_control && heartbeat.is_zero() {
-        return Err(JsError::new(
-            400,
-            10108,
-            "consumer with flow control also needs heartbeats",
-        ));
-    }
-    if !heartbeat.is_zero() && heartbeat < MIN_HEARTBEAT {
-        return Err(JsError::new(
-            400,
-            10083,
-            "consumer idle heartbeat needs to be >= 100ms",
-        ));
-    }
+    let heartbeat = check_heartbeat(&whole)?;
     let filters = filters_of(stream, &whole)?;
     let start = start_of(&whole)?;
     let inactive = match nanos(&whole, "inactive_threshold") {

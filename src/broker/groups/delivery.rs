@@ -212,6 +212,10 @@ impl GroupTask {
         };
         match &pull.style {
             PullStyle::Canopy => broker.refuse(&pull.routes, &pull.reply, code, description),
+            // A push consumer's subscriber asked for nothing: its pump sees the group.
+            PullStyle::JetStream { terms, .. } if terms.push => {
+                tracing::debug!(group = %self.spec.name, "a push consumer's pull refused: {description}");
+            }
             PullStyle::JetStream { .. } => {
                 let block = jetstream::status_block(409, description, None);
                 send(&broker, &pull.routes, &pull.reply, None, Some(&block), b"");
@@ -226,6 +230,7 @@ impl GroupTask {
             return;
         };
         let block = match (&pull.style, end) {
+            (PullStyle::JetStream { terms, .. }, _) if terms.push => return,
             (PullStyle::Canopy, _) => {
                 let mut headers = HeaderMap::new();
                 headers.insert("Canopy-Done", "true");

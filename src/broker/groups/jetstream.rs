@@ -30,6 +30,9 @@ pub struct JetStreamPull {
     /// Payload bytes the pull takes at most (0: no limit); the pull ends once a
     /// message has reached it.
     pub max_bytes: usize,
+    /// The pull of a push consumer's pump (`broker::push`): its messages go to the
+    /// deliver subject, and it ends without a status message (nobody asked).
+    pub push: bool,
 }
 
 /// Where a JetStream ack goes: the group, and the consumer sequence of the delivery.

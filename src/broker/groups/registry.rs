@@ -337,7 +337,9 @@ impl Groups {
         tenant: &Tenant,
         group: StoredGroup,
     ) {
-        let StoredGroup { spec, created_ms } = group;
+        let StoredGroup {
+            spec, created_ms, ..
+        } = group;
         let Ok(pattern) = Pattern::parse_native(&spec.pattern) else {
             tracing::warn!(tenant = %tenant.name, group = %spec.name, "a stored group has a bad pattern; not started");
             return;

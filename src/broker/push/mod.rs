@@ -25,6 +25,7 @@
 //! turn comes), or outlive its tenant.
 
 mod plan;
+mod pump;
 mod task;
 
 use std::collections::HashMap;
@@ -41,6 +42,7 @@ use crate::follow::{Follower, Target};
 use crate::store::{ReplayFrom, Store, StoreError};
 
 pub use plan::{KEEP_BYTES, MAX_PLANNED};
+pub use pump::start_pump;
 
 /// Most push consumers one tenant runs at once.
 pub const MAX_PER_TENANT: usize = 10_000;
@@ -136,10 +138,12 @@ pub struct PushHandle {
     stop: CancellationToken,
 }
 
-/// A tenant's running push consumers, by name.
+/// A tenant's running push consumers, by name: ordered ones, and the pumps of those
+/// with acks (which are groups).
 #[derive(Debug, Default)]
 pub struct TenantPushes {
     running: Mutex<HashMap<Arc<str>, Arc<PushHandle>>>,
+    pumps: Mutex<HashMap<Arc<str>, CancellationToken>>,
 }
 
 impl TenantPushes {
@@ -154,16 +158,22 @@ impl TenantPushes {
         all
     }
 
-    /// Stops and forgets `name`; false when it is not running.
+    /// Stops and forgets `name` (an ordered consumer, or a pump); false when neither
+    /// is running.
     pub fn stop(&self, name: &str) -> bool {
+        let pump = self.pumps.lock().remove(name);
+        let pumped = pump.inspect(CancellationToken::cancel).is_some();
         let stopped = self.running.lock().remove(name);
-        stopped.inspect(|handle| handle.stop.cancel()).is_some()
+        stopped.inspect(|handle| handle.stop.cancel()).is_some() || pumped
     }
 
     /// Stops every push consumer (the tenant is closing).
     pub fn stop_all(&self) {
         for (_, handle) in self.running.lock().drain() {
             handle.stop.cancel();
+        }
+        for (_, pump) in self.pumps.lock().drain() {
+            pump.cancel();
         }
     }
 
