@@ -37,6 +37,7 @@ mod mqtt;
 mod mqtt_native;
 mod nats_client;
 mod nats_js;
+mod objects;
 mod push_consumers;
 mod python;
 mod quotas;

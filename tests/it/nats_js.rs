@@ -63,6 +63,13 @@ async fn nats_js_kv_watches_against_canopy() {
     run_node("nats_js_kv_watch.mjs").await;
 }
 
+/// nats.js's Object Store (tests/js/nats_js_objects.mjs): an object of several chunks
+/// put, read back, listed, replaced and deleted, and the bucket's status and deletion.
+#[tokio::test]
+async fn nats_js_object_store_works_against_canopy() {
+    run_node("nats_js_objects.mjs").await;
+}
+
 /// The bytes nats.js sends, and what a subscriber gets: a plain MSG (nats-server
 /// writes HMSG only for a header block of at least one byte), on a subject that is
 /// routed at once and on one the store sequences.

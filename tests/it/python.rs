@@ -44,6 +44,13 @@ async fn nats_py_push_consumers_work_against_canopy() {
     run_script("nats_py_push.py").await;
 }
 
+/// nats-py's Object Store: an object of several chunks put, read back, listed,
+/// replaced and deleted, and the bucket's status and deletion.
+#[tokio::test]
+async fn nats_py_object_store_works_against_canopy() {
+    run_script("nats_py_objects.py").await;
+}
+
 /// nats-py's KV watching: keys, history, watch and watchall (initial values, then
 /// live; with history, headers only, ignoring deletes) and an ordered `js.subscribe`,
 /// each an ordered push consumer.

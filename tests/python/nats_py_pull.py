@@ -163,6 +163,10 @@ async def main(url: str, create_stream: bool) -> None:
             await msg.ack()
     await nc.flush(timeout=5)
     await wait_for_info(js, "billing", "after acking all", num_ack_pending=0, num_pending=0)
+    # Everything delivered was acked: the ack floor is the last delivery.
+    info = await js.consumer_info("default", "billing")
+    assert info.ack_floor.consumer_seq == info.delivered.consumer_seq == total, info
+    assert info.ack_floor.stream_seq == last_seq, (info.ack_floor, last_seq)
 
     # Nothing left: fetch raises TimeoutError after its timeout, for both fetch paths
     await expect_fetch_timeout(psub, 1)

@@ -464,7 +464,7 @@ pub(super) async fn info(
         "created": time::format(group.created_ms),
         "config": config_of_group(&group),
         "delivered": {"consumer_seq": consumer_seq, "stream_seq": count("last_offset")},
-        "ack_floor": {"consumer_seq": 0, "stream_seq": 0},
+        "ack_floor": {"consumer_seq": count("ack_floor_seq"), "stream_seq": count("ack_floor_offset")},
         "num_ack_pending": count("in_flight"),
         "num_redelivered": count("redelivered"),
         "num_waiting": count("waiting_pulls"),

@@ -1,5 +1,6 @@
 //! `STREAM.MSG.GET` and `DIRECT.GET`: one stored message of a stream, the last of a
-//! subject (`last_by_subj`, or the subject in a direct get's name), the one at a
+//! subject (`last_by_subj`, or the subject in a direct get's name; with wildcards, the
+//! newest of the subjects it matches), the one at a
 //! sequence (`seq`, the tenant's offset), or the first of a subject from a sequence
 //! on (`seq` with `next_by_subj`). What KV clients read a key with.
 //!
@@ -134,7 +135,12 @@ async fn find(
             if !readable_in(broker, call, stream, subject) {
                 return Ok(None);
             }
-            store.get(tenant, subject, None).await?
+            match canopy_subjects::Pattern::parse_native(subject) {
+                Ok(pattern) if !pattern.is_literal() => {
+                    last_matching(store, tenant, &pattern).await?
+                }
+                _ => store.get(tenant, subject, None).await?,
+            }
         }
         (None, Some(subject), Some(seq)) => {
             if !readable_in(broker, call, stream, subject) {
@@ -151,6 +157,33 @@ async fn find(
         _ => None,
     };
     Ok(found.filter(|m| readable_in(broker, call, stream, &m.subject)))
+}
+
+/// The newest message of any subject `pattern` matches (a `last_by_subj` with
+/// wildcards, as an object store's watch asks for its newest metadata): the subjects'
+/// heads, a page at a time, the one with the highest offset kept.
+async fn last_matching(
+    store: &Store,
+    tenant: &str,
+    pattern: &canopy_subjects::Pattern,
+) -> Result<Option<StoredMessage>, JsError> {
+    const PAGE: usize = 1_000;
+    let mut newest: Option<StoredMessage> = None;
+    let mut after: Option<String> = None;
+    loop {
+        let (heads, next) = store
+            .subject_heads(tenant, pattern, after.as_deref(), PAGE)
+            .await?;
+        for head in heads {
+            if newest.as_ref().is_none_or(|n| head.offset > n.offset) {
+                newest = Some(head);
+            }
+        }
+        match next {
+            Some(next) => after = Some(next),
+            None => return Ok(newest),
+        }
+    }
 }
 
 /// The message at tenant offset `seq`, when the stream holds its subject: the first

@@ -173,7 +173,7 @@ impl GroupTask {
         delivery: &Delivery,
         message: &crate::store::StoredMessage,
     ) {
-        let consumer_seq = self.sequences.issue(delivery);
+        let consumer_seq = self.sequences.issue(delivery, message.offset);
         let ack = jetstream::ack_subject(
             stream,
             &self.spec.name,

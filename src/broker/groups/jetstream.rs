@@ -97,20 +97,38 @@ pub fn status_block(code: u16, description: &str, unfilled: Option<(usize, usize
 #[derive(Default)]
 pub struct Sequences {
     last: u64,
-    outstanding: HashMap<u64, Delivery, foldhash::fast::RandomState>,
+    /// The highest stream sequence (offset) delivered (deliveries of several subjects
+    /// interleave, so not always the last one's).
+    last_offset: u64,
+    /// Each outstanding delivery, with its message's offset.
+    outstanding: HashMap<u64, (Delivery, u64), foldhash::fast::RandomState>,
 }
 
 impl Sequences {
-    /// Numbers a new delivery.
-    pub fn issue(&mut self, delivery: &Delivery) -> u64 {
+    /// Numbers a new delivery of the message at `offset`.
+    pub fn issue(&mut self, delivery: &Delivery, offset: u64) -> u64 {
         self.last += 1;
-        self.outstanding.insert(self.last, delivery.clone());
+        self.last_offset = self.last_offset.max(offset);
+        self.outstanding
+            .insert(self.last, (delivery.clone(), offset));
         self.last
     }
 
     /// The delivery a sequence was issued for, if it may still be outstanding.
     pub fn get(&self, consumer_seq: u64) -> Option<&Delivery> {
-        self.outstanding.get(&consumer_seq)
+        self.outstanding
+            .get(&consumer_seq)
+            .map(|(delivery, _)| delivery)
+    }
+
+    /// JetStream's ack floor, as (consumer sequence, stream sequence): below the
+    /// oldest delivery still outstanding, or the last one issued (and the highest
+    /// offset delivered) when none is.
+    pub fn ack_floor(&self) -> (u64, u64) {
+        match self.outstanding.iter().min_by_key(|(seq, _)| **seq) {
+            None => (self.last, self.last_offset),
+            Some((seq, (_, offset))) => (seq - 1, offset.saturating_sub(1)),
+        }
     }
 
     /// Forgets a sequence whose delivery was acked, termed or nacked.
@@ -121,7 +139,8 @@ impl Sequences {
     /// Forgets sequences whose delivery is no longer outstanding (its ack wait ran out
     /// and it went again under a new sequence, or its subject was purged).
     pub fn prune(&mut self, dispatcher: &Dispatcher) {
-        self.outstanding.retain(|_, d| dispatcher.outstanding(d));
+        self.outstanding
+            .retain(|_, (delivery, _)| dispatcher.outstanding(delivery));
     }
 
     /// Whether no delivery is outstanding.
@@ -138,6 +157,30 @@ impl Sequences {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ack_floor_is_below_the_oldest_outstanding_delivery() {
+        let delivery = |version| Delivery {
+            subject: std::sync::Arc::from("a"),
+            version,
+            attempt: 1,
+        };
+        let mut sequences = Sequences::default();
+        assert_eq!(sequences.ack_floor(), (0, 0));
+        let first = sequences.issue(&delivery(1), 10);
+        let second = sequences.issue(&delivery(2), 5);
+        let third = sequences.issue(&delivery(3), 12);
+        assert_eq!(sequences.ack_floor(), (0, 9));
+        sequences.settle(first);
+        assert_eq!(sequences.ack_floor(), (1, 4), "the second is still out");
+        sequences.settle(third);
+        sequences.settle(second);
+        assert_eq!(
+            sequences.ack_floor(),
+            (3, 12),
+            "all acked: the last and the highest"
+        );
+    }
 
     #[test]
     fn ack_subjects_read_back_in_both_forms() {

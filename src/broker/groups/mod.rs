@@ -538,6 +538,8 @@ impl GroupTask {
             "dead_letters": dead,
             "waiting_pulls": self.waiting.len(),
             "consumer_seq": self.sequences.last(),
+            "ack_floor_seq": self.sequences.ack_floor().0,
+            "ack_floor_offset": self.sequences.ack_floor().1,
             "last_offset": self.last_offset,
         })
     }
