@@ -168,7 +168,10 @@ async fn create(broker: &Arc<Broker>, store: &Store, call: &ApiCall) -> Result<V
         super::check_dead_letter(broker, &call.principal, prefix)?;
     }
     let _change = call.routes.group_changes.lock().await;
-    if store.group(tenant, &spec.name).await?.is_some() {
+    // A JetStream ordered consumer's name is taken too: one consumer per name.
+    if store.group(tenant, &spec.name).await?.is_some()
+        || call.routes.pushes.get(&spec.name).is_some()
+    {
         return Err(ApiError::new(
             409,
             format!("a group {} exists already", spec.name),
@@ -256,6 +259,8 @@ async fn delete(broker: &Arc<Broker>, store: &Store, call: &ApiCall) -> Result<V
     let _change = call.routes.group_changes.lock().await;
     readable(broker, store, call, &name).await?;
     broker.groups().stop(&call.routes, &name);
+    // A JetStream push consumer's pump goes with its group.
+    call.routes.pushes.stop(&name);
     store.delete_group(tenant, &name).await?;
     Ok(json!({"name": name, "deleted": true}))
 }

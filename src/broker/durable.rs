@@ -62,10 +62,13 @@ impl Policies {
     }
 }
 
-/// Retention as the policies and the tenant budget say.
+/// Retention as the policies, the tenants' declared streams (`max_age`) and the tenant
+/// budget say: a message goes at the shorter of its policy's and its stream's ages.
 pub struct RetentionByPolicy {
     policies: Policies,
     max_tenant_bytes: u64,
+    /// Where the tenants' streams are found (a tenant not open here has none).
+    broker: Weak<super::Broker>,
 }
 
 impl RetentionByPolicy {
@@ -73,25 +76,57 @@ impl RetentionByPolicy {
         Self {
             policies,
             max_tenant_bytes,
+            broker: Weak::new(),
         }
+    }
+
+    /// Takes the streams' ages from `broker`'s open tenants.
+    pub fn with_streams_of(mut self, broker: &Arc<super::Broker>) -> Self {
+        self.broker = Arc::downgrade(broker);
+        self
+    }
+
+    fn streams_of(&self, tenant: &str) -> Option<Arc<crate::streams::Streams>> {
+        let broker = self.broker.upgrade()?;
+        let streams = broker.open_tenant_named(tenant)?.streams.current();
+        (!streams.is_empty()).then_some(streams)
     }
 }
 
 impl crate::store::RetentionRules for RetentionByPolicy {
-    fn max_age_ms(&self, subject: &str) -> u64 {
-        self.policies
+    fn max_age_ms(&self, tenant: &str, subject: &str) -> u64 {
+        let policy = self
+            .policies
             .for_subject(subject)
-            .map_or(0, |p| p.max_age_secs.saturating_mul(1000))
+            .map_or(0, |p| p.max_age_secs.saturating_mul(1000));
+        let stream = self
+            .streams_of(tenant)
+            .and_then(|streams| streams.for_subject(subject).map(|s| s.max_age_ms))
+            .unwrap_or(0);
+        crate::store::shorter(policy, stream)
     }
 
-    fn shortest_max_age_ms(&self) -> u64 {
-        self.policies
+    fn shortest_max_age_ms(&self, tenant: &str) -> u64 {
+        let policies = self
+            .policies
             .list
             .iter()
             .filter(|p| p.store && p.max_age_secs > 0)
             .map(|p| p.max_age_secs.saturating_mul(1000))
             .min()
-            .unwrap_or(0)
+            .unwrap_or(0);
+        let streams = self
+            .streams_of(tenant)
+            .and_then(|streams| {
+                streams
+                    .list()
+                    .iter()
+                    .map(|s| s.max_age_ms)
+                    .filter(|&ms| ms > 0)
+                    .min()
+            })
+            .unwrap_or(0);
+        crate::store::shorter(policies, streams)
     }
 
     fn max_tenant_bytes(&self) -> u64 {

@@ -35,7 +35,8 @@ pub struct Tenant {
     pub taps: Arc<crate::follow::Taps>,
     /// The tenant's running consumer groups.
     pub groups: super::groups::TenantGroups,
-    /// The tenant's running JetStream push consumers (ordered ones: KV watches).
+    /// The tenant's running JetStream push consumers: ordered ones (KV watches), and
+    /// the pumps of those with acks.
     pub pushes: super::push::TenantPushes,
     /// Serialises the tenant's group creates and deletes (JetStream's too).
     pub group_changes: tokio::sync::Mutex<()>,
@@ -53,6 +54,11 @@ pub struct Tenant {
 impl Tenant {
     pub fn subscription_count(&self) -> usize {
         self.trie.len()
+    }
+
+    /// Whether `subject` is under an inbox connection `conn` holds.
+    pub fn holds_inbox_of(&self, subject: &str, conn: u64) -> bool {
+        super::inbox_owner(subject).is_some_and(|token| self.inboxes.holds(token, conn))
     }
 
     /// The stream `subject` is in: the declared stream holding it, or the tenant's own.
@@ -117,6 +123,11 @@ impl Broker {
             tenant.deleted.cancel();
         }
         tenant
+    }
+
+    /// The tenant called `name`, if this node has it open (never made here).
+    pub fn open_tenant_named(&self, name: &str) -> Option<Arc<Tenant>> {
+        self.tenants.read().get(name).cloned()
     }
 
     /// Every tenant this node has open.
@@ -259,8 +270,9 @@ impl Broker {
                 tasks.extend(tenant.groups.hand_over_all());
             } else {
                 tenant.groups.stop_all();
-                tenant.pushes.stop_all();
             }
+            // Push consumers follow their groups and their tenant's log: not here.
+            tenant.pushes.stop_all();
             // Its bindings now come from what the cluster shows, as on any node that
             // does not own it.
             self.rebind(&tenant.name);

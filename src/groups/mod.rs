@@ -54,6 +54,16 @@ pub struct GroupSpec {
     pub dead_letter: Option<String>,
 }
 
+/// Whether `name` may name a group or a consumer: 1 to [`MAX_NAME`] ASCII letters,
+/// digits, `-` and `_` (it becomes a token of ack subjects).
+pub fn name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// Checks a member's name as a pull gives it (or as it is made from the pull's reply
 /// inbox): 1 to [`MAX_MEMBER`] bytes without control characters.
 pub fn check_member(name: &str) -> Result<(), String> {
@@ -91,6 +101,11 @@ pub struct PushTerms {
     /// (an ephemeral consumer's `inactive_threshold`); `None` keeps it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inactive_ms: Option<u64>,
+    /// The connection whose inbox the deliver subject is, when that (not a publish
+    /// right) let the consumer deliver there: it is deleted once the connection no
+    /// longer holds the inbox (only ephemeral consumers are made so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inbox_of: Option<u64>,
 }
 
 fn default_ack_wait_ms() -> u64 {
@@ -184,14 +199,8 @@ impl GroupSpec {
     /// Checks a definition before it is stored; the pattern with the subjects crate's
     /// own parser, so a group matches exactly what a subscription with it would.
     pub fn check(&self) -> Result<(), SpecError> {
-        let name_ok = !self.name.is_empty()
-            && self.name.len() <= MAX_NAME
-            && self
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         // `$DLQ.schema.…` holds schemas' dead letters.
-        if !name_ok || self.name == "schema" {
+        if !name_ok(&self.name) || self.name == "schema" {
             return Err(SpecError::Name(self.name.clone()));
         }
         canopy_subjects::Pattern::parse_native(&self.pattern)

@@ -112,7 +112,8 @@ async fn open_single_store(
     let retention = RetentionByPolicy::new(
         Policies::new(&config.store.policies)?,
         config.store.retention.max_bytes_per_tenant,
-    );
+    )
+    .with_streams_of(broker);
     store.start_retention(
         Arc::new(retention),
         Duration::from_secs(config.store.retention.interval_secs.max(1)),

@@ -51,7 +51,7 @@ pub use read::{
     SubjectsPage,
 };
 pub use record::Record;
-pub use retention::{RetentionPass, RetentionRules};
+pub use retention::{RetentionPass, RetentionRules, shorter};
 pub use schemas::SchemaRecord;
 pub use snapshot::{Compaction, Snapshot};
 pub use tenants::{DEFAULT_TENANT, TenantLimits, TenantRecord, check_tenant_name, new_tenant};

@@ -25,11 +25,11 @@ const DELETE_CHUNK: usize = 1000;
 
 /// What retention keeps; implemented from the store policies.
 pub trait RetentionRules: Send + Sync + 'static {
-    /// Milliseconds a message of `subject` is kept (0: no age limit).
-    fn max_age_ms(&self, subject: &str) -> u64;
-    /// The shortest age limit of any subject (0: none), so a pass can stop at the
-    /// first batch younger than it.
-    fn shortest_max_age_ms(&self) -> u64;
+    /// Milliseconds a message of `tenant`'s `subject` is kept (0: no age limit).
+    fn max_age_ms(&self, tenant: &str, subject: &str) -> u64;
+    /// The shortest age limit of any of `tenant`'s subjects (0: none), so a pass can
+    /// stop at the first batch younger than it.
+    fn shortest_max_age_ms(&self, tenant: &str) -> u64;
     /// Bytes of messages one tenant keeps (0: no limit).
     fn max_tenant_bytes(&self) -> u64;
 }
@@ -97,7 +97,7 @@ impl Store {
 }
 
 /// The shorter of two age limits, 0 being none.
-fn shorter(a: u64, b: u64) -> u64 {
+pub fn shorter(a: u64, b: u64) -> u64 {
     match (a, b) {
         (0, x) | (x, 0) => x,
         (a, b) => a.min(b),
@@ -151,7 +151,7 @@ async fn enforce_tenant(
             }
         }
     }
-    let shortest = shorter(rules.shortest_max_age_ms(), own_max_age_ms);
+    let shortest = shorter(rules.shortest_max_age_ms(tenant), own_max_age_ms);
     let mut pass = RetentionPass::default();
     let mut work = Work::default();
     // Only what the engine holds: the rounds since the flush above are not deleted
@@ -175,7 +175,7 @@ async fn enforce_tenant(
             if *size == DELETED {
                 continue;
             }
-            let max_age = shorter(rules.max_age_ms(subject), own_max_age_ms);
+            let max_age = shorter(rules.max_age_ms(tenant, subject), own_max_age_ms);
             let expired = max_age > 0 && batch.time_ms.saturating_add(max_age) < now;
             if expired || (cap > 0 && stored > cap) {
                 work.messages

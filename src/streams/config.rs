@@ -3,10 +3,11 @@
 //! reports, so the same request twice compares equal (creates are idempotent).
 //!
 //! Honoured: the name, the subject filters, `max_msgs_per_subject` (versions kept per
-//! subject). Kept and reported as given: `discard`, `duplicate_window`, the
+//! subject), `max_age` (a KV bucket's TTL: retention removes older messages of the
+//! stream's subjects, and gets no longer find them). Kept and reported as given: `discard`, `duplicate_window`, the
 //! `deny_*`/`allow_*` flags, `description`, `metadata`, `compression` (Canopy's store
 //! compresses anyway). Refused, each with the setting named: retention other than
-//! `limits`, memory storage, stream-wide message, byte and size limits, a maximum age,
+//! `limits`, memory storage, stream-wide message, byte and size limits,
 //! mirrors, sources, transforms, republishing, sealing, per-message TTLs, more than one
 //! replica (as a nats-server outside a cluster refuses it).
 //! Must never accept a setting that would change what is kept and then drop it.
@@ -26,6 +27,8 @@ const RESERVED: [&str; 6] = [
 pub const MAX_SUBJECTS: usize = 256;
 /// JetStream's default duplicate window: two minutes, in nanoseconds.
 const DEFAULT_DUPLICATE_WINDOW_NS: i64 = 120_000_000_000;
+/// The shortest `max_age` taken (nats-server's floor).
+const MIN_MAX_AGE_NS: i64 = 100_000_000;
 /// As nats-server bounds them.
 const MAX_DESCRIPTION: usize = 4_096;
 const MAX_METADATA: usize = 128 * 1_024;
@@ -93,8 +96,20 @@ pub fn normalise(name: &str, body: &Value) -> Result<Value, StreamRefusal> {
             description: "replicas > 1 not supported in non-clustered mode".into(),
         });
     }
+    let max_age = match int("max_age") {
+        Some(ns) if ns < 0 => {
+            return Err(StreamRefusal::invalid("max age can not be negative"));
+        }
+        Some(ns) if ns > 0 && ns < MIN_MAX_AGE_NS => {
+            return Err(StreamRefusal::invalid("max age needs to be >= 100ms"));
+        }
+        Some(ns) => ns,
+        None => 0,
+    };
+    // nats-server's default: two minutes, or the age when that is shorter.
     let duplicate_window = match int("duplicate_window") {
         Some(ns) if ns > 0 => ns,
+        _ if max_age > 0 => DEFAULT_DUPLICATE_WINDOW_NS.min(max_age),
         _ => DEFAULT_DUPLICATE_WINDOW_NS,
     };
     let compression = match text("compression") {
@@ -119,7 +134,7 @@ pub fn normalise(name: &str, body: &Value) -> Result<Value, StreamRefusal> {
         "max_consumers": -1,
         "max_msgs": -1,
         "max_bytes": -1,
-        "max_age": 0,
+        "max_age": max_age,
         "max_msgs_per_subject": max_per_subject,
         "max_msg_size": -1,
         "discard": discard,
@@ -193,10 +208,6 @@ fn refuse_unoffered(body: &Value) -> Result<(), StreamRefusal> {
             "the tenant's stored bytes limit bounds a tenant",
         ),
         ("max_msg_size", "the server's max_payload bounds a message"),
-        (
-            "max_age",
-            "store policies set a maximum age (store.policies)",
-        ),
         ("first_seq", "offsets are the tenant's"),
     ] {
         if int(key) > 0 {
@@ -360,7 +371,6 @@ mod tests {
             (json!({"retention": "workqueue"}), "retention workqueue"),
             (json!({"storage": "memory"}), "memory storage"),
             (json!({"max_msgs": 10}), "max_msgs"),
-            (json!({"max_age": 1_000_000_000}), "max_age"),
             (json!({"mirror": {"name": "X"}}), "mirror"),
             (json!({"sources": [{"name": "X"}]}), "sources"),
             (json!({"sealed": true}), "sealed"),

@@ -37,6 +37,8 @@ pub struct Stream {
     pub max_versions: u64,
     /// Whether a publish may roll its subject up (`allow_rollup_hdrs`).
     pub allow_rollup: bool,
+    /// Milliseconds a message of the stream is kept (`max_age`; 0: no limit).
+    pub max_age_ms: u64,
     /// When it was declared (the server's clock).
     pub created_ms: u64,
     /// The normalised config, as its info reports it.
@@ -64,11 +66,16 @@ impl Stream {
             .and_then(|n| u64::try_from(n).ok())
             .unwrap_or(0);
         let allow_rollup = config.get("allow_rollup_hdrs").and_then(Value::as_bool) == Some(true);
+        let max_age_ms = config
+            .get("max_age")
+            .and_then(Value::as_u64)
+            .map_or(0, |ns| ns.div_ceil(1_000_000));
         Ok(Stream {
             name: Arc::from(name),
             subjects,
             max_versions,
             allow_rollup,
+            max_age_ms,
             created_ms,
             config,
         })
@@ -80,6 +87,12 @@ impl Stream {
             config: self.config.clone(),
             created_ms: self.created_ms,
         }
+    }
+
+    /// Whether a message stored at `time_ms` has outlived the stream's `max_age` at
+    /// `now_ms` (retention removes it at its next pass; reads pass over it before).
+    pub fn expired(&self, time_ms: u64, now_ms: u64) -> bool {
+        self.max_age_ms > 0 && time_ms.saturating_add(self.max_age_ms) < now_ms
     }
 
     /// Whether `filter` reads only inside this stream.

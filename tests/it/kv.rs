@@ -196,3 +196,57 @@ async fn async_nats_kv_watches_against_canopy() {
     }
     server.stop().await;
 }
+
+/// A bucket's TTL (its stream's `max_age`): a key older than it is not found at once,
+/// and the next retention pass removes it from the store.
+#[tokio::test]
+async fn a_buckets_ttl_expires_its_keys() {
+    let mut config = crate::common::test_config();
+    config.store.retention.interval_secs = 1;
+    let server = crate::common::start(config).await;
+    let client = async_nats::connect(server.native_url())
+        .await
+        .expect("connects");
+    let js = jetstream::new(client.clone());
+    let kv = within(
+        "create_key_value",
+        js.create_key_value(kv::Config {
+            bucket: "short".into(),
+            max_age: std::time::Duration::from_millis(800),
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("a bucket with a TTL is made");
+    let status = within("status", kv.status()).await.expect("status");
+    assert_eq!(status.max_age(), std::time::Duration::from_millis(800));
+    within("put", kv.put("k", "v".into())).await.expect("put");
+    assert_eq!(
+        within("get", kv.get("k")).await.expect("get").as_deref(),
+        Some(&b"v"[..])
+    );
+    assert_eq!(
+        crate::common::replay_subject(&client, "$KV.short.k")
+            .await
+            .len(),
+        1,
+        "the key is stored"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
+    assert_eq!(
+        within("get", kv.get("k")).await.expect("get"),
+        None,
+        "an expired key is not found"
+    );
+    let removed = tokio::time::timeout(WAIT, async {
+        while !crate::common::replay_subject(&client, "$KV.short.k")
+            .await
+            .is_empty()
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(removed.is_ok(), "retention removes an expired key");
+    server.stop().await;
+}

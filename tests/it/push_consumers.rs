@@ -279,6 +279,29 @@ async fn push_consumers_keep_rights_and_tenants_sealed() {
     assert_eq!(elsewhere["error"]["err_code"], json!(10014), "{elsewhere}");
     let names = js(&dave, "CONSUMER.NAMES.default", json!({})).await;
     assert_eq!(names["consumers"], json!(["w"]), "{names}");
+
+    // A name becomes a token of every delivery's reply subject: nothing else gets in.
+    let mut bad = push(&inbox, "dave.>");
+    bad["config"]["name"] = json!("w x\r\nPING");
+    let refused = js(&dave, "CONSUMER.CREATE.default", bad).await;
+    assert_eq!(refused["error"]["code"], json!(400), "{refused}");
+
+    // Dave may not publish to his inbox: his connection's hold on it let the consumer
+    // deliver there, so it goes when the connection does (and another may take it).
+    let other = logins.native("dave@default").await;
+    drop(_daves);
+    drop(dave);
+    let gone = tokio::time::timeout(WAIT, async {
+        loop {
+            let info = js(&other, "CONSUMER.INFO.default.w", json!({})).await;
+            if info["error"]["err_code"] == json!(10014) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "a consumer outlived its maker's inbox");
 }
 
 /// A push consumer with acks is a group delivered to its subject as messages come:

@@ -132,29 +132,7 @@ fn refuse_unoffered(name: &str, config: &Value) -> Result<(), JsError> {
             "headers_only consumers are not offered",
         ));
     }
-    if text(config, "description").len() > MAX_DESCRIPTION {
-        return Err(JsError::new(
-            400,
-            10107,
-            format!("consumer description is too long, maximum allowed is {MAX_DESCRIPTION}"),
-        ));
-    }
-    let metadata_bytes: usize = config
-        .get("metadata")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
-                .sum()
-        })
-        .unwrap_or(0);
-    if metadata_bytes > MAX_METADATA {
-        return Err(JsError::new(
-            400,
-            10135,
-            format!("consumer metadata exceeds maximum size of {MAX_METADATA} bytes"),
-        ));
-    }
+    super::check_sizes(config)?;
     if config
         .get("backoff")
         .and_then(Value::as_array)
@@ -305,9 +283,6 @@ pub(super) async fn create(
     } else {
         None
     };
-    if call.routes.pushes.get(name).is_some() {
-        return Err(JsError::new(400, 10148, "consumer already exists"));
-    }
     if let Stream::Declared(declared) = stream
         && pattern_of(&Value::Object(fields.clone()))? == ">"
         && let [only] = declared.subjects.as_slice()
@@ -331,6 +306,9 @@ pub(super) async fn create(
     let action = request.get("action").and_then(Value::as_str).unwrap_or("");
     let tenant = &*call.routes.name;
     let _change = call.routes.group_changes.lock().await;
+    if call.routes.pushes.get(name).is_some() {
+        return Err(JsError::new(400, 10148, "consumer already exists"));
+    }
     match stored(store, tenant, name).await? {
         Some(existing) if existing.spec == spec && existing.push == push => {}
         Some(_) if action == "create" => {

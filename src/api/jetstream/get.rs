@@ -9,7 +9,9 @@
 //! `Nats-Sequence` and `Nats-Time-Stamp` headers, or a `404 Message Not Found`
 //! status, and only on streams that allow it (else nobody answers, as nats-server).
 //! Reading needs the right to subscribe to the message's subject; a message the
-//! caller may not read is not found. Must never return a message outside the stream.
+//! caller may not read is not found, nor one older than the stream's `max_age` (a KV
+//! bucket's TTL: retention removes it at its next pass). Must never return a message
+//! outside the stream.
 
 use base64::Engine;
 use bytes::BytesMut;
@@ -156,7 +158,12 @@ async fn find(
         (None, _, Some(seq)) => at_sequence(store, tenant, stream, seq).await?,
         _ => None,
     };
-    Ok(found.filter(|m| readable_in(broker, call, stream, &m.subject)))
+    let now = broker.clock().now_ms();
+    let expired = |m: &StoredMessage| match stream {
+        Stream::Declared(declared) => declared.expired(m.time_ms, now),
+        Stream::Tenant(_) => false,
+    };
+    Ok(found.filter(|m| readable_in(broker, call, stream, &m.subject) && !expired(m)))
 }
 
 /// The newest message of any subject `pattern` matches (a `last_by_subj` with
@@ -168,9 +175,11 @@ async fn last_matching(
     pattern: &canopy_subjects::Pattern,
 ) -> Result<Option<StoredMessage>, JsError> {
     const PAGE: usize = 1_000;
+    // At most 100,000 subjects: a get is one request's work.
+    const PAGES: usize = 100;
     let mut newest: Option<StoredMessage> = None;
     let mut after: Option<String> = None;
-    loop {
+    for _ in 0..PAGES {
         let (heads, next) = store
             .subject_heads(tenant, pattern, after.as_deref(), PAGE)
             .await?;
@@ -184,6 +193,10 @@ async fn last_matching(
             None => return Ok(newest),
         }
     }
+    Err(JsError::bad_request(format!(
+        "last_by_subj {pattern} matches more than {} subjects: name fewer",
+        PAGE * PAGES
+    )))
 }
 
 /// The message at tenant offset `seq`, when the stream holds its subject: the first

@@ -416,6 +416,42 @@ async fn stream_info(broker: &Broker, store: &Store, call: &ApiCall) -> Result<V
     }))
 }
 
+/// A consumer config's description and metadata within nats-server's bounds (any
+/// kind of consumer: what is echoed in its info is bounded).
+fn check_sizes(config: &Value) -> Result<(), JsError> {
+    use consumers::{MAX_DESCRIPTION, MAX_METADATA};
+    if config
+        .get("description")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .len()
+        > MAX_DESCRIPTION
+    {
+        return Err(JsError::new(
+            400,
+            10107,
+            format!("consumer description is too long, maximum allowed is {MAX_DESCRIPTION}"),
+        ));
+    }
+    let metadata_bytes: usize = config
+        .get("metadata")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
+                .sum()
+        })
+        .unwrap_or(0);
+    if metadata_bytes > MAX_METADATA {
+        return Err(JsError::new(
+            400,
+            10135,
+            format!("consumer metadata exceeds maximum size of {MAX_METADATA} bytes"),
+        ));
+    }
+    Ok(())
+}
+
 /// Authorises a consumer call that reads `pattern` as a subscription to it.
 fn authorize_reading(broker: &Broker, call: &ApiCall, pattern: &str) -> Result<(), JsError> {
     broker

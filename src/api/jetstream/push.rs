@@ -87,7 +87,13 @@ pub(super) async fn create(
             ));
         }
     };
-    let spec = spec_of(stream, &name, config, broker.clock().now_ms())?;
+    if !crate::groups::name_ok(&name) {
+        return Err(JsError::bad_request(format!(
+            "a consumer name is 1 to {} letters, digits, - and _ (got {name:?})",
+            crate::groups::MAX_NAME
+        )));
+    }
+    let mut spec = spec_of(stream, &name, config, broker.clock().now_ms())?;
     for filter in &spec.filters {
         if !stream.holds(filter) {
             return Err(JsError::new(
@@ -98,8 +104,19 @@ pub(super) async fn create(
         }
         authorize_reading(broker, call, filter)?;
     }
-    may_deliver_to(broker, call, &spec.deliver_subject)?;
+    spec.inbox_of = may_deliver_to(broker, call, &spec.deliver_subject, true)?;
     let routes = &call.routes;
+    // One consumer per name, of either kind; a stream deleted meanwhile takes it.
+    let _change = routes.group_changes.lock().await;
+    if let Stream::Declared(declared) = stream
+        && !routes
+            .streams
+            .current()
+            .get(&declared.name)
+            .is_some_and(|now| Arc::ptr_eq(now, declared))
+    {
+        return Err(JsError::stream_not_found());
+    }
     if let Some(running) = routes.pushes.get(&name) {
         if running.spec.config == spec.config && running.spec.stream == spec.stream {
             return Ok(info(broker, &running));
@@ -133,7 +150,8 @@ pub(super) fn terms_of(
     ephemeral: bool,
 ) -> Result<PushTerms, JsError> {
     let deliver_subject = text(config, "deliver_subject").to_owned();
-    may_deliver_to(broker, call, &deliver_subject)?;
+    // A durable consumer outlives its connection's inbox: it needs the right itself.
+    let inbox_of = may_deliver_to(broker, call, &deliver_subject, ephemeral)?;
     let heartbeat = check_heartbeat(config)?;
     let inactive = nanos(config, "inactive_threshold");
     let inactive_ms = match (ephemeral, inactive.is_zero()) {
@@ -147,6 +165,7 @@ pub(super) fn terms_of(
         deliver_subject,
         heartbeat_ms: u64::try_from(heartbeat.as_millis()).unwrap_or(u64::MAX),
         inactive_ms,
+        inbox_of,
     })
 }
 
@@ -176,9 +195,16 @@ fn text_of<'a>(config: &'a Map<String, Value>, key: &str) -> &'a str {
     config.get(key).and_then(Value::as_str).unwrap_or_default()
 }
 
-/// The deliver subject must be a subject (no wildcard), under an inbox the calling
-/// connection holds or one the caller may publish to.
-fn may_deliver_to(broker: &Broker, call: &ApiCall, subject: &str) -> Result<(), JsError> {
+/// The deliver subject must be a subject (no wildcard), one the caller may publish to
+/// or (with `own_inbox`, for a consumer that goes with its connection) under an inbox
+/// the calling connection holds: then that connection, which the consumer must not
+/// outlive the claim of.
+fn may_deliver_to(
+    broker: &Broker,
+    call: &ApiCall,
+    subject: &str,
+    own_inbox: bool,
+) -> Result<Option<u64>, JsError> {
     let literal = Pattern::parse_native(subject).is_ok_and(|p| p.is_literal())
         && Subject::parse_native(subject).is_ok();
     if !literal {
@@ -188,15 +214,17 @@ fn may_deliver_to(broker: &Broker, call: &ApiCall, subject: &str) -> Result<(), 
             format!("invalid push consumer deliver subject {subject:?}"),
         ));
     }
-    let own_inbox = crate::broker::inbox_owner(subject)
-        .is_some_and(|token| call.routes.inboxes.holds(token, call.origin));
-    if own_inbox {
-        return Ok(());
-    }
-    broker
+    let published = broker
         .authorizer()
-        .authorize(&call.principal, Action::Publish, subject)
-        .map_err(|denied| JsError::new(403, 10003, denied.to_string()))
+        .authorize(&call.principal, Action::Publish, subject);
+    let held = own_inbox
+        && crate::broker::inbox_owner(subject)
+            .is_some_and(|token| call.routes.inboxes.holds(token, call.origin));
+    match published {
+        Ok(()) => Ok(None),
+        Err(_) if held => Ok(Some(call.origin)),
+        Err(denied) => Err(JsError::new(403, 10003, denied.to_string())),
+    }
 }
 
 /// The push consumer a config describes, refusing what Canopy does not offer.
@@ -207,6 +235,7 @@ fn spec_of(
     now_ms: u64,
 ) -> Result<PushSpec, JsError> {
     let whole = Value::Object(config.clone());
+    super::check_sizes(&whole)?;
     if !text(&whole, "durable_name").is_empty() {
         return Err(JsError::bad_request(
             "a push consumer without acks is an ordered consumer, which is ephemeral: \
@@ -258,6 +287,7 @@ fn spec_of(
         inactive,
         config: Value::Object(echoed),
         created_ms: now_ms,
+        inbox_of: None,
     })
 }
 
@@ -275,6 +305,12 @@ fn filters_of(stream: &Stream, config: &Value) -> Result<Vec<String>, JsError> {
             ));
         }
         filters.push(one.to_owned());
+    }
+    if filters.len() > crate::streams::config::MAX_SUBJECTS {
+        return Err(JsError::bad_request(format!(
+            "a consumer has at most {} filter subjects",
+            crate::streams::config::MAX_SUBJECTS
+        )));
     }
     if filters.is_empty() {
         filters = match stream {

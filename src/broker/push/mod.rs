@@ -22,7 +22,9 @@
 //! Must never: deliver a message a restart would not find (its follower is durable),
 //! hold more than [`MAX_PLANNED`] planned messages (a larger plan is refused), keep
 //! more than [`KEEP_BYTES`] of them in memory (the rest are read again when their
-//! turn comes), or outlive its tenant.
+//! turn comes), let its tenant's plans together pass [`TENANT_PLANNED`] entries and
+//! [`TENANT_KEEP_BYTES`] kept, outlive its tenant, or outlive its maker's hold on
+//! the inbox it delivers to when that (not a publish right) let it deliver there.
 
 mod plan;
 mod pump;
@@ -30,7 +32,7 @@ mod task;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use canopy_subjects::Pattern;
@@ -41,7 +43,7 @@ use super::{Broker, Tenant};
 use crate::follow::{Follower, Target};
 use crate::store::{ReplayFrom, Store, StoreError};
 
-pub use plan::{KEEP_BYTES, MAX_PLANNED};
+pub use plan::{KEEP_BYTES, MAX_PLANNED, TENANT_KEEP_BYTES, TENANT_PLANNED};
 pub use pump::start_pump;
 
 /// Most push consumers one tenant runs at once.
@@ -85,6 +87,9 @@ pub struct PushSpec {
     /// Its config as its info echoes it.
     pub config: serde_json::Value,
     pub created_ms: u64,
+    /// The connection whose inbox the deliver subject is, when that (not a publish
+    /// right) let it deliver there: it ends once that connection no longer holds it.
+    pub inbox_of: Option<u64>,
 }
 
 impl PushSpec {
@@ -109,8 +114,9 @@ pub enum PushError {
     #[error("a consumer named {0} is running")]
     Exists(String),
     #[error(
-        "more than {MAX_PLANNED} stored messages match the consumer's deliver policy: start \
-         it later (by_start_sequence, by_start_time, new) or read them with a pull consumer"
+        "more stored messages match the consumer's deliver policy than it may plan (at most \
+         {MAX_PLANNED}, and its tenant's consumers {TENANT_PLANNED} together): start it \
+         later (by_start_sequence, by_start_time, new) or read them with a pull consumer"
     )]
     PlanTooLarge,
     #[error(transparent)]
@@ -143,10 +149,24 @@ pub struct PushHandle {
 #[derive(Debug, Default)]
 pub struct TenantPushes {
     running: Mutex<HashMap<Arc<str>, Arc<PushHandle>>>,
-    pumps: Mutex<HashMap<Arc<str>, CancellationToken>>,
+    /// Each pump's token, with a number telling it from a later pump of that name.
+    pumps: Mutex<HashMap<Arc<str>, (u64, CancellationToken)>>,
+    next_pump: AtomicU64,
+    /// What the running consumers' plans hold: entries and bytes kept whole.
+    planned: AtomicUsize,
+    planned_bytes: AtomicUsize,
 }
 
 impl TenantPushes {
+    /// What a new plan may still take of the tenant's budget.
+    fn plans_left(&self) -> plan::PlanCost {
+        plan::PlanCost {
+            entries: plan::TENANT_PLANNED.saturating_sub(self.planned.load(Ordering::Relaxed)),
+            kept_bytes: plan::TENANT_KEEP_BYTES
+                .saturating_sub(self.planned_bytes.load(Ordering::Relaxed)),
+        }
+    }
+
     pub fn get(&self, name: &str) -> Option<Arc<PushHandle>> {
         self.running.lock().get(name).cloned()
     }
@@ -162,7 +182,7 @@ impl TenantPushes {
     /// is running.
     pub fn stop(&self, name: &str) -> bool {
         let pump = self.pumps.lock().remove(name);
-        let pumped = pump.inspect(CancellationToken::cancel).is_some();
+        let pumped = pump.inspect(|(_, token)| token.cancel()).is_some();
         let stopped = self.running.lock().remove(name);
         stopped.inspect(|handle| handle.stop.cancel()).is_some() || pumped
     }
@@ -172,8 +192,16 @@ impl TenantPushes {
         for (_, handle) in self.running.lock().drain() {
             handle.stop.cancel();
         }
-        for (_, pump) in self.pumps.lock().drain() {
+        for (_, (_, pump)) in self.pumps.lock().drain() {
             pump.cancel();
+        }
+    }
+
+    /// Forgets pump number `id` of `name`, if it is still the one under that name.
+    fn forget_pump(&self, name: &str, id: u64) {
+        let mut pumps = self.pumps.lock();
+        if pumps.get(name).is_some_and(|(current, _)| *current == id) {
+            pumps.remove(name);
         }
     }
 
@@ -186,6 +214,42 @@ impl TenantPushes {
         {
             running.remove(&handle.spec.name);
         }
+    }
+}
+
+/// A plan's share of its tenant's budget, given back when dropped (its consumer's
+/// task ended, or it never started).
+struct PlanReservation {
+    routes: Arc<Tenant>,
+    cost: plan::PlanCost,
+}
+
+impl PlanReservation {
+    fn take(routes: &Arc<Tenant>, cost: plan::PlanCost) -> Self {
+        routes
+            .pushes
+            .planned
+            .fetch_add(cost.entries, Ordering::Relaxed);
+        routes
+            .pushes
+            .planned_bytes
+            .fetch_add(cost.kept_bytes, Ordering::Relaxed);
+        Self {
+            routes: Arc::clone(routes),
+            cost,
+        }
+    }
+}
+
+impl Drop for PlanReservation {
+    fn drop(&mut self) {
+        let pushes = &self.routes.pushes;
+        pushes
+            .planned
+            .fetch_sub(self.cost.entries, Ordering::Relaxed);
+        pushes
+            .planned_bytes
+            .fetch_sub(self.cost.kept_bytes, Ordering::Relaxed);
     }
 }
 
@@ -226,7 +290,15 @@ pub async fn start(
     // see it all; what comes at or after `end` is the follower's.
     let end = store.next_offset(&tenant).await?;
     store.durable_barrier().await?;
-    let plan = plan::plan(store, &tenant, &spec, &patterns, end).await?;
+    let left = routes.pushes.plans_left();
+    let (plan, cost) = plan::plan(store, &tenant, &spec, &patterns, end, left).await?;
+    // Held until the task ends (a failure below gives it back at once).
+    let reserved = PlanReservation::take(routes, cost);
+    // A start past `end` holds for the live part too.
+    let live_from = match spec.start {
+        PushStart::Offset(offset) => end.max(offset),
+        _ => end,
+    };
     let state = Arc::new(PushState::default());
     state.pending.store(plan.len() as u64, Ordering::Relaxed);
     let stop = routes.deleted.child_token();
@@ -240,6 +312,9 @@ pub async fn start(
         if running.contains_key(&handle.spec.name) {
             return Err(PushError::Exists(handle.spec.name.to_string()));
         }
+        if running.len() >= MAX_PER_TENANT {
+            return Err(PushError::TooMany);
+        }
         running.insert(Arc::clone(&handle.spec.name), Arc::clone(&handle));
     }
     let task = task::Delivery::new(
@@ -248,8 +323,12 @@ pub async fn start(
         Arc::clone(routes),
         Arc::clone(&handle),
         plan,
-        follower.starting_at(ReplayFrom::Offset(end)),
+        follower.starting_at(ReplayFrom::Offset(live_from)),
     );
-    tokio::spawn(task.run(stop));
+    let task = async move {
+        let _reserved = reserved;
+        task.run(stop).await;
+    };
+    tokio::spawn(task);
     Ok(handle)
 }

@@ -1,6 +1,7 @@
 //! A push consumer's plan: the stored messages its deliver policy picks from before
 //! it was made, in offset order. Must never hold more than [`MAX_PLANNED`] entries or
-//! keep more than [`KEEP_BYTES`] of messages whole.
+//! keep more than [`KEEP_BYTES`] of messages whole, nor more than its tenant has left
+//! of [`TENANT_PLANNED`] and [`TENANT_KEEP_BYTES`] (all its consumers' plans).
 
 use std::collections::VecDeque;
 
@@ -14,6 +15,9 @@ pub const MAX_PLANNED: usize = 1_000_000;
 /// Bytes of planned messages kept whole; past them a planned message keeps only where
 /// it is and is read again when its turn comes.
 pub const KEEP_BYTES: usize = 16 * 1024 * 1024;
+/// What all of one tenant's plans hold at most: entries, and bytes kept whole.
+pub const TENANT_PLANNED: usize = 4_000_000;
+pub const TENANT_KEEP_BYTES: usize = 64 * 1024 * 1024;
 /// Messages and bytes one read of the plan takes from the store.
 const PAGE: usize = 1_000;
 const PAGE_BYTES: usize = 1024 * 1024;
@@ -42,15 +46,19 @@ impl Planned {
 struct Collect {
     planned: Vec<Planned>,
     kept_bytes: usize,
+    /// Bytes it may keep whole: [`KEEP_BYTES`], or what its tenant has left.
+    keep_bytes: usize,
+    /// Entries it may hold: [`MAX_PLANNED`], or what its tenant has left.
+    max_planned: usize,
 }
 
 impl Collect {
     fn push(&mut self, message: StoredMessage) -> Result<(), PushError> {
-        if self.planned.len() >= MAX_PLANNED {
+        if self.planned.len() >= self.max_planned {
             return Err(PushError::PlanTooLarge);
         }
         let size = message.payload.len() + message.headers.len() + message.subject.len();
-        if self.kept_bytes + size <= KEEP_BYTES {
+        if self.kept_bytes + size <= self.keep_bytes {
             self.kept_bytes += size;
             self.planned.push(Planned::Kept(message));
         } else {
@@ -66,16 +74,26 @@ impl Collect {
 
 /// The messages stored before `end` that `spec`'s deliver policy picks, in offset
 /// order.
+/// What a plan takes of its tenant's budget: entries, and bytes kept whole.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct PlanCost {
+    pub entries: usize,
+    pub kept_bytes: usize,
+}
+
 pub(super) async fn plan(
     store: &Store,
     tenant: &str,
     spec: &PushSpec,
     patterns: &[Pattern],
     end: u64,
-) -> Result<VecDeque<Planned>, PushError> {
+    left: PlanCost,
+) -> Result<(VecDeque<Planned>, PlanCost), PushError> {
     let mut collect = Collect {
         planned: Vec::new(),
         kept_bytes: 0,
+        keep_bytes: KEEP_BYTES.min(left.kept_bytes),
+        max_planned: MAX_PLANNED.min(left.entries),
     };
     match spec.start {
         PushStart::New => {}
@@ -107,7 +125,11 @@ pub(super) async fn plan(
             }
         }
     }
-    Ok(collect.planned.into())
+    let cost = PlanCost {
+        entries: collect.planned.len(),
+        kept_bytes: collect.kept_bytes,
+    };
+    Ok((collect.planned.into(), cost))
 }
 
 /// Every message the patterns match from `from` up to `end`: a literal pattern

@@ -7,6 +7,7 @@
 //! does), or outlive its group or its tenant.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -35,11 +36,12 @@ pub fn start_pump(
     terms: PushTerms,
 ) {
     let stop = routes.deleted.child_token();
-    if let Some(old) = routes
+    let id = routes.pushes.next_pump.fetch_add(1, Ordering::Relaxed);
+    if let Some((_, old)) = routes
         .pushes
         .pumps
         .lock()
-        .insert(Arc::from(name), stop.clone())
+        .insert(Arc::from(name), (id, stop.clone()))
     {
         old.cancel();
     }
@@ -50,6 +52,7 @@ pub fn start_pump(
         stream: Arc::from(terms.stream.as_str()),
         name: Arc::from(name),
         terms,
+        id,
     };
     tokio::spawn(pump.run(stop));
 }
@@ -61,6 +64,8 @@ struct Pump {
     stream: Arc<str>,
     name: Arc<str>,
     terms: PushTerms,
+    /// Tells this pump from a later one of the same name.
+    id: u64,
 }
 
 impl Pump {
@@ -76,6 +81,15 @@ impl Pump {
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
+            if let Some(conn) = self.terms.inbox_of
+                && !self
+                    .routes
+                    .holds_inbox_of(&self.terms.deliver_subject, conn)
+            {
+                // Its maker's connection let go of the inbox: someone else may take it.
+                let _ = self.forget(&stop, true).await;
+                return;
+            }
             let listening = self
                 .broker
                 .has_interest(&self.routes, &self.terms.deliver_subject);
@@ -84,8 +98,11 @@ impl Pump {
                 if let Some(ms) = self.terms.inactive_ms
                     && last_listened.elapsed() >= Duration::from_millis(ms)
                 {
-                    self.forget(&stop).await;
-                    return;
+                    if self.forget(&stop, false).await {
+                        return;
+                    }
+                    // A listener came while it waited for the lock.
+                    last_listened = Instant::now();
                 }
                 continue;
             }
@@ -93,6 +110,7 @@ impl Pump {
             if pulled.is_none_or(|at| at.elapsed() >= PULL_WAIT) {
                 if !self.pull().await {
                     // The group is gone (deleted, or its tenant closed).
+                    self.routes.pushes.forget_pump(&self.name, self.id);
                     return;
                 }
                 pulled = Some(Instant::now());
@@ -144,19 +162,29 @@ impl Pump {
         );
     }
 
-    /// An ephemeral consumer nobody listened to for its threshold: its group is
-    /// stopped and deleted, as nats-server deletes it.
-    async fn forget(&self, stop: &CancellationToken) {
+    /// An ephemeral consumer nobody listened to for its threshold (or whose maker's
+    /// inbox is gone, `now`): its group is stopped and deleted, as nats-server
+    /// deletes it. Checked again under the lock that makes and deletes consumers: a
+    /// pump stopped meanwhile (its group deleted, maybe made again) deletes nothing,
+    /// and a listener that came meanwhile keeps it.
+    /// False when it is kept after all (and the pump goes on).
+    async fn forget(&self, stop: &CancellationToken, now: bool) -> bool {
         let _change = self.routes.group_changes.lock().await;
         if stop.is_cancelled() {
-            return;
+            return true;
+        }
+        if !now
+            && self
+                .broker
+                .has_interest(&self.routes, &self.terms.deliver_subject)
+        {
+            return false;
         }
         self.broker.groups().stop(&self.routes, &self.name);
         if let Err(e) = self.store.delete_group(&self.routes.name, &self.name).await {
             tracing::warn!(consumer = %self.name, "an inactive push consumer was not deleted: {e}");
         }
-        // Not stopped under the lock that makes and deletes consumers: the pump of that
-        // name is this one.
-        self.routes.pushes.pumps.lock().remove(&*self.name);
+        self.routes.pushes.forget_pump(&self.name, self.id);
+        true
     }
 }

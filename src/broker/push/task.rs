@@ -119,6 +119,13 @@ impl Delivery {
     /// Looks for a listener and sends a heartbeat when one is due; false when the
     /// consumer has had no listener for its inactive threshold and ends.
     fn on_tick(&mut self) -> bool {
+        let spec = &self.handle.spec;
+        if let Some(conn) = spec.inbox_of
+            && !self.routes.holds_inbox_of(&spec.deliver_subject, conn)
+        {
+            // Its maker's connection let go of the inbox: someone else may take it.
+            return false;
+        }
         self.look_for_listener();
         let spec = &self.handle.spec;
         if !self.bound {
@@ -174,6 +181,13 @@ impl Delivery {
             if let Some(message) = message {
                 self.held.push_back((message, self.plan.len() as u64));
             }
+        }
+        // The last planned message says 0 even when the ones after it were purged
+        // since: the clients end their initial values on it.
+        if self.plan.is_empty()
+            && let Some((_, pending)) = self.held.back_mut()
+        {
+            *pending = 0;
         }
         self.count_pending();
         Ok(())

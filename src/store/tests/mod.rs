@@ -118,7 +118,7 @@ struct Rules {
 }
 
 impl RetentionRules for Rules {
-    fn max_age_ms(&self, subject: &str) -> u64 {
+    fn max_age_ms(&self, _tenant: &str, subject: &str) -> u64 {
         if subject.starts_with("keep") {
             0
         } else {
@@ -126,7 +126,7 @@ impl RetentionRules for Rules {
         }
     }
 
-    fn shortest_max_age_ms(&self) -> u64 {
+    fn shortest_max_age_ms(&self, _tenant: &str) -> u64 {
         self.max_age_ms
     }
 
