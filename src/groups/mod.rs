@@ -106,6 +106,10 @@ pub struct PushTerms {
     /// longer holds the inbox (only ephemeral consumers are made so).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inbox_of: Option<u64>,
+    /// The queue group its subscribers share the deliveries in (`deliver_group`): as
+    /// for any queue subscription, one of them gets each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliver_group: Option<String>,
 }
 
 fn default_ack_wait_ms() -> u64 {

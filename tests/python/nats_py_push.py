@@ -2,7 +2,8 @@
 what its documentation's `js.subscribe` examples do. An ephemeral subscription over a
 stream gets what is stored, then what comes, and acks each; a durable one with a
 callback; a nak'd message comes again, an unacked one after ack_wait; the consumer's
-info counts what is waiting for acks.
+info counts what is waiting for acks; a queue of subscribers (deliver_group) shares
+the messages.
 
 Usage: python nats_py_push.py nats://127.0.0.1:PORT
 Exits non-zero with a message on the first thing that does not behave like NATS.
@@ -74,6 +75,31 @@ async def main(url: str) -> None:
     assert second.metadata.num_delivered == 2, second.metadata
     await second.ack()
     await lazy.unsubscribe()
+
+    # A queue of push subscribers (deliver_group): each message to one of them.
+    got = {"a": [], "b": []}
+
+    def member(name):
+        async def handler(msg):
+            got[name].append(msg.data)
+            await msg.ack()
+
+        return handler
+
+    first = await js.subscribe("ev.q", queue="workers", cb=member("a"))
+    second = await js.subscribe("ev.q", queue="workers", cb=member("b"))
+    info = await js.consumer_info("EV", "workers")
+    assert info.config.deliver_group == "workers", info.config
+    for i in range(6):
+        await js.publish("ev.q", f"q{i}".encode())
+    for _ in range(50):
+        if len(got["a"]) + len(got["b"]) == 6:
+            break
+        await asyncio.sleep(0.1)
+    delivered = sorted(got["a"] + got["b"])
+    assert delivered == [f"q{i}".encode() for i in range(6)], got
+    await first.unsubscribe()
+    await second.unsubscribe()
 
     await js.delete_stream("EV")
     await nc.close()

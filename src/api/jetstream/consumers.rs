@@ -220,6 +220,9 @@ fn config_of_group(group: &StoredGroup) -> Value {
         if let Some(ms) = push.inactive_ms {
             config["inactive_threshold"] = json!(u128::from(ms) * 1_000_000);
         }
+        if let Some(group) = &push.deliver_group {
+            config["deliver_group"] = json!(group);
+        }
     }
     config
 }

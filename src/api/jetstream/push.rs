@@ -166,6 +166,9 @@ pub(super) fn terms_of(
         heartbeat_ms: u64::try_from(heartbeat.as_millis()).unwrap_or(u64::MAX),
         inactive_ms,
         inbox_of,
+        deliver_group: Some(text(config, "deliver_group"))
+            .filter(|group| !group.is_empty())
+            .map(str::to_owned),
     })
 }
 
