@@ -312,6 +312,7 @@ pub(super) async fn create(
     if call.routes.pushes.get(name).is_some() {
         return Err(JsError::new(400, 10148, "consumer already exists"));
     }
+    super::still_there(&call.routes, stream)?;
     match stored(store, tenant, name).await? {
         Some(existing) if existing.spec == spec && existing.push == push => {}
         Some(_) if action == "create" => {
@@ -383,8 +384,8 @@ pub(super) async fn delete_within(
     call: &ApiCall,
     stream: &crate::streams::Stream,
 ) -> Result<(), JsError> {
+    // The caller holds the tenant's `group_changes` until the stream is gone.
     let tenant = &*call.routes.name;
-    let _change = call.routes.group_changes.lock().await;
     for record in store.groups(tenant).await? {
         let Ok(group) = serde_json::from_slice::<StoredGroup>(&record) else {
             continue;

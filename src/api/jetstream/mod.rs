@@ -319,6 +319,20 @@ impl Stream {
     }
 }
 
+/// A consumer create, once it holds its tenant's `group_changes`: the stream it was
+/// called on is still declared (a stream's deletion takes that lock before it goes,
+/// so a consumer is never made on a stream being deleted).
+fn still_there(routes: &crate::broker::Tenant, stream: &Stream) -> Result<(), JsError> {
+    let Stream::Declared(declared) = stream else {
+        return Ok(());
+    };
+    let current = routes.streams.current();
+    match current.get(&declared.name) {
+        Some(now) if now.created_ms == declared.created_ms => Ok(()),
+        _ => Err(JsError::stream_not_found()),
+    }
+}
+
 /// The stream and consumer a consumer call names (`<stream>.<name>[.<filter>]`).
 fn consumer_target<'a>(
     broker: &Broker,

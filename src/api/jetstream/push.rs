@@ -7,10 +7,11 @@
 //! a consumer group with [`PushTerms`] (`consumers.rs` makes it, [`terms_of`] reads
 //! its terms), pumped to its deliver subject; an ephemeral one is deleted after its
 //! inactive threshold, a durable one outlives restarts. Creating either needs
-//! subscribe rights on each filter and, for its deliver subject, either an inbox the
-//! calling connection holds or publish rights there: a consumer may not pour what its
-//! maker reads onto a subject its maker may not publish to. Must never: start a
-//! consumer a create with another config asked for under a running one's name.
+//! subscribe rights on each filter and, for its deliver subject, publish rights there
+//! or (ephemeral ones only) an inbox the calling connection holds, which the consumer
+//! then does not outlive: a consumer may not pour what its maker reads onto a subject
+//! its maker may not publish to. Must never: start a consumer a create with another
+//! config asked for under a running one's name.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,15 +109,7 @@ pub(super) async fn create(
     let routes = &call.routes;
     // One consumer per name, of either kind; a stream deleted meanwhile takes it.
     let _change = routes.group_changes.lock().await;
-    if let Stream::Declared(declared) = stream
-        && !routes
-            .streams
-            .current()
-            .get(&declared.name)
-            .is_some_and(|now| Arc::ptr_eq(now, declared))
-    {
-        return Err(JsError::stream_not_found());
-    }
+    super::still_there(routes, stream)?;
     if let Some(running) = routes.pushes.get(&name) {
         if running.spec.config == spec.config && running.spec.stream == spec.stream {
             return Ok(info(broker, &running));

@@ -280,6 +280,8 @@ pub(super) async fn delete(
     // purged while it still holds its subjects, and only then do they fall back to the
     // tenant's own stream (whose acks must hold).
     purge_subjects(store, &tenant.name, &stream.subjects).await?;
+    // No consumer may be made on it from here until it is gone.
+    let _consumers = tenant.group_changes.lock().await;
     super::consumers::delete_within(broker, store, call, &stream).await?;
     store.delete_stream(&tenant.name, name).await?;
     tenant.streams.set(tenant.streams.current().without(name));

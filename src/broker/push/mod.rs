@@ -217,8 +217,8 @@ impl TenantPushes {
     }
 }
 
-/// A plan's share of its tenant's budget, given back when dropped (its consumer's
-/// task ended, or it never started).
+/// A plan's share of its tenant's budget, given back as the plan is delivered, and
+/// the rest when dropped (its consumer's task ended, or it never started).
 struct PlanReservation {
     routes: Arc<Tenant>,
     cost: plan::PlanCost,
@@ -238,6 +238,19 @@ impl PlanReservation {
             routes: Arc::clone(routes),
             cost,
         }
+    }
+}
+
+impl PlanReservation {
+    /// Gives back what one planned entry took (it is being delivered).
+    fn release(&mut self, kept_bytes: usize) {
+        let entries = self.cost.entries.min(1);
+        let bytes = self.cost.kept_bytes.min(kept_bytes);
+        self.cost.entries -= entries;
+        self.cost.kept_bytes -= bytes;
+        let pushes = &self.routes.pushes;
+        pushes.planned.fetch_sub(entries, Ordering::Relaxed);
+        pushes.planned_bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 }
 
@@ -322,13 +335,9 @@ pub async fn start(
         Arc::clone(store),
         Arc::clone(routes),
         Arc::clone(&handle),
-        plan,
+        (plan, reserved),
         follower.starting_at(ReplayFrom::Offset(live_from)),
     );
-    let task = async move {
-        let _reserved = reserved;
-        task.run(stop).await;
-    };
-    tokio::spawn(task);
+    tokio::spawn(task.run(stop));
     Ok(handle)
 }

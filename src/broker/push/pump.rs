@@ -3,7 +3,8 @@
 //! waiting, to the deliver subject, while something listens there (the group's
 //! dispatcher then does all the rest: acks, redelivery, `max_ack_pending`, dead
 //! letters), sends idle heartbeats when asked, and deletes an ephemeral consumer after
-//! its inactive threshold without a listener. Must never: hold a message (the group
+//! its inactive threshold without a listener, or once its maker's connection lets go
+//! of the inbox that let it deliver there. Must never: hold a message (the group
 //! does), or outlive its group or its tenant.
 
 use std::sync::Arc;

@@ -1,6 +1,7 @@
 //! A push consumer's task: delivers its plan, then follows the log live, while its
 //! deliver subject has a listener; sends idle heartbeats; ends after its inactive
-//! threshold without a listener. Must never block routing: it waits only on its
+//! threshold without a listener, or once its maker's connection lets go of the inbox
+//! that let it deliver there. Must never block routing: it waits only on its
 //! follower, its tick and the outboxes it fills.
 
 use std::collections::VecDeque;
@@ -11,8 +12,8 @@ use std::time::{Duration, Instant};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-use super::PushHandle;
 use super::plan::Planned;
+use super::{PlanReservation, PushHandle};
 use crate::broker::groups::delivery_headers;
 use crate::broker::groups::jetstream::ack_subject;
 use crate::broker::{Broker, Message, RouteScratch, Tenant, Wakes};
@@ -30,6 +31,8 @@ pub(super) struct Delivery {
     routes: Arc<Tenant>,
     handle: Arc<PushHandle>,
     plan: VecDeque<Planned>,
+    /// The plan's share of its tenant's budget, given back as it is delivered.
+    reserved: PlanReservation,
     follower: Follower,
     /// Taken from the plan or the follower and not delivered yet, each with how many
     /// messages are known to follow it.
@@ -46,7 +49,7 @@ impl Delivery {
         store: Arc<Store>,
         routes: Arc<Tenant>,
         handle: Arc<PushHandle>,
-        plan: VecDeque<Planned>,
+        (plan, reserved): (VecDeque<Planned>, PlanReservation),
         follower: Follower,
     ) -> Self {
         let now = Instant::now();
@@ -56,6 +59,7 @@ impl Delivery {
             routes,
             handle,
             plan,
+            reserved,
             follower,
             held: VecDeque::new(),
             bound: false,
@@ -119,10 +123,7 @@ impl Delivery {
     /// Looks for a listener and sends a heartbeat when one is due; false when the
     /// consumer has had no listener for its inactive threshold and ends.
     fn on_tick(&mut self) -> bool {
-        let spec = &self.handle.spec;
-        if let Some(conn) = spec.inbox_of
-            && !self.routes.holds_inbox_of(&spec.deliver_subject, conn)
-        {
+        if !self.inbox_held() {
             // Its maker's connection let go of the inbox: someone else may take it.
             return false;
         }
@@ -139,6 +140,14 @@ impl Delivery {
             self.heartbeat();
         }
         true
+    }
+
+    /// False once the connection whose inbox let the consumer deliver there (if that
+    /// is what did) no longer holds it.
+    fn inbox_held(&self) -> bool {
+        let spec = &self.handle.spec;
+        spec.inbox_of
+            .is_none_or(|conn| self.routes.holds_inbox_of(&spec.deliver_subject, conn))
     }
 
     /// `100 Idle Heartbeat` with the last consumer and stream sequences delivered,
@@ -168,6 +177,11 @@ impl Delivery {
             let Some(planned) = self.plan.pop_front() else {
                 break;
             };
+            let kept = match &planned {
+                Planned::Kept(m) => m.payload.len() + m.headers.len() + m.subject.len(),
+                Planned::At { .. } => 0,
+            };
+            self.reserved.release(kept);
             let message = match planned {
                 Planned::Kept(message) => Some(message),
                 Planned::At {
@@ -211,6 +225,11 @@ impl Delivery {
     /// Delivers what is held until it is all out, nobody listens, or an outbox it
     /// fills presses; then waits for the pressing outboxes to drain.
     async fn deliver(&mut self, stop: &CancellationToken) {
+        if !self.inbox_held() {
+            // Not one more delivery: the next tick ends the consumer.
+            self.bound = false;
+            return;
+        }
         let spec = &self.handle.spec;
         let state = &self.handle.state;
         let mut wakes = Wakes::default();
