@@ -132,6 +132,11 @@ async fn find(
     request: &GetRequest,
 ) -> Result<Option<StoredMessage>, JsError> {
     let tenant = &*call.routes.name;
+    let now = broker.clock().now_ms();
+    let expired = |m: &StoredMessage| match stream {
+        Stream::Declared(declared) => declared.expired(m.time_ms, now),
+        Stream::Tenant(_) => false,
+    };
     let found = match (&request.last_by_subj, &request.next_by_subj, request.seq) {
         (Some(subject), _, _) => {
             if !readable_in(broker, call, stream, subject) {
@@ -148,20 +153,17 @@ async fn find(
             if !readable_in(broker, call, stream, subject) {
                 return Ok(None);
             }
+            // The first one at or after `seq` that has not outlived the stream's age,
+            // within 64 versions (as many as a KV key keeps; expired ones come first).
             store
-                .replay_subject(tenant, subject, ReplayFrom::Offset(seq), 1, usize::MAX)
+                .replay_subject(tenant, subject, ReplayFrom::Offset(seq), 64, usize::MAX)
                 .await?
                 .messages
                 .into_iter()
-                .next()
+                .find(|m| !expired(m))
         }
         (None, _, Some(seq)) => at_sequence(store, tenant, stream, seq).await?,
         _ => None,
-    };
-    let now = broker.clock().now_ms();
-    let expired = |m: &StoredMessage| match stream {
-        Stream::Declared(declared) => declared.expired(m.time_ms, now),
-        Stream::Tenant(_) => false,
     };
     Ok(found.filter(|m| readable_in(broker, call, stream, &m.subject) && !expired(m)))
 }

@@ -37,6 +37,9 @@ pub(super) struct Delivery {
     /// Taken from the plan or the follower and not delivered yet, each with how many
     /// messages are known to follow it.
     held: VecDeque<(StoredMessage, u64)>,
+    /// The last planned message found, held back until a later one is found (or the
+    /// plan ends, when it says 0 pending).
+    last_planned: Option<(StoredMessage, u64)>,
     bound: bool,
     last_listened: Instant,
     last_sent: Instant,
@@ -62,6 +65,7 @@ impl Delivery {
             reserved,
             follower,
             held: VecDeque::new(),
+            last_planned: None,
             bound: false,
             last_listened: now,
             last_sent: now,
@@ -193,15 +197,19 @@ impl Delivery {
                 }
             };
             if let Some(message) = message {
-                self.held.push_back((message, self.plan.len() as u64));
+                let pending = self.plan.len() as u64;
+                if let Some(before) = self.last_planned.replace((message, pending)) {
+                    self.held.push_back(before);
+                }
             }
         }
-        // The last planned message says 0 even when the ones after it were purged
-        // since: the clients end their initial values on it.
+        // The last planned message found says 0 even when the ones after it were
+        // purged since (the clients end their initial values on it): each found one
+        // waits until a later one is found, or the plan ends.
         if self.plan.is_empty()
-            && let Some((_, pending)) = self.held.back_mut()
+            && let Some((message, _)) = self.last_planned.take()
         {
-            *pending = 0;
+            self.held.push_back((message, 0));
         }
         self.count_pending();
         Ok(())
@@ -218,7 +226,8 @@ impl Delivery {
     }
 
     fn count_pending(&self) {
-        let pending = (self.plan.len() + self.held.len()) as u64;
+        let waiting = usize::from(self.last_planned.is_some());
+        let pending = (self.plan.len() + self.held.len() + waiting) as u64;
         self.handle.state.pending.store(pending, Ordering::Relaxed);
     }
 
