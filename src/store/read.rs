@@ -445,6 +445,32 @@ impl Store {
 }
 
 impl Store {
+    /// Hands `each` the newest message of every subject `pattern` matches, in subject
+    /// order, [`Store::subject_heads`] a page of `page` subjects at a time, at most
+    /// `max_pages` pages. False when it stopped there with subjects left.
+    pub async fn each_head<E: From<StoreError>>(
+        &self,
+        tenant: &str,
+        pattern: &Pattern,
+        (page, max_pages): (usize, usize),
+        each: &mut (dyn FnMut(StoredMessage) -> Result<(), E> + Send),
+    ) -> Result<bool, E> {
+        let mut after: Option<String> = None;
+        for _ in 0..max_pages {
+            let (heads, next) = self
+                .subject_heads(tenant, pattern, after.as_deref(), page)
+                .await?;
+            for head in heads {
+                each(head)?;
+            }
+            match next {
+                Some(next) => after = Some(next),
+                None => return Ok(true),
+            }
+        }
+        Ok(false)
+    }
+
     /// The offset the tenant's next message will get (as far as the store knows
     /// it: a message being sequenced right now may take it).
     pub async fn next_offset(&self, tenant: &str) -> Result<u64, StoreError> {

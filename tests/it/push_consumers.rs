@@ -11,10 +11,9 @@ use async_nats::Message;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::common::{WAIT, start_default, test_config};
+use crate::common::{WAIT, start_default};
 use crate::group_rights::js;
-use crate::logins::Logins;
-use crate::stream_rights::own;
+use crate::stream_rights::dave_erin_and_olga;
 
 fn create(inbox: &str, extra: Value) -> Value {
     let mut config = json!({"deliver_subject": inbox, "ack_policy": "none",
@@ -241,15 +240,7 @@ async fn a_push_consumer_waits_for_a_listener_and_goes_when_none_comes() {
 
 #[tokio::test]
 async fn push_consumers_keep_rights_and_tenants_sealed() {
-    let users = [
-        ("default", "dave", Some(own("dave"))),
-        ("default", "erin", Some(own("erin"))),
-        ("other", "olga", Some(own("dave"))),
-    ];
-    let logins = Logins::start_with(test_config(), &["other"], &users).await;
-    let dave = logins.native("dave@default").await;
-    let erin = logins.native("erin@default").await;
-    let olga = logins.native("olga@other").await;
+    let (logins, [dave, erin, olga]) = dave_erin_and_olga().await;
     let push = |deliver: &str, filter: &str| {
         json!({"stream_name": "default", "config": {"name": "w", "deliver_subject": deliver,
             "ack_policy": "none", "filter_subject": filter}})

@@ -12,7 +12,22 @@ use crate::group_rights::js;
 use crate::logins::Logins;
 
 /// The rules of a user who owns `<name>.>` and may call JetStream's API.
-pub(crate) fn own(name: &str) -> Value {
+/// A server where Dave and Erin (tenant `default`) own `dave.>` and `erin.>`, and
+/// Olga, of tenant `other`, owns `dave.>` there; with each one's native client.
+pub(crate) async fn dave_erin_and_olga() -> (Logins, [async_nats::Client; 3]) {
+    let users = [
+        ("default", "dave", Some(own("dave"))),
+        ("default", "erin", Some(own("erin"))),
+        ("other", "olga", Some(own("dave"))),
+    ];
+    let logins = Logins::start_with(test_config(), &["other"], &users).await;
+    let dave = logins.native("dave@default").await;
+    let erin = logins.native("erin@default").await;
+    let olga = logins.native("olga@other").await;
+    (logins, [dave, erin, olga])
+}
+
+fn own(name: &str) -> Value {
     json!({
         "publish": {"allow": [format!("{name}.>"), "$JS.API.>", "$JS.ACK.>"]},
         "subscribe": {"allow": [format!("{name}.>")]}
@@ -28,15 +43,7 @@ fn error_code(answer: &Value) -> (u64, u64) {
 
 #[tokio::test]
 async fn a_stream_is_its_tenants_and_its_subjects_rights_hold_through_it() {
-    let users = [
-        ("default", "dave", Some(own("dave"))),
-        ("default", "erin", Some(own("erin"))),
-        ("other", "olga", Some(own("dave"))),
-    ];
-    let logins = Logins::start_with(test_config(), &["other"], &users).await;
-    let dave = logins.native("dave@default").await;
-    let erin = logins.native("erin@default").await;
-    let olga = logins.native("olga@other").await;
+    let (logins, [dave, erin, olga]) = dave_erin_and_olga().await;
 
     let created = js(&dave, "STREAM.CREATE.DAVE", json!({"subjects": ["dave.>"]})).await;
     assert_eq!(

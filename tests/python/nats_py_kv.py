@@ -6,9 +6,6 @@ and the error cases (a wrong revision, a key that exists, an unknown bucket).
 Usage: python nats_py_kv.py nats://127.0.0.1:PORT
 Exits non-zero with a message on the first thing that does not behave like NATS KV.
 """
-import asyncio
-import sys
-import traceback
 
 import nats
 from nats.js.errors import (
@@ -18,6 +15,8 @@ from nats.js.errors import (
     KeyWrongLastSequenceError,
     NotFoundError,
 )
+
+from checks_main import run
 
 
 async def main(url: str) -> None:
@@ -95,9 +94,4 @@ async def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        asyncio.run(main(sys.argv[1]))
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
-    print("all checks passed")
+    run(main)

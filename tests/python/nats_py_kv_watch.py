@@ -8,11 +8,11 @@ Usage: python nats_py_kv_watch.py nats://127.0.0.1:PORT
 Exits non-zero with a message on the first thing that does not behave like NATS KV.
 """
 import asyncio
-import sys
-import traceback
 
 import nats
 from nats.js.errors import NoKeysError
+
+from checks_main import run
 
 TIMEOUT = 5
 
@@ -128,12 +128,7 @@ async def main(url: str) -> None:
     await js.delete_key_value("watched")
     await js.delete_stream("ORD")
     await nc.close()
-    print("all checks passed")
 
 
 if __name__ == "__main__":
-    try:
-        asyncio.run(main(sys.argv[1]))
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
+    run(main)

@@ -5,13 +5,12 @@ read of it then fails as on NATS), the bucket's status and its deletion.
 Usage: python nats_py_objects.py nats://127.0.0.1:PORT
 Exits non-zero with a message on the first thing that does not behave like NATS.
 """
-import asyncio
 import os
-import sys
-import traceback
 
 import nats
 from nats.js.errors import ObjectNotFoundError
+
+from checks_main import run
 
 
 async def main(url: str) -> None:
@@ -38,12 +37,7 @@ async def main(url: str) -> None:
     assert status.bucket == "files", status
     assert await js.delete_object_store("files")
     await nc.close()
-    print("all checks passed")
 
 
 if __name__ == "__main__":
-    try:
-        asyncio.run(main(sys.argv[1]))
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
+    run(main)

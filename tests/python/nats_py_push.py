@@ -9,11 +9,11 @@ Usage: python nats_py_push.py nats://127.0.0.1:PORT
 Exits non-zero with a message on the first thing that does not behave like NATS.
 """
 import asyncio
-import sys
-import traceback
 
 import nats
 from nats.js.api import ConsumerConfig
+
+from checks_main import run
 
 TIMEOUT = 5
 
@@ -103,12 +103,7 @@ async def main(url: str) -> None:
 
     await js.delete_stream("EV")
     await nc.close()
-    print("all checks passed")
 
 
 if __name__ == "__main__":
-    try:
-        asyncio.run(main(sys.argv[1]))
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
+    run(main)

@@ -11,9 +11,6 @@ what is refused as nats-server refuses it (another config under the name, overla
 subjects, a setting Canopy cannot honour). Expects a fresh server.
 Exits non-zero with a message on the first thing that does not behave like JetStream.
 """
-import asyncio
-import sys
-import traceback
 
 import nats
 import nats.errors
@@ -25,6 +22,8 @@ from nats.js.errors import (
     NotFoundError,
     ServerError,
 )
+
+from checks_main import run
 
 
 async def expect_api_error(what, call, kind, err_code):
@@ -186,9 +185,4 @@ async def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        asyncio.run(main(sys.argv[1]))
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
-    print("all checks passed")
+    run(main)

@@ -180,20 +180,17 @@ async fn last_matching(
     // At most 100,000 subjects: a get is one request's work.
     const PAGES: usize = 100;
     let mut newest: Option<StoredMessage> = None;
-    let mut after: Option<String> = None;
-    for _ in 0..PAGES {
-        let (heads, next) = store
-            .subject_heads(tenant, pattern, after.as_deref(), PAGE)
-            .await?;
-        for head in heads {
-            if newest.as_ref().is_none_or(|n| head.offset > n.offset) {
-                newest = Some(head);
-            }
+    let mut each = |head: StoredMessage| {
+        if newest.as_ref().is_none_or(|n| head.offset > n.offset) {
+            newest = Some(head);
         }
-        match next {
-            Some(next) => after = Some(next),
-            None => return Ok(newest),
-        }
+        Ok::<(), JsError>(())
+    };
+    if store
+        .each_head(tenant, pattern, (PAGE, PAGES), &mut each)
+        .await?
+    {
+        return Ok(newest);
     }
     Err(JsError::bad_request(format!(
         "last_by_subj {pattern} matches more than {} subjects: name fewer",

@@ -203,21 +203,15 @@ async fn read_heads(
     collect: &mut Collect,
 ) -> Result<(), PushError> {
     for pattern in patterns {
-        let mut after: Option<String> = None;
-        loop {
-            let (heads, next) = store
-                .subject_heads(tenant, pattern, after.as_deref(), PAGE)
-                .await?;
-            for head in heads {
-                if head.offset < end {
-                    collect.push(head)?;
-                }
+        let mut each = |head: StoredMessage| {
+            if head.offset < end {
+                collect.push(head)?;
             }
-            match next {
-                Some(next) => after = Some(next),
-                None => break,
-            }
-        }
+            Ok::<(), PushError>(())
+        };
+        store
+            .each_head(tenant, pattern, (PAGE, usize::MAX), &mut each)
+            .await?;
     }
     Ok(())
 }
