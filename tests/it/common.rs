@@ -694,3 +694,32 @@ pub async fn js_publish_to_tenant(
         .await
         .unwrap_or_else(|_| panic!("an ack for {subject} within the wait"))
 }
+
+/// Declares the stream `name` over one subject filter.
+pub async fn declare_stream(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+    filter: &str,
+) -> async_nats::jetstream::stream::Stream {
+    let config = async_nats::jetstream::stream::Config {
+        name: name.into(),
+        subjects: vec![filter.into()],
+        ..Default::default()
+    };
+    tokio::time::timeout(WAIT, js.create_stream(config))
+        .await
+        .unwrap_or_else(|_| panic!("stream {name} declared within the wait"))
+        .unwrap_or_else(|e| panic!("stream {name}: {e}"))
+}
+
+/// A JetStream publish to a subject a declared stream holds, acked.
+pub async fn js_publish(js: &async_nats::jetstream::Context, subject: &str, payload: String) {
+    let pending = js
+        .publish(subject.to_owned(), payload.into())
+        .await
+        .unwrap_or_else(|e| panic!("{subject}: {e}"));
+    tokio::time::timeout(WAIT, pending)
+        .await
+        .unwrap_or_else(|_| panic!("an ack for {subject} within the wait"))
+        .unwrap_or_else(|e| panic!("{subject}: {e}"));
+}

@@ -724,7 +724,7 @@ async fn consumers_are_made_found_listed_and_deleted_and_what_canopy_lacks_is_re
             ack_policy: AckPolicy::None,
             ..pull_config("careless", "ledger.>")
         },
-        "ack policy none",
+        "a durable consumer without acks",
     )
     .await;
     for (name, policy) in [

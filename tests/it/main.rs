@@ -38,6 +38,7 @@ mod mqtt_native;
 mod nats_client;
 mod nats_js;
 mod objects;
+mod ordered_pull;
 mod push_consumers;
 mod python;
 mod quotas;

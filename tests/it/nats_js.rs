@@ -70,6 +70,14 @@ async fn nats_js_object_store_works_against_canopy() {
     run_node("nats_js_objects.mjs").await;
 }
 
+/// nats.js's ordered consumers (tests/js/nats_js_ordered.mjs): `consumers.get(stream)`
+/// consumed, fetched and read one by one, with a filter, from a sequence, an empty
+/// fetch ending on the server's 408, and a reset when its consumer is deleted.
+#[tokio::test]
+async fn nats_js_ordered_consumers_work_against_canopy() {
+    run_node("nats_js_ordered.mjs").await;
+}
+
 /// The bytes nats.js sends, and what a subscriber gets: a plain MSG (nats-server
 /// writes HMSG only for a header block of at least one byte), on a subject that is
 /// routed at once and on one the store sequences.

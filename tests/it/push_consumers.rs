@@ -308,14 +308,7 @@ async fn a_push_consumer_with_acks_delivers_as_messages_come_and_outlives_a_rest
         .await
         .expect("connects");
     let jetstream = async_nats::jetstream::new(client.clone());
-    let stream = jetstream
-        .create_stream(async_nats::jetstream::stream::Config {
-            name: "EV".into(),
-            subjects: vec!["ev.>".into()],
-            ..Default::default()
-        })
-        .await
-        .expect("a stream");
+    let stream = crate::common::declare_stream(&jetstream, "EV", "ev.>").await;
     jetstream
         .publish("ev.a", "a1".into())
         .await

@@ -31,6 +31,7 @@ use crate::api::{Answer, ApiCall};
 use crate::broker::Broker;
 use crate::broker::groups::jetstream::{JetStreamPull, status_block};
 use crate::broker::groups::{Pull, PullStyle};
+use crate::broker::push::OrderedPull;
 use crate::groups::{GroupSpec, Limits, MAX_IN_FLIGHT, StartAt, StoredGroup};
 use crate::store::Store;
 
@@ -124,7 +125,8 @@ fn refuse_unoffered(name: &str, config: &Value) -> Result<(), JsError> {
     }
     if !matches!(text(config, "ack_policy"), "" | "explicit") {
         return Err(JsError::bad_request(
-            "Canopy's consumers ack each message: ack_policy must be explicit",
+            "ack_policy all is not offered: ack each message (explicit), or none for an \
+             ordered consumer",
         ));
     }
     if config.get("headers_only").and_then(Value::as_bool) == Some(true) {
@@ -256,7 +258,7 @@ pub(super) async fn create(
         return Err(JsError::bad_request("a consumer's config is a JSON object"));
     };
     let pushed = super::push::is_push(&Value::Object(fields.clone()));
-    if pushed && text(&request["config"], "ack_policy") == "none" {
+    if text(&request["config"], "ack_policy") == "none" {
         return super::push::create(broker, store, call, stream, name, fields).await;
     }
     let given = [
@@ -584,22 +586,6 @@ pub(super) async fn next(
         answer.status(&status_block(409, &why, None));
         return;
     }
-    let group = match stored(store, &call.routes.name, name).await {
-        Ok(Some(group)) if stream.holds(&group.spec.pattern) => group,
-        // nats-server has nobody listening on a missing consumer's subject.
-        _ => {
-            answer.status(no_responders_block());
-            return;
-        }
-    };
-    if !may_read(broker, &call.principal, &group.spec.pattern) {
-        answer.status(&status_block(
-            409,
-            &crate::api::groups::unreadable(name),
-            None,
-        ));
-        return;
-    }
     if let Err(why) = check_heartbeat(&request) {
         answer.status(&status_block(400, &why, None));
         return;
@@ -610,6 +596,37 @@ pub(super) async fn next(
         _ if no_wait => Duration::ZERO,
         _ => MAX_EXPIRES,
     };
+    let heartbeat = request
+        .idle_heartbeat
+        .filter(|&nanos| nanos > 0)
+        .map(Duration::from_nanos);
+    let max_bytes = request.max_bytes.unwrap_or(0);
+    let ordered = super::push::readable(broker, call, stream, name);
+    let group = match (&ordered, stored(store, &call.routes.name, name).await) {
+        // One on another stream is not there for this one.
+        (Err(e), _) if e.err_code == 10014 => {
+            answer.status(no_responders_block());
+            return;
+        }
+        (Ok(Some(_)) | Err(_), _) => None,
+        (Ok(None), Ok(Some(group))) if stream.holds(&group.spec.pattern) => Some(group),
+        // nats-server has nobody listening on a missing consumer's subject.
+        _ => {
+            answer.status(no_responders_block());
+            return;
+        }
+    };
+    let readable = group
+        .as_ref()
+        .is_none_or(|group| may_read(broker, &call.principal, &group.spec.pattern));
+    if ordered.is_err() || !readable {
+        answer.status(&status_block(
+            409,
+            &crate::api::groups::unreadable(name),
+            None,
+        ));
+        return;
+    }
     // A pull that may wait holds a place among its connection's.
     let place = if wait.is_zero() {
         None
@@ -622,6 +639,19 @@ pub(super) async fn next(
             }
         }
     };
+    if let Ok(Some(handle)) = ordered {
+        let pull = OrderedPull {
+            reply,
+            batch,
+            max_bytes,
+            wait,
+            no_wait,
+            heartbeat,
+            place,
+        };
+        super::push::pull(&handle, pull, answer);
+        return;
+    }
     let pull = Pull {
         // One connection is one member, however many inboxes its pulls use.
         member: format!("conn:{}", call.origin),
@@ -633,11 +663,8 @@ pub(super) async fn next(
             stream: Arc::from(stream.name()),
             terms: JetStreamPull {
                 no_wait,
-                heartbeat: request
-                    .idle_heartbeat
-                    .filter(|&nanos| nanos > 0)
-                    .map(Duration::from_nanos),
-                max_bytes: request.max_bytes.unwrap_or(0),
+                heartbeat,
+                max_bytes,
                 push: false,
             },
         },
@@ -720,7 +747,7 @@ mod tests {
     #[test]
     fn what_canopy_cannot_serve_is_refused_with_why() {
         for (config, says) in [
-            (json!({"ack_policy": "none"}), "explicit"),
+            (json!({"ack_policy": "all"}), "explicit"),
             (json!({"deliver_policy": "last"}), "not offered"),
             (json!({"filter_subjects": ["a", "b"]}), "one filter"),
             (json!({"durable_name": "other"}), "does not match"),

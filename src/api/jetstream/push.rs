@@ -1,5 +1,6 @@
 //! JetStream push consumers over `$JS.API`: a consumer config with a
-//! `deliver_subject`. Without acks (`ack_policy: none`: the ordered kind NATS KV's
+//! `deliver_subject`, and ordered pull consumers (`ack_policy: none` without one,
+//! pulled by [`pull`]). Without acks (`ack_policy: none`: the ordered kind NATS KV's
 //! watch, keys and history, object gets and ordered subscriptions make) it becomes a
 //! running [`PushSpec`] (see `broker::push`): ephemeral, in memory, gone after
 //! `inactive_threshold` without a listener (5 s by default, as nats-server's
@@ -20,9 +21,12 @@ use canopy_subjects::{Pattern, Subject};
 use serde_json::{Map, Value, json};
 
 use super::{JsError, Stream, authorize_reading, time};
-use crate::api::ApiCall;
+use crate::api::{Answer, ApiCall};
 use crate::broker::Broker;
-use crate::broker::push::{self, PushError, PushHandle, PushSpec, PushStart};
+use crate::broker::groups::jetstream::status_block;
+use crate::broker::push::{
+    self, OrderedPull, PullRefused, PushError, PushHandle, PushSpec, PushStart,
+};
 use crate::groups::PushTerms;
 use crate::store::Store;
 use crate::tenancy::Action;
@@ -105,7 +109,9 @@ pub(super) async fn create(
         }
         authorize_reading(broker, call, filter)?;
     }
-    spec.inbox_of = may_deliver_to(broker, call, &spec.deliver_subject, true)?;
+    if let Some(subject) = &spec.deliver_subject {
+        spec.inbox_of = may_deliver_to(broker, call, subject, true)?;
+    }
     let routes = &call.routes;
     // One consumer per name, of either kind; a stream deleted meanwhile takes it.
     let _change = routes.group_changes.lock().await;
@@ -187,6 +193,25 @@ fn check_heartbeat(config: &Value) -> Result<Duration, JsError> {
     Ok(heartbeat)
 }
 
+/// What only a push consumer may ask for, refused for a pull one as nats-server does.
+fn refuse_push_terms(config: &Value) -> Result<(), JsError> {
+    if !nanos(config, "idle_heartbeat").is_zero() {
+        return Err(JsError::new(
+            400,
+            10088,
+            "consumer idle heartbeat requires a push based consumer",
+        ));
+    }
+    if config.get("flow_control").and_then(Value::as_bool) == Some(true) {
+        return Err(JsError::new(
+            400,
+            10089,
+            "consumer flow control requires a push based consumer",
+        ));
+    }
+    Ok(())
+}
+
 fn text_of<'a>(config: &'a Map<String, Value>, key: &str) -> &'a str {
     config.get(key).and_then(Value::as_str).unwrap_or_default()
 }
@@ -234,14 +259,20 @@ fn spec_of(
     super::check_sizes(&whole)?;
     if !text(&whole, "durable_name").is_empty() {
         return Err(JsError::bad_request(
-            "a push consumer without acks is an ordered consumer, which is ephemeral: \
+            "a consumer without acks is an ordered consumer, which is ephemeral: \
              leave durable_name empty, or ask for acks (ack_policy explicit)",
         ));
     }
     if text(&whole, "ack_policy") != "none" {
         return Err(JsError::bad_request(
-            "an ordered push consumer has no acks: ack_policy none",
+            "an ordered consumer has no acks: ack_policy none",
         ));
+    }
+    let deliver_subject = Some(text(&whole, "deliver_subject"))
+        .filter(|subject| !subject.is_empty())
+        .map(str::to_owned);
+    if deliver_subject.is_none() {
+        refuse_push_terms(&whole)?;
     }
     if !matches!(text(&whole, "replay_policy"), "" | "instant") {
         return Err(JsError::bad_request(
@@ -276,7 +307,7 @@ fn spec_of(
         stream: Arc::from(stream.name()),
         name: Arc::from(name),
         filters,
-        deliver_subject: text(&whole, "deliver_subject").to_owned(),
+        deliver_subject,
         start,
         headers_only: whole.get("headers_only").and_then(Value::as_bool) == Some(true),
         heartbeat: (!heartbeat.is_zero()).then_some(heartbeat),
@@ -365,6 +396,24 @@ fn start_of(config: &Value) -> Result<PushStart, JsError> {
     })
 }
 
+/// `CONSUMER.MSG.NEXT` to a running ordered consumer: its task answers on the pull's
+/// reply subject; here only a refusal.
+pub(super) fn pull(handle: &PushHandle, pull: OrderedPull, answer: &mut Answer) {
+    if !handle.is_pulled() {
+        answer.status(&status_block(409, "Consumer is push based", None));
+        return;
+    }
+    match handle.pull(pull) {
+        Ok(()) => {}
+        Err(PullRefused::TooMany) => {
+            answer.status(&status_block(409, "Exceeded MaxWaiting", None));
+        }
+        Err(PullRefused::Gone) => {
+            answer.status(canopy_protocols::native::no_responders_block());
+        }
+    }
+}
+
 /// A running push consumer as a JetStream consumer info.
 pub(super) fn info(broker: &Broker, handle: &PushHandle) -> Value {
     use std::sync::atomic::Ordering::Relaxed;
@@ -384,11 +433,11 @@ pub(super) fn info(broker: &Broker, handle: &PushHandle) -> Value {
         "ack_floor": delivered,
         "num_ack_pending": 0,
         "num_redelivered": 0,
-        "num_waiting": 0,
+        "num_waiting": state.waiting.load(Relaxed),
         "num_pending": state.pending.load(Relaxed),
         "ts": time::format(broker.clock().now_ms()),
     });
-    if state.bound.load(Relaxed) {
+    if state.bound.load(Relaxed) && !handle.is_pulled() {
         info["push_bound"] = json!(true);
     }
     info

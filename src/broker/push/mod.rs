@@ -3,7 +3,9 @@
 //! through. Such a consumer is a task that follows the tenant's log over its
 //! filters and routes each message to its deliver subject, shown under its own
 //! subject with a `$JS.ACK.` reply that numbers it (consumer sequence, stream
-//! sequence, how many are still to come), as nats-server does.
+//! sequence, how many are still to come), as nats-server does. An ordered *pull*
+//! consumer (no deliver subject) is the same task delivering to the pulls it is sent
+//! instead ([`pulled`]).
 //!
 //! It delivers in two parts: first the *plan*, the messages that were stored when it
 //! was made and its deliver policy picks (every one, the last of each subject, from a
@@ -27,6 +29,7 @@
 //! the inbox it delivers to when that (not a publish right) let it deliver there.
 
 mod plan;
+mod pulled;
 mod pump;
 mod task;
 
@@ -44,6 +47,7 @@ use crate::follow::{Follower, Target};
 use crate::store::{ReplayFrom, Store, StoreError};
 
 pub use plan::{KEEP_BYTES, MAX_PLANNED, TENANT_KEEP_BYTES, TENANT_PLANNED};
+pub use pulled::{MAX_WAITING, OrderedPull, PullRefused};
 pub use pump::start_pump;
 
 /// Most push consumers one tenant runs at once.
@@ -76,7 +80,9 @@ pub struct PushSpec {
     pub name: Arc<str>,
     /// Its filters, as given (none overlaps another).
     pub filters: Vec<String>,
-    pub deliver_subject: String,
+    /// Where it delivers; none for an ordered *pull* consumer, which delivers to the
+    /// pulls it is sent (`CONSUMER.MSG.NEXT`).
+    pub deliver_subject: Option<String>,
     pub start: PushStart,
     /// Deliver each message's headers with `Nats-Msg-Size`, without its payload.
     pub headers_only: bool,
@@ -134,6 +140,8 @@ pub struct PushState {
     pub pending: AtomicU64,
     /// Someone listens on the deliver subject.
     pub bound: AtomicBool,
+    /// Pulls waiting (a pull consumer).
+    pub waiting: AtomicU64,
 }
 
 /// A running push consumer.
@@ -142,6 +150,23 @@ pub struct PushHandle {
     pub spec: PushSpec,
     pub state: Arc<PushState>,
     stop: CancellationToken,
+    /// Where its pulls go (a pull consumer).
+    pulls: Option<pulled::PullSender>,
+}
+
+impl PushHandle {
+    /// Whether it is pulled (`CONSUMER.MSG.NEXT`) rather than pushed.
+    pub fn is_pulled(&self) -> bool {
+        self.pulls.is_some()
+    }
+
+    /// Hands a pull to the consumer's task, which answers it on its reply subject.
+    pub fn pull(&self, pull: OrderedPull) -> Result<(), PullRefused> {
+        match &self.pulls {
+            Some(sender) => pulled::offer(sender, pull),
+            None => Err(PullRefused::Gone),
+        }
+    }
 }
 
 /// A tenant's running push consumers, by name: ordered ones, and the pumps of those
@@ -315,10 +340,18 @@ pub async fn start(
     let state = Arc::new(PushState::default());
     state.pending.store(plan.len() as u64, Ordering::Relaxed);
     let stop = routes.deleted.child_token();
+    let (pulls, pulls_rx) = match spec.deliver_subject {
+        Some(_) => (None, None),
+        None => {
+            let (sender, rx) = pulled::channel();
+            (Some(sender), Some(pulled::Pulls::new(rx)))
+        }
+    };
     let handle = Arc::new(PushHandle {
         spec,
         state: Arc::clone(&state),
         stop: stop.clone(),
+        pulls,
     });
     {
         let mut running = routes.pushes.running.lock();
@@ -337,6 +370,7 @@ pub async fn start(
         Arc::clone(&handle),
         (plan, reserved),
         follower.starting_at(ReplayFrom::Offset(live_from)),
+        pulls_rx,
     );
     tokio::spawn(task.run(stop));
     Ok(handle)

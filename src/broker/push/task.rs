@@ -1,8 +1,9 @@
-//! A push consumer's task: delivers its plan, then follows the log live, while its
-//! deliver subject has a listener; sends idle heartbeats; ends after its inactive
-//! threshold without a listener, or once its maker's connection lets go of the inbox
-//! that let it deliver there. Must never block routing: it waits only on its
-//! follower, its tick and the outboxes it fills.
+//! An ordered consumer's task: delivers its plan, then follows the log live, while its
+//! deliver subject has a listener (or, pulled, while a pull waits: [`super::pulled`]);
+//! sends idle heartbeats; ends after its inactive threshold without a listener (or a
+//! pull), or once its maker's connection lets go of the inbox that let it deliver
+//! there. Must never block routing: it waits only on its follower, its tick, its
+//! pulls and the outboxes it fills.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use super::plan::Planned;
+use super::pulled::{OrderedPull, Pulls};
 use super::{PlanReservation, PushHandle};
 use crate::broker::groups::delivery_headers;
 use crate::broker::groups::jetstream::ack_subject;
@@ -40,7 +42,10 @@ pub(super) struct Delivery {
     /// The last planned message found, held back until a later one is found (or the
     /// plan ends, when it says 0 pending).
     last_planned: Option<(StoredMessage, u64)>,
+    /// It may deliver: its deliver subject has a listener, or a pull waits.
     bound: bool,
+    /// The pulls it serves, when it is pulled.
+    pulls: Option<Pulls>,
     last_listened: Instant,
     last_sent: Instant,
     scratch: RouteScratch,
@@ -54,6 +59,7 @@ impl Delivery {
         handle: Arc<PushHandle>,
         (plan, reserved): (VecDeque<Planned>, PlanReservation),
         follower: Follower,
+        pulls: Option<Pulls>,
     ) -> Self {
         let now = Instant::now();
         Self {
@@ -67,6 +73,7 @@ impl Delivery {
             held: VecDeque::new(),
             last_planned: None,
             bound: false,
+            pulls,
             last_listened: now,
             last_sent: now,
             scratch: RouteScratch::default(),
@@ -86,6 +93,8 @@ impl Delivery {
                     }
                     continue;
                 }
+                self.end_due_pulls(true);
+                let due = self.pull_due();
                 tokio::select! {
                     biased;
                     () = stop.cancelled() => break,
@@ -96,6 +105,8 @@ impl Delivery {
                             break;
                         }
                     },
+                    pull = offered(&mut self.pulls) => self.take_pull(pull),
+                    () = tokio::time::sleep_until(due) => {}
                     _ = tick.tick() => if !self.on_tick() { break },
                 }
                 continue;
@@ -106,18 +117,54 @@ impl Delivery {
             }
             tokio::select! {
                 () = stop.cancelled() => break,
+                pull = offered(&mut self.pulls) => self.take_pull(pull),
                 _ = tick.tick() => if !self.on_tick() { break },
             }
+        }
+        if let Some(pulls) = self.pulls.as_mut() {
+            pulls.end_all(&self.broker, &self.routes);
         }
         self.routes.pushes.forget(&self.handle);
     }
 
-    /// Whether the deliver subject has a listener now.
+    /// A pull came (or, `None`, the consumer's handle is gone).
+    fn take_pull(&mut self, pull: Option<OrderedPull>) {
+        let Some(pulls) = self.pulls.as_mut() else {
+            return;
+        };
+        if let Some(pull) = pull {
+            pulls.add(pull);
+        }
+        self.look_for_listener();
+    }
+
+    /// Ends the pulls that are due; `idle`: nothing is held to deliver.
+    fn end_due_pulls(&mut self, idle: bool) {
+        if let Some(pulls) = self.pulls.as_mut() {
+            pulls.end_due(&self.broker, &self.routes, idle);
+            let waiting = pulls.len() as u64;
+            self.handle.state.waiting.store(waiting, Ordering::Relaxed);
+            if pulls.is_empty() {
+                self.bound = false;
+            }
+        }
+    }
+
+    /// When a waiting pull next needs a look (far off when none does).
+    fn pull_due(&self) -> tokio::time::Instant {
+        self.pulls
+            .as_ref()
+            .and_then(Pulls::due)
+            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600))
+    }
+
+    /// Whether the deliver subject has a listener (or a pull waits) now.
     fn look_for_listener(&mut self) {
-        let spec = &self.handle.spec;
-        self.bound = self
-            .broker
-            .has_interest(&self.routes, &spec.deliver_subject);
+        self.bound = match (&self.pulls, &self.handle.spec.deliver_subject) {
+            (Some(pulls), _) => !pulls.is_empty(),
+            (None, Some(subject)) => self.broker.has_interest(&self.routes, subject),
+            (None, None) => false,
+        };
         if self.bound {
             self.last_listened = Instant::now();
         }
@@ -131,6 +178,7 @@ impl Delivery {
             // Its maker's connection let go of the inbox: someone else may take it.
             return false;
         }
+        self.end_due_pulls(self.held.is_empty() && self.plan.is_empty());
         self.look_for_listener();
         let spec = &self.handle.spec;
         if !self.bound {
@@ -138,6 +186,7 @@ impl Delivery {
         }
         let idle = self.held.is_empty() && self.plan.is_empty();
         if let Some(every) = spec.heartbeat
+            && self.pulls.is_none()
             && idle
             && self.last_sent.elapsed() >= every
         {
@@ -150,13 +199,18 @@ impl Delivery {
     /// is what did) no longer holds it.
     fn inbox_held(&self) -> bool {
         let spec = &self.handle.spec;
-        spec.inbox_of
-            .is_none_or(|conn| self.routes.holds_inbox_of(&spec.deliver_subject, conn))
+        match (spec.inbox_of, &spec.deliver_subject) {
+            (Some(conn), Some(subject)) => self.routes.holds_inbox_of(subject, conn),
+            _ => true,
+        }
     }
 
     /// `100 Idle Heartbeat` with the last consumer and stream sequences delivered,
     /// which an ordered consumer compares with what it received.
     fn heartbeat(&mut self) {
+        let Some(deliver_subject) = &self.handle.spec.deliver_subject else {
+            return;
+        };
         let state = &self.handle.state;
         let block = format!(
             "NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: {}\r\nNats-Last-Stream: {}\r\n\r\n",
@@ -164,7 +218,7 @@ impl Delivery {
             state.stream_seq.load(Ordering::Relaxed),
         );
         let message = Message {
-            subject: &self.handle.spec.deliver_subject,
+            subject: deliver_subject,
             headers: Some(block.as_bytes()),
             ..Message::default()
         };
@@ -239,10 +293,18 @@ impl Delivery {
             self.bound = false;
             return;
         }
-        let spec = &self.handle.spec;
-        let state = &self.handle.state;
+        let handle = Arc::clone(&self.handle);
+        let (spec, state) = (&handle.spec, &handle.state);
         let mut wakes = Wakes::default();
         while let Some((message, pending)) = self.held.front() {
+            let to = match (&self.pulls, &spec.deliver_subject) {
+                (Some(pulls), _) => pulls.front(),
+                (None, subject) => subject.as_deref(),
+            };
+            let Some(to) = to else {
+                self.bound = false;
+                break;
+            };
             let consumer_seq = state.consumer_seq.load(Ordering::Relaxed) + 1;
             let ack = ack_subject(
                 &spec.stream,
@@ -262,19 +324,24 @@ impl Delivery {
                 let headers = (!message.headers.is_empty()).then_some(&message.headers[..]);
                 (headers, &message.payload[..])
             };
+            let size = headers.map_or(0, <[u8]>::len) + payload.len();
             let routed = Message {
-                subject: &spec.deliver_subject,
+                subject: to,
                 shown_as: Some(&message.subject),
                 reply: Some(ack.as_bytes()),
                 headers,
                 payload,
                 ..Message::default()
             };
-            if self
-                .broker
-                .route(&self.routes, None, &routed, &mut self.scratch, &mut wakes)
-                == 0
-            {
+            let reached =
+                self.broker
+                    .route(&self.routes, None, &routed, &mut self.scratch, &mut wakes);
+            if reached == 0 {
+                if let Some(pulls) = self.pulls.as_mut() {
+                    // That pull's asker stopped listening: the next pull gets it.
+                    pulls.drop_front();
+                    continue;
+                }
                 // Nobody listens any more: kept for when someone does.
                 self.bound = false;
                 state.bound.store(false, Ordering::Relaxed);
@@ -283,10 +350,14 @@ impl Delivery {
             state.consumer_seq.store(consumer_seq, Ordering::Relaxed);
             state.stream_seq.store(message.offset, Ordering::Relaxed);
             self.held.pop_front();
+            if let Some(pulls) = self.pulls.as_mut() {
+                pulls.sent(size);
+            }
             if wakes.fed_pressing() {
                 break;
             }
         }
+        self.end_due_pulls(self.held.is_empty() && self.plan.is_empty());
         self.last_sent = Instant::now();
         self.count_pending();
         let mut pressing = Vec::new();
@@ -298,5 +369,13 @@ impl Delivery {
                 () = outbox.drained() => {}
             }
         }
+    }
+}
+
+/// The next pull offered to a pulled consumer; never, for a pushed one.
+async fn offered(pulls: &mut Option<Pulls>) -> Option<OrderedPull> {
+    match pulls {
+        Some(pulls) => pulls.offered().await,
+        None => std::future::pending().await,
     }
 }
