@@ -114,7 +114,7 @@ fn append_error(refusal: AppendRefusal) -> ApiError {
             refusal: refused, ..
         } => match refused {
             Refusal::Reserved(_) | Refusal::Denied(_) => 403,
-            Refusal::TooLarge { .. } => 413,
+            Refusal::TooLarge { .. } | Refusal::TooLargeForStream(_) => 413,
             Refusal::OverQuota(_) => 429,
             Refusal::InvalidSubject(_)
             | Refusal::BadHeader(_)

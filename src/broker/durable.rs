@@ -587,6 +587,15 @@ pub fn wrong_stream_body(stream: &str) -> Bytes {
     )
 }
 
+/// The error ack of a publish larger than its stream's `max_msg_size` (a KV bucket's
+/// `max_value_size`), as nats-server words it.
+pub fn too_large_body(stream: &str) -> Bytes {
+    Bytes::from(
+        json!({"error": {"code": 400, "err_code": 10054, "description": "message size exceeds maximum allowed"}, "stream": stream})
+            .to_string(),
+    )
+}
+
 /// The error ack of a publish whose Canopy-* or Nats-* headers cannot be used, or
 /// whose schema refuses it: JetStream's bad request (`err_code` 10003), from the
 /// subject's stream.

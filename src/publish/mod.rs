@@ -144,6 +144,13 @@ pub enum Refusal {
         .0.subject, .0.actual, .0.expected
     )]
     WrongStream(Box<StreamMismatch>),
+    /// Larger than the `max_msg_size` of the stream holding its subject.
+    #[error(
+        "message size exceeds maximum allowed: {} bytes of headers and payload, stream {} \
+         takes at most {}",
+        .0.size, .0.stream, .0.limit
+    )]
+    TooLargeForStream(Box<StreamTooLarge>),
     /// The payload does not match the schema bound to its subject.
     #[error("the message does not match schema {} at {}", .0.schema, .0.violation)]
     Invalid(Box<Invalid>),
@@ -155,6 +162,14 @@ pub struct StreamMismatch {
     pub subject: String,
     pub expected: String,
     pub actual: String,
+}
+
+/// A publish larger than its subject's stream takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamTooLarge {
+    pub stream: String,
+    pub size: usize,
+    pub limit: u64,
 }
 
 /// A payload its subject's schema refused.

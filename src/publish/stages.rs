@@ -11,6 +11,7 @@ use canopy_subjects::validate_native_subject;
 use super::namespaces::{JS_API_PREFIX, is_api_call, is_reserved};
 use super::{
     Admission, AskAck, Decision, Invalid, Publish, Publisher, Refusal, Route, StreamMismatch,
+    StreamTooLarge,
 };
 use crate::broker::durable::StoreRequest;
 use crate::config::StorePolicy;
@@ -266,13 +267,18 @@ impl Publisher {
                 })));
             }
         }
-        if request.rollup
-            && !self
-                .routes
-                .streams
-                .for_subject(publish.subject)
-                .is_some_and(|stream| stream.allow_rollup)
+        let stream = self.routes.streams.for_subject(publish.subject);
+        let size = publish.headers.len() + publish.payload.len();
+        if let Some(stream) = &stream
+            && stream.too_large(size)
         {
+            return Err(Refusal::TooLargeForStream(Box::new(StreamTooLarge {
+                stream: stream.name.to_string(),
+                size,
+                limit: stream.max_msg_size,
+            })));
+        }
+        if request.rollup && !stream.is_some_and(|stream| stream.allow_rollup) {
             return Err(Refusal::BadHeader(
                 "rollup not permitted: the subject's stream does not allow Nats-Rollup \
                  (allow_rollup_hdrs)"

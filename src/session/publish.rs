@@ -290,6 +290,10 @@ impl Publisher {
                 reply,
                 crate::broker::durable::wrong_stream_body(&mismatch.actual),
             )),
+            Refusal::TooLargeForStream(too_large) => Some((
+                reply,
+                crate::broker::durable::too_large_body(&too_large.stream),
+            )),
             // A publish that waits for the store (an ack asked for, or a JetStream
             // publish: a reply to a stored subject) hears its schema's refusal there.
             Refusal::Invalid(_) => {

@@ -4,10 +4,11 @@
 //!
 //! Honoured: the name, the subject filters, `max_msgs_per_subject` (versions kept per
 //! subject), `max_age` (a KV bucket's TTL: retention removes older messages of the
-//! stream's subjects, and gets no longer find them). Kept and reported as given: `discard`, `duplicate_window`, the
+//! stream's subjects, and gets no longer find them), `max_msg_size` (a KV bucket's
+//! `max_value_size`: a larger publish to its subjects is refused). Kept and reported as given: `discard`, `duplicate_window`, the
 //! `deny_*`/`allow_*` flags, `description`, `metadata`, `compression` (Canopy's store
 //! compresses anyway). Refused, each with the setting named: retention other than
-//! `limits`, memory storage, stream-wide message, byte and size limits,
+//! `limits`, memory storage, stream-wide message and byte limits,
 //! mirrors, sources, transforms, republishing, sealing, per-message TTLs, more than one
 //! replica (as a nats-server outside a cluster refuses it).
 //! Must never accept a setting that would change what is kept and then drop it.
@@ -78,6 +79,7 @@ pub fn normalise(name: &str, body: &Value) -> Result<Value, StreamRefusal> {
     refuse_unoffered(body)?;
     let subjects = subjects_of(name, body)?;
     let max_per_subject = int("max_msgs_per_subject").filter(|n| *n > 0).unwrap_or(-1);
+    let max_msg_size = int("max_msg_size").filter(|n| *n > 0).unwrap_or(-1);
     let discard = match text("discard") {
         "" | "old" => "old",
         "new" => "new",
@@ -136,7 +138,7 @@ pub fn normalise(name: &str, body: &Value) -> Result<Value, StreamRefusal> {
         "max_bytes": -1,
         "max_age": max_age,
         "max_msgs_per_subject": max_per_subject,
-        "max_msg_size": -1,
+        "max_msg_size": max_msg_size,
         "discard": discard,
         "storage": "file",
         "num_replicas": 1,
@@ -207,7 +209,6 @@ fn refuse_unoffered(body: &Value) -> Result<(), StreamRefusal> {
             "max_bytes",
             "the tenant's stored bytes limit bounds a tenant",
         ),
-        ("max_msg_size", "the server's max_payload bounds a message"),
         ("first_seq", "offsets are the tenant's"),
     ] {
         if int(key) > 0 {

@@ -39,6 +39,9 @@ pub struct Stream {
     pub allow_rollup: bool,
     /// Milliseconds a message of the stream is kept (`max_age`; 0: no limit).
     pub max_age_ms: u64,
+    /// Bytes of headers and payload one of its messages may have (`max_msg_size`, a
+    /// KV bucket's `max_value_size`; 0: only the server's `max_payload`).
+    pub max_msg_size: u64,
     /// When it was declared (the server's clock).
     pub created_ms: u64,
     /// The normalised config, as its info reports it.
@@ -70,12 +73,17 @@ impl Stream {
             .get("max_age")
             .and_then(Value::as_u64)
             .map_or(0, |ns| ns.div_ceil(1_000_000));
+        let max_msg_size = config
+            .get("max_msg_size")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
         Ok(Stream {
             name: Arc::from(name),
             subjects,
             max_versions,
             allow_rollup,
             max_age_ms,
+            max_msg_size,
             created_ms,
             config,
         })
@@ -87,6 +95,11 @@ impl Stream {
             config: self.config.clone(),
             created_ms: self.created_ms,
         }
+    }
+
+    /// Whether a message of `size` bytes (headers and payload) is too large for it.
+    pub fn too_large(&self, size: usize) -> bool {
+        self.max_msg_size > 0 && size as u64 > self.max_msg_size
     }
 
     /// Whether a message stored at `time_ms` has outlived the stream's `max_age` at

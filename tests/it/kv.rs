@@ -2,7 +2,8 @@
 //! of watching: a bucket made and bound, put, get (latest and a revision, over
 //! DIRECT.GET, which async-nats buckets allow), create, update at a revision, delete,
 //! purge (a rollup: the key's history goes), status and the bucket deleted; a stale
-//! revision, an existing key and an unknown bucket are refused.
+//! revision, an existing key, an unknown bucket and a value over the bucket's
+//! `max_value_size` are refused.
 
 use async_nats::jetstream::{self, kv};
 
@@ -31,6 +32,7 @@ async fn async_nats_kv_works_against_canopy() {
     let config = kv::Config {
         bucket: "cfg".into(),
         history: 5,
+        max_value_size: 64,
         ..Default::default()
     };
     let kv = within("create_key_value", js.create_key_value(config))
@@ -48,6 +50,14 @@ async fn async_nats_kv_works_against_canopy() {
         .expect("entry")
         .expect("the key is there");
     assert_eq!((&entry.value[..], entry.revision), (&b"red"[..], first));
+    // `max_value_size` (the stream's `max_msg_size`) bounds a value with its headers.
+    let refused = within("put", kv.put("big", vec![b'x'; 65].into()))
+        .await
+        .expect_err("a value over the bucket's max_value_size is refused");
+    assert!(refused.to_string().contains("maximum"), "{refused}");
+    within("put", kv.put("fits", vec![b'x'; 60].into()))
+        .await
+        .expect("a value within it is taken");
     let second = within("update", kv.update("color", "blue".into(), first))
         .await
         .expect("an update at the last revision");

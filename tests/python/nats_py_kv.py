@@ -1,7 +1,8 @@
 """nats-py's NATS KV, unmodified, against a running Canopy server: what its own
 documentation's examples do short of watching (create and bind a bucket, put, get,
 create, update with the expected revision, delete, purge, status, delete the bucket)
-and the error cases (a wrong revision, a key that exists, an unknown bucket).
+and the error cases (a wrong revision, a key that exists, an unknown bucket, a value
+over the bucket's max_value_size).
 
 Usage: python nats_py_kv.py nats://127.0.0.1:PORT
 Exits non-zero with a message on the first thing that does not behave like NATS KV.
@@ -9,6 +10,7 @@ Exits non-zero with a message on the first thing that does not behave like NATS 
 
 import nats
 from nats.js.errors import (
+    APIError,
     BucketNotFoundError,
     KeyDeletedError,
     KeyNotFoundError,
@@ -83,6 +85,16 @@ async def main(url: str) -> None:
         raise AssertionError("a revision from before the purge is still there")
     except (KeyNotFoundError, KeyDeletedError, NotFoundError):
         pass
+
+    # A bucket's max_value_size (its stream's max_msg_size) refuses a larger value.
+    small = await js.create_key_value(bucket="small", max_value_size=32)
+    await small.put("fits", b"x" * 32)
+    try:
+        await small.put("big", b"x" * 64)
+        raise AssertionError("a value over max_value_size was taken")
+    except APIError as error:
+        assert error.err_code == 10054, error
+    assert await js.delete_key_value("small")
 
     assert await js.delete_key_value("cfg")
     try:

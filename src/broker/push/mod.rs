@@ -22,7 +22,8 @@
 //! holds it back as a fast publisher is held back ([`super::outbox`]).
 //!
 //! Must never: deliver a message a restart would not find (its follower is durable),
-//! hold more than [`MAX_PLANNED`] planned messages (a larger plan is refused), keep
+//! hold more than [`MAX_PLANNED`] planned messages (a larger plan from a point of the
+//! log is read by the follower as it goes; more newest-of-a-subject is refused), keep
 //! more than [`KEEP_BYTES`] of them in memory (the rest are read again when their
 //! turn comes), let its tenant's plans together pass [`TENANT_PLANNED`] entries and
 //! [`TENANT_KEEP_BYTES`] kept, outlive its tenant, or outlive its maker's hold on
@@ -33,7 +34,7 @@ mod pulled;
 mod pump;
 mod task;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -120,9 +121,9 @@ pub enum PushError {
     #[error("a consumer named {0} is running")]
     Exists(String),
     #[error(
-        "more stored messages match the consumer's deliver policy than it may plan (at most \
-         {MAX_PLANNED}, and its tenant's consumers {TENANT_PLANNED} together): start it \
-         later (by_start_sequence, by_start_time, new) or read them with a pull consumer"
+        "more subjects match the consumer's filters than it may list the newest message of \
+         (at most {MAX_PLANNED}, and its tenant's consumers {TENANT_PLANNED} together): \
+         narrow its filters, or read from a sequence or a time"
     )]
     PlanTooLarge,
     #[error(transparent)]
@@ -329,16 +330,30 @@ pub async fn start(
     let end = store.next_offset(&tenant).await?;
     store.durable_barrier().await?;
     let left = routes.pushes.plans_left();
-    let (plan, cost) = plan::plan(store, &tenant, &spec, &patterns, end, left).await?;
+    let (plan, cost, live_from, streamed_to) =
+        match plan::plan(store, &tenant, &spec, &patterns, end, left).await? {
+            // A start past `end` holds for the live part too.
+            plan::Plan::Listed(plan, cost) => {
+                let live_from = match spec.start {
+                    PushStart::Offset(offset) => end.max(offset),
+                    _ => end,
+                };
+                (plan, cost, ReplayFrom::Offset(live_from), None)
+            }
+            plan::Plan::Streamed(from) => {
+                (VecDeque::new(), plan::PlanCost::default(), from, Some(end))
+            }
+        };
     // Held until the task ends (a failure below gives it back at once).
     let reserved = PlanReservation::take(routes, cost);
-    // A start past `end` holds for the live part too.
-    let live_from = match spec.start {
-        PushStart::Offset(offset) => end.max(offset),
-        _ => end,
-    };
     let state = Arc::new(PushState::default());
-    state.pending.store(plan.len() as u64, Ordering::Relaxed);
+    let pending = match (streamed_to, live_from) {
+        // Known only by offsets until read: at most this many.
+        (Some(end), ReplayFrom::Offset(from)) => end.saturating_sub(from),
+        (Some(end), _) => end.saturating_sub(1),
+        (None, _) => plan.len() as u64,
+    };
+    state.pending.store(pending, Ordering::Relaxed);
     let stop = routes.deleted.child_token();
     let (pulls, pulls_rx) = match spec.deliver_subject {
         Some(_) => (None, None),
@@ -368,8 +383,8 @@ pub async fn start(
         Arc::clone(store),
         Arc::clone(routes),
         Arc::clone(&handle),
-        (plan, reserved),
-        follower.starting_at(ReplayFrom::Offset(live_from)),
+        (plan, reserved, streamed_to),
+        follower.starting_at(live_from),
         pulls_rx,
     );
     tokio::spawn(task.run(stop));

@@ -1,7 +1,11 @@
 //! A push consumer's plan: the stored messages its deliver policy picks from before
-//! it was made, in offset order. Must never hold more than [`MAX_PLANNED`] entries or
-//! keep more than [`KEEP_BYTES`] of messages whole, nor more than its tenant has left
-//! of [`TENANT_PLANNED`] and [`TENANT_KEEP_BYTES`] (all its consumers' plans).
+//! it was made, in offset order. A plan from a point of the log on (`all`, a
+//! sequence, a time) that would pass its bounds is not listed at all: the consumer's
+//! follower reads that history itself ([`Plan::Streamed`]), and only the newest of
+//! each subject (`last_per_subject`) past them is refused. Must never hold more than
+//! [`MAX_PLANNED`] entries or keep more than [`KEEP_BYTES`] of messages whole, nor
+//! more than its tenant has left of [`TENANT_PLANNED`] and [`TENANT_KEEP_BYTES`] (all
+//! its consumers' plans).
 
 use std::collections::VecDeque;
 
@@ -72,8 +76,6 @@ impl Collect {
     }
 }
 
-/// The messages stored before `end` that `spec`'s deliver policy picks, in offset
-/// order.
 /// What a plan takes of its tenant's budget: entries, and bytes kept whole.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct PlanCost {
@@ -81,6 +83,17 @@ pub(super) struct PlanCost {
     pub kept_bytes: usize,
 }
 
+/// What a consumer delivers before it follows the log live.
+pub(super) enum Plan {
+    /// These messages (what it takes of its tenant's budget with them).
+    Listed(VecDeque<Planned>, PlanCost),
+    /// Everything its filters match from this point of the log on, read by its
+    /// follower as it goes (too many to list).
+    Streamed(ReplayFrom),
+}
+
+/// The messages stored before `end` that `spec`'s deliver policy picks, in offset
+/// order.
 pub(super) async fn plan(
     store: &Store,
     tenant: &str,
@@ -88,33 +101,27 @@ pub(super) async fn plan(
     patterns: &[Pattern],
     end: u64,
     left: PlanCost,
-) -> Result<(VecDeque<Planned>, PlanCost), PushError> {
+) -> Result<Plan, PushError> {
     let mut collect = Collect {
         planned: Vec::new(),
         kept_bytes: 0,
         keep_bytes: KEEP_BYTES.min(left.kept_bytes),
         max_planned: MAX_PLANNED.min(left.entries),
     };
+    let from = match spec.start {
+        PushStart::All => Some(ReplayFrom::Start),
+        PushStart::Offset(offset) => Some(ReplayFrom::Offset(offset)),
+        PushStart::Time(ms) => Some(ReplayFrom::Time(ms)),
+        _ => None,
+    };
     match spec.start {
         PushStart::New => {}
-        PushStart::All => {
-            read_range(
-                store,
-                tenant,
-                patterns,
-                ReplayFrom::Start,
-                end,
-                &mut collect,
-            )
-            .await?
-        }
-        PushStart::Offset(offset) => {
-            let from = ReplayFrom::Offset(offset);
-            read_range(store, tenant, patterns, from, end, &mut collect).await?;
-        }
-        PushStart::Time(ms) => {
-            let from = ReplayFrom::Time(ms);
-            read_range(store, tenant, patterns, from, end, &mut collect).await?;
+        PushStart::All | PushStart::Offset(_) | PushStart::Time(_) => {
+            let from = from.unwrap_or(ReplayFrom::Start);
+            match read_range(store, tenant, patterns, from, end, &mut collect).await {
+                Err(PushError::PlanTooLarge) => return Ok(Plan::Streamed(from)),
+                other => other?,
+            }
         }
         PushStart::LastPerSubject | PushStart::Last => {
             read_heads(store, tenant, patterns, end, &mut collect).await?;
@@ -129,7 +136,7 @@ pub(super) async fn plan(
         entries: collect.planned.len(),
         kept_bytes: collect.kept_bytes,
     };
-    Ok((collect.planned.into(), cost))
+    Ok(Plan::Listed(collect.planned.into(), cost))
 }
 
 /// Every message the patterns match from `from` up to `end`: a literal pattern
@@ -214,4 +221,97 @@ async fn read_heads(
             .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use object_store::memory::InMemory;
+
+    use super::*;
+    use crate::store::tests::{request, settings};
+    use crate::store::{AckTo, AppendOutcome, Sequenced, StoreEvents};
+
+    struct Quiet;
+
+    impl StoreEvents for Quiet {
+        fn sequenced(&self, _: &[Sequenced<'_>]) {}
+        fn acknowledged(&self, _: Vec<(Arc<str>, AckTo, AppendOutcome)>) {}
+    }
+
+    fn spec(start: PushStart) -> PushSpec {
+        PushSpec {
+            stream: Arc::from("t"),
+            name: Arc::from("c"),
+            filters: vec!["a.>".into()],
+            deliver_subject: None,
+            start,
+            headers_only: false,
+            heartbeat: None,
+            inactive: Duration::from_secs(5),
+            config: serde_json::Value::Null,
+            created_ms: 0,
+            inbox_of: None,
+        }
+    }
+
+    fn room(entries: usize) -> PlanCost {
+        PlanCost {
+            entries,
+            kept_bytes: KEEP_BYTES,
+        }
+    }
+
+    /// A plan from a point of the log that would pass its bounds is left to the
+    /// follower (from that point); the newest of each subject past them is refused.
+    #[tokio::test]
+    async fn a_plan_too_large_to_list_is_streamed_from_its_start() {
+        let store = Store::open(settings(Arc::new(InMemory::new())), Arc::new(Quiet))
+            .await
+            .expect("opens");
+        for i in 0..12 {
+            let mut r = request(&format!("a.{}", i % 4), "x", 0);
+            r.ack = None;
+            store.append(r).await.expect("queued");
+        }
+        store.durable_barrier().await.expect("barrier");
+        let end = store.next_offset("t").await.expect("end");
+        let patterns = [Pattern::parse_native("a.>").expect("a pattern")];
+        let plan_of = |start, entries| {
+            let spec = spec(start);
+            let store = &store;
+            let patterns = &patterns;
+            async move { plan(store, "t", &spec, patterns, end, room(entries)).await }
+        };
+
+        match plan_of(PushStart::All, 100).await.expect("planned") {
+            Plan::Listed(listed, cost) => assert_eq!((listed.len(), cost.entries), (12, 12)),
+            Plan::Streamed(_) => panic!("12 messages fit in 100"),
+        }
+        for (start, from) in [
+            (PushStart::All, ReplayFrom::Start),
+            (PushStart::Offset(3), ReplayFrom::Offset(3)),
+            (PushStart::Time(0), ReplayFrom::Time(0)),
+        ] {
+            match plan_of(start, 5).await.expect("planned") {
+                Plan::Streamed(streamed) => assert_eq!(streamed, from, "{start:?}"),
+                Plan::Listed(listed, _) => {
+                    panic!("{start:?}: {} listed in room for 5", listed.len())
+                }
+            }
+        }
+        match plan_of(PushStart::LastPerSubject, 4)
+            .await
+            .expect("planned")
+        {
+            Plan::Listed(listed, _) => assert_eq!(listed.len(), 4, "one per subject"),
+            Plan::Streamed(_) => panic!("heads are never streamed"),
+        }
+        assert!(matches!(
+            plan_of(PushStart::LastPerSubject, 3).await,
+            Err(PushError::PlanTooLarge)
+        ));
+    }
 }

@@ -35,6 +35,9 @@ pub(super) struct Delivery {
     plan: VecDeque<Planned>,
     /// The plan's share of its tenant's budget, given back as it is delivered.
     reserved: PlanReservation,
+    /// The log's end when it was made, when its follower reads the history up to it
+    /// (a plan too large to list): what is pending is then known by offsets.
+    streamed_to: Option<u64>,
     follower: Follower,
     /// Taken from the plan or the follower and not delivered yet, each with how many
     /// messages are known to follow it.
@@ -57,7 +60,7 @@ impl Delivery {
         store: Arc<Store>,
         routes: Arc<Tenant>,
         handle: Arc<PushHandle>,
-        (plan, reserved): (VecDeque<Planned>, PlanReservation),
+        (plan, reserved, streamed_to): (VecDeque<Planned>, PlanReservation, Option<u64>),
         follower: Follower,
         pulls: Option<Pulls>,
     ) -> Self {
@@ -69,6 +72,7 @@ impl Delivery {
             handle,
             plan,
             reserved,
+            streamed_to,
             follower,
             held: VecDeque::new(),
             last_planned: None,
@@ -269,19 +273,31 @@ impl Delivery {
         Ok(())
     }
 
-    /// A page the follower gave: each message followed by the rest of the page.
+    /// A page the follower gave: each message followed by the rest of the page, and,
+    /// while it reads a streamed plan's history, by what is left of that (by offsets:
+    /// at most that many; the last page of history says 0 at its end).
     fn take_page(&mut self, page: Page) {
         let mut left = page.messages.len() as u64;
+        let beyond = self.history_left(page.next, page.caught_up);
         for message in page.messages {
             left -= 1;
-            self.held.push_back((message, left));
+            self.held.push_back((message, left + beyond));
         }
         self.count_pending();
     }
 
+    /// What a streamed plan still has to read from `next` on (0 once caught up).
+    fn history_left(&self, next: u64, caught_up: bool) -> u64 {
+        match self.streamed_to {
+            Some(end) if !caught_up => end.saturating_sub(next),
+            _ => 0,
+        }
+    }
+
     fn count_pending(&self) {
         let waiting = usize::from(self.last_planned.is_some());
-        let pending = (self.plan.len() + self.held.len() + waiting) as u64;
+        let unread = self.history_left(self.follower.position(), self.follower.is_live());
+        let pending = (self.plan.len() + self.held.len() + waiting) as u64 + unread;
         self.handle.state.pending.store(pending, Ordering::Relaxed);
     }
 

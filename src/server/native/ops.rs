@@ -323,6 +323,7 @@ fn nats_text(subject: &str, refusal: &Refusal) -> String {
         Refusal::OverQuota(exceeded) => format!("Quota Exceeded: {exceeded}"),
         Refusal::BadHeader(why) => format!("Invalid Canopy Header: {why}"),
         Refusal::WrongStream(_) => format!("Invalid Canopy Header: {refusal}"),
+        Refusal::TooLargeForStream(_) => format!("Stream Limit: {refusal}"),
         Refusal::Invalid(_) => schema_refusal(subject, refusal),
     }
 }

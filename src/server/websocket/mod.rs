@@ -169,7 +169,9 @@ fn publish_refusal(refused: &session::Refusal) -> Refusal {
     let code = match refused {
         session::Refusal::InvalidSubject(_) => ErrorCode::InvalidSubject,
         session::Refusal::Reserved(_) | session::Refusal::Denied(_) => ErrorCode::Forbidden,
-        session::Refusal::TooLarge { .. } => ErrorCode::TooLarge,
+        session::Refusal::TooLarge { .. } | session::Refusal::TooLargeForStream(_) => {
+            ErrorCode::TooLarge
+        }
         session::Refusal::OverQuota(_) => ErrorCode::QuotaExceeded,
         session::Refusal::BadHeader(_) | session::Refusal::WrongStream(_) => ErrorCode::BadRequest,
         session::Refusal::Invalid(_) => ErrorCode::InvalidMessage,

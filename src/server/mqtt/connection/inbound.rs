@@ -521,9 +521,10 @@ pub(super) fn mqtt_code(refused: &Refusal) -> u8 {
         Refusal::InvalidSubject(_) => reason::TOPIC_NAME_INVALID,
         Refusal::Reserved(_) | Refusal::Denied(_) => reason::NOT_AUTHORIZED,
         Refusal::OverQuota(_) => reason::QUOTA_EXCEEDED,
-        Refusal::TooLarge { .. } | Refusal::BadHeader(_) | Refusal::WrongStream(_) => {
-            reason::IMPLEMENTATION_SPECIFIC_ERROR
-        }
+        Refusal::TooLarge { .. }
+        | Refusal::TooLargeForStream(_)
+        | Refusal::BadHeader(_)
+        | Refusal::WrongStream(_) => reason::IMPLEMENTATION_SPECIFIC_ERROR,
         Refusal::Invalid(_) => reason::PAYLOAD_FORMAT_INVALID,
     }
 }
