@@ -15,6 +15,7 @@ pub mod config;
 pub mod follow;
 pub mod groups;
 pub mod metrics;
+pub mod plugins;
 pub mod publish;
 pub mod schemas;
 pub mod server;

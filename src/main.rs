@@ -87,6 +87,10 @@ enum Command {
     /// history and the messages they refused.
     #[command(subcommand)]
     Schema(cli::schemas::SchemaCommand),
+    /// Bind WebAssembly plugins to subject patterns (filters and transforms on
+    /// publish); show, list and delete them.
+    #[command(subcommand)]
+    Plugin(cli::plugins::PluginCommand),
     /// Print the tenant's AsyncAPI 3.0 document: a channel per bound pattern, its
     /// schema as the message payload, the operations your rules allow.
     Asyncapi(cli::schemas::AsyncApiArgs),
@@ -416,6 +420,7 @@ async fn run(command: Command) -> Result<()> {
         Command::User(command) => cli::users::run(command).await,
         Command::Group(command) => cli::groups::run(command).await,
         Command::Schema(command) => cli::schemas::run(command).await,
+        Command::Plugin(command) => cli::plugins::run(command).await,
         Command::Asyncapi(args) => cli::schemas::asyncapi(args).await,
         Command::Purge(args) => {
             let (mut client, timeout) = connect(&args.connect, "canopy purge").await?;

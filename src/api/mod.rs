@@ -22,6 +22,7 @@ mod cluster;
 pub(crate) mod groups;
 pub(crate) mod history;
 pub mod jetstream;
+mod plugins;
 mod read;
 pub mod schemas;
 mod snapshots;
@@ -456,6 +457,7 @@ async fn dispatch(
         op if op.starts_with("user.") => users::dispatch(broker, store, call, answer).await,
         op if op.starts_with("group.") => groups::dispatch(broker, store, call, answer).await,
         op if op.starts_with("schema.") => schemas::dispatch(broker, store, call, answer).await,
+        op if op.starts_with("plugin.") => plugins::dispatch(broker, store, call, answer).await,
         "asyncapi" => {
             authorize(broker, &call.principal, Action::Publish, "$CANOPY.asyncapi")?;
             let body: &[u8] = if call.body.is_empty() {
@@ -470,7 +472,7 @@ async fn dispatch(
             404,
             format!(
                 "no API `{PREFIX}{other}`: use get, replay, subjects, append, snapshot.put, \
-                 snapshot.get, purge, tenant.*, user.*, group.*, schema.*, cluster.status or \
+                 snapshot.get, purge, tenant.*, user.*, group.*, schema.*, plugin.*, cluster.status or \
                  asyncapi"
             ),
         )),
@@ -489,6 +491,27 @@ fn history_of<'a>(
         principal: &call.principal,
         tenant: &call.routes.name,
     }
+}
+
+/// Whether `principal` may bind or unbind a `kind` (a schema, a plugin) on
+/// `pattern`: a guest never; anyone else with the rights to publish and subscribe
+/// to all of it (what is bound decides what its subjects' publishers may send).
+fn may_bind(
+    broker: &Broker,
+    principal: &crate::tenancy::Principal,
+    kind: &str,
+    pattern: &str,
+) -> Result<(), ApiError> {
+    if principal.is_guest() {
+        return Err(ApiError::new(
+            403,
+            format!(
+                "Permissions Violation for a {kind} of \"{pattern}\": guests cannot bind {kind}s"
+            ),
+        ));
+    }
+    authorize(broker, principal, Action::Publish, pattern)?;
+    authorize(broker, principal, Action::Subscribe, pattern)
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {

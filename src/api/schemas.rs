@@ -21,7 +21,7 @@ use canopy_subjects::{Pattern, validate_native_subject};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Answer, ApiCall, ApiError, PREFIX, authorize, check_dead_letter, parse};
+use super::{Answer, ApiCall, ApiError, PREFIX, authorize, check_dead_letter, may_bind, parse};
 use crate::broker::Broker;
 use crate::schemas::patterns::MAX_TENANT_REGEX_BYTES;
 use crate::schemas::registry::RecentError;
@@ -224,7 +224,7 @@ pub async fn put(
     request: Put,
 ) -> Result<Value, ApiError> {
     parse_pattern(&request.pattern)?;
-    may_change(broker, principal, &request.pattern)?;
+    may_bind(broker, principal, "schema", &request.pattern)?;
     let size = serde_json::to_vec(&request.schema).map_or(0, |v| v.len());
     if size > MAX_SCHEMA_BYTES {
         return Err(ApiError::new(
@@ -319,7 +319,7 @@ static CHECKERS: std::sync::LazyLock<Arc<tokio::sync::Semaphore>> =
 /// thread once one of the [`CHECKERS`] is free (waiting in turn, as the semaphore
 /// is fair), so a runtime worker never does it. The permit goes with the work, so
 /// a caller that gives up does not free a checker still busy.
-async fn off_the_runtime<T: Send + 'static>(
+pub(super) async fn off_the_runtime<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let permit = Arc::clone(&CHECKERS)
@@ -588,7 +588,7 @@ pub async fn delete(
     pattern: &str,
 ) -> Result<Value, ApiError> {
     parse_pattern(pattern)?;
-    may_change(broker, principal, pattern)?;
+    may_bind(broker, principal, "schema", pattern)?;
     let owner = broker.tenant(tenant);
     let _change = owner.schema_changes.lock().await;
     let schemas = &owner.schemas;
@@ -646,21 +646,6 @@ pub fn errors(
         "refused": schemas.refused.load(std::sync::atomic::Ordering::Relaxed),
         "dead_lettered": schemas.dead_lettered.load(std::sync::atomic::Ordering::Relaxed),
     }))
-}
-
-/// Whether `principal` may bind or unbind `pattern`: a guest never; anyone else
-/// with the rights to publish and subscribe to all of it.
-fn may_change(broker: &Broker, principal: &Principal, pattern: &str) -> Result<(), ApiError> {
-    if principal.is_guest() {
-        return Err(ApiError::new(
-            403,
-            format!(
-                "Permissions Violation for a schema of \"{pattern}\": guests cannot bind schemas"
-            ),
-        ));
-    }
-    authorize(broker, principal, Action::Publish, pattern)?;
-    authorize(broker, principal, Action::Subscribe, pattern)
 }
 
 fn error_json(error: &RecentError) -> Value {

@@ -119,7 +119,8 @@ fn append_error(refusal: AppendRefusal) -> ApiError {
             Refusal::InvalidSubject(_)
             | Refusal::BadHeader(_)
             | Refusal::WrongStream(_)
-            | Refusal::Invalid(_) => 400,
+            | Refusal::Invalid(_)
+            | Refusal::Plugin(_) => 400,
         },
     };
     ApiError::new(code, refusal.to_string())

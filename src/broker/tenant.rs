@@ -28,6 +28,8 @@ pub struct Tenant {
     pub inboxes: InboxClaims,
     /// The tenant's schema bindings, which its publishes are checked against.
     pub schemas: Arc<crate::schemas::TenantSchemas>,
+    /// The tenant's plugins, which its publishes go through.
+    pub plugins: Arc<crate::plugins::TenantPlugins>,
     /// The tenant's declared JetStream streams, which name its subjects in PubAcks.
     pub streams: Arc<crate::streams::TenantStreams>,
     /// The followers of the tenant's log (groups, tables, follows), offered each
@@ -42,6 +44,8 @@ pub struct Tenant {
     pub group_changes: tokio::sync::Mutex<()>,
     /// Serialises the tenant's schema puts and deletes.
     pub schema_changes: tokio::sync::Mutex<()>,
+    /// Serialises the tenant's plugin puts and deletes.
+    pub plugin_changes: tokio::sync::Mutex<()>,
     /// Serialises the tenant's stream creates, updates and deletes.
     pub stream_changes: tokio::sync::Mutex<()>,
     /// In a cluster: the other nodes' interest, each node the value of its patterns.
@@ -98,12 +102,14 @@ impl Broker {
                 deleted: tokio_util::sync::CancellationToken::new(),
                 inboxes: InboxClaims::default(),
                 schemas: Arc::default(),
+                plugins: Arc::default(),
                 streams: Arc::default(),
                 taps: Arc::default(),
                 groups: super::groups::TenantGroups::default(),
                 pushes: super::push::TenantPushes::default(),
                 group_changes: tokio::sync::Mutex::new(()),
                 schema_changes: tokio::sync::Mutex::new(()),
+                plugin_changes: tokio::sync::Mutex::new(()),
                 stream_changes: tokio::sync::Mutex::new(()),
                 remote: SharedTrie::new(),
                 interest: parking_lot::Mutex::default(),
@@ -163,6 +169,22 @@ impl Broker {
         );
         if !bindings.is_empty() {
             tenant.schemas.set(bindings);
+        }
+        let plugins = store.plugins(name).await?;
+        if !plugins.is_empty() {
+            let (owner, max) = (name.to_owned(), self.max_answer());
+            let loaded = tokio::task::spawn_blocking(move || {
+                crate::plugins::load(&plugins, max, |pattern, error| {
+                    tracing::warn!(tenant = %owner, pattern, %error, "a stored plugin cannot be used; its subjects go without it until it is put again");
+                })
+            })
+            .await;
+            match loaded {
+                Ok(loaded) => tenant.plugins.set(loaded),
+                Err(error) => {
+                    tracing::warn!(tenant = name, %error, "the tenant's plugins were not loaded")
+                }
+            }
         }
         let streams = crate::streams::load(&store.streams(name).await?, |error| {
             tracing::warn!(tenant = name, %error, "a stored stream is unreadable; its subjects are in the tenant's own stream until it is declared again");
@@ -315,6 +337,7 @@ impl Broker {
         tenant.groups.stop_all();
         tenant.pushes.stop_all();
         tenant.schemas.set(crate::schemas::Bindings::default());
+        tenant.plugins.set(crate::plugins::Plugins::default());
         tenant.streams.set(crate::streams::Streams::default());
     }
 

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod cluster;
 pub mod connect;
 pub mod groups;
+pub mod plugins;
 pub mod pubsub;
 pub mod schemas;
 pub mod serve;

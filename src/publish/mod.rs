@@ -144,6 +144,9 @@ pub enum Refusal {
         .0.subject, .0.actual, .0.expected
     )]
     WrongStream(Box<StreamMismatch>),
+    /// A plugin bound to its subject refused it (or failed, and refuses on error).
+    #[error("{0}")]
+    Plugin(String),
     /// Larger than the `max_msg_size` of the stream holding its subject.
     #[error(
         "message size exceeds maximum allowed: {} bytes of headers and payload, stream {} \

@@ -15,6 +15,7 @@ use super::{
 };
 use crate::broker::durable::StoreRequest;
 use crate::config::StorePolicy;
+use crate::plugins::Outcome;
 use crate::schemas::registry::RecentError;
 use crate::schemas::{Binding, OnInvalid, Violation};
 use crate::store::NewMessage;
@@ -53,6 +54,33 @@ fn message_refusal(index: usize, refusal: &Refusal) -> String {
 }
 
 impl Publisher {
+    /// Stage 4½, before the decision proper: the tenant's publish plugins on a message
+    /// the publisher may send (its subject, namespace, rights and size checked first,
+    /// so no plugin sees what would be refused anyway). `None`: no plugin applies
+    /// (an API call never has one). What they make of it is then decided message by
+    /// message ([`Publisher::decide`]), so a new subject is held to the rights too.
+    pub fn run_plugins(&self, publish: &Publish<'_>) -> Result<Option<Outcome>, Refusal> {
+        if !self.routes.plugins.any() {
+            return Ok(None);
+        }
+        self.stage_subject(publish)?;
+        if publish.api_calls && is_api_call(publish.subject).is_some() {
+            return Ok(None);
+        }
+        stage_namespace(publish.subject)?;
+        self.stage_rights(publish.subject)?;
+        self.stage_size(publish.size())?;
+        let outcome =
+            self.routes
+                .plugins
+                .on_publish(publish.subject, &publish.headers, &publish.payload);
+        match outcome {
+            Outcome::Unchanged => Ok(None),
+            Outcome::Rejected(why) => Err(Refusal::Plugin(why)),
+            outcome => Ok(Some(outcome)),
+        }
+    }
+
     /// Decides `publish` without carrying it out: every stage in order.
     #[inline]
     pub fn decide(&self, publish: &Publish<'_>) -> Result<Decision<'_>, Refusal> {

@@ -14,6 +14,7 @@
 //! protocol. This module must never touch a socket or know a wire format.
 
 mod inbox;
+mod plugged;
 mod publish;
 
 use std::sync::Arc;
@@ -56,8 +57,9 @@ pub enum InboxRefusal {
 
 /// One connection's share of the server.
 pub struct Session {
-    /// Boxed: it is cloned for wills, and an idle connection's task stays small.
-    pub publisher: Box<Publisher>,
+    /// Shared: it is cloned for wills, each publish holds it while the session
+    /// carries the publish out, and an idle connection's task stays small.
+    pub publisher: Arc<Publisher>,
     pub outbox: Arc<Outbox>,
     pub scratch: RouteScratch,
     pub wakes: Wakes,
@@ -91,7 +93,7 @@ impl Session {
         let mut publisher = Publisher::new(broker, routes, principal, limits, outbox.conn_id);
         publisher.feedback = Some(crate::store::AckCargo::new(Arc::clone(&outbox)));
         Self {
-            publisher: Box::new(publisher),
+            publisher: Arc::new(publisher),
             outbox,
             scratch: RouteScratch::default(),
             wakes: Wakes::default(),
@@ -123,13 +125,14 @@ impl Session {
     /// else happened on it).
     pub fn log_in(&mut self, principal: Principal) {
         let routes = self.publisher.broker.tenant_for(&principal);
-        self.publisher.routes = routes;
-        self.publisher.principal = principal;
+        let publisher = Arc::make_mut(&mut self.publisher);
+        publisher.routes = routes;
+        publisher.principal = principal;
     }
 
     /// Names the client (NATS CONNECT's `name`), for logs and `{client_id}` rules.
     pub fn set_client_name(&mut self, name: &str) {
-        self.publisher.principal.client = Arc::from(name);
+        Arc::make_mut(&mut self.publisher).principal.client = Arc::from(name);
     }
 
     /// Takes the connection's place in its tenant's connection quota.
@@ -161,18 +164,40 @@ impl Session {
         publish: Publish<'_>,
         taken: impl FnOnce(&Outbox),
     ) -> Result<Published, Refused> {
-        let size = publish.size() as u64;
-        let decision = match self.publisher.decide(&publish) {
+        match self.publisher.run_plugins(&publish) {
+            Ok(None) => {}
+            Ok(Some(outcome)) => return self.publish_plugged(publish, outcome, taken),
+            Err(refusal) => return Err(self.refused(&publish, refusal)),
+        }
+        // Held apart, so the decision may borrow it while the session carries it out.
+        let publisher = Arc::clone(&self.publisher);
+        let decision = match publisher.decide(&publish) {
             Ok(decision) => decision,
-            Err(refusal) => {
-                if let Some(wait) = refusal.wait() {
-                    pause(&mut self.paused_until, wait);
-                }
-                let answer = self.publisher.error_answer(&publish, &refusal);
-                return Err(Refused { refusal, answer });
-            }
+            Err(refusal) => return Err(self.refused(&publish, refusal)),
         };
         taken(&self.outbox);
+        Ok(self.carry_out_with(&publisher, decision, publish))
+    }
+
+    /// A refusal with the answer its publisher gets, pausing the connection for a
+    /// rate quota.
+    fn refused(&mut self, publish: &Publish<'_>, refusal: Refusal) -> Refused {
+        if let Some(wait) = refusal.wait() {
+            pause(&mut self.paused_until, wait);
+        }
+        let answer = self.publisher.error_answer(publish, &refusal);
+        Refused { refusal, answer }
+    }
+
+    /// Carries out a publish `publisher` (this session's) decided, counting what it
+    /// admitted and delivered.
+    fn carry_out_with(
+        &mut self,
+        publisher: &Publisher,
+        decision: crate::publish::Decision<'_>,
+        publish: Publish<'_>,
+    ) -> Published {
+        let size = publish.size() as u64;
         if let Some(wait) = decision.throttled {
             pause(&mut self.paused_until, wait);
         }
@@ -180,7 +205,7 @@ impl Session {
             self.admitted.0 += 1;
             self.admitted.1 += size;
         }
-        let published = self.publisher.carry_out(
+        let published = publisher.carry_out(
             decision,
             publish,
             Some(&self.outbox),
@@ -192,7 +217,7 @@ impl Session {
             self.delivered.0 += delivered as u64;
             self.delivered.1 += delivered as u64 * size;
         }
-        Ok(published)
+        published
     }
 
     /// Counts what this inbound batch admitted and delivered, and wakes every

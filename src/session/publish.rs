@@ -295,8 +295,9 @@ impl Publisher {
                 crate::broker::durable::too_large_body(&too_large.stream),
             )),
             // A publish that waits for the store (an ack asked for, or a JetStream
-            // publish: a reply to a stored subject) hears its schema's refusal there.
-            Refusal::Invalid(_) => {
+            // publish: a reply to a stored subject) hears its schema's or a plugin's
+            // refusal there.
+            Refusal::Invalid(_) | Refusal::Plugin(_) => {
                 self.store_policy(publish.subject)?;
                 Some((reply, bad_request_body(tenant, &refusal.to_string())))
             }

@@ -17,6 +17,7 @@
 //!  cursor    'z' tenant 0x00 group 0x00 subject 0x00        -> the group's cursor in the subject (u64be)
 //!  schema    'y' tenant 0x00 pattern 0x00 version:u64be     -> one version of a schema binding (JSON, schemas.rs)
 //!  stream    'j' tenant 0x00 name                           -> a JetStream stream's definition (JSON, streams.rs)
+//!  plugin    'p' tenant 0x00 pattern                        -> a plugin bound to a pattern (JSON, plugins.rs)
 //!  format    'x' "format"                                   -> format version
 //! ```
 //!
@@ -41,8 +42,10 @@ pub const GROUP: u8 = b'k';
 pub const CURSOR: u8 = b'z';
 pub const SCHEMA: u8 = b'y';
 pub const STREAM: u8 = b'j';
+pub const PLUGIN: u8 = b'p';
 /// Every kind of key that belongs to one tenant's data (not its record).
-pub const TENANT_KINDS: [u8; 14] = [
+pub const TENANT_KINDS: [u8; 15] = [
+    PLUGIN,
     STREAM,
     SCHEMA,
     USER,
@@ -172,6 +175,13 @@ pub fn group(tenant: &str, name: &str) -> Bytes {
 pub fn stream(tenant: &str, name: &str) -> Bytes {
     let mut key = prefix(STREAM, tenant, name.len());
     key.put_slice(name.as_bytes());
+    key.freeze()
+}
+
+/// `'p' tenant 0 pattern`: the plugin bound to a pattern.
+pub fn plugin(tenant: &str, pattern: &str) -> Bytes {
+    let mut key = prefix(PLUGIN, tenant, pattern.len());
+    key.put_slice(pattern.as_bytes());
     key.freeze()
 }
 

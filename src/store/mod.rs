@@ -18,6 +18,7 @@ mod journaled;
 mod keys;
 pub mod observed;
 mod open;
+mod plugins;
 mod purge;
 mod read;
 mod record;

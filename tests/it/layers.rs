@@ -12,7 +12,7 @@ use std::path::Path;
 /// `client` (the CLI's own NATS client) stands apart and names none of them.
 const LAYERS: &[&str] = &[
     "client", "clock", "store", "follow", "config", "metrics", "cluster", "tenancy", "schemas",
-    "streams", "groups", "tables", "broker", "publish", "api", "session", "server",
+    "plugins", "streams", "groups", "tables", "broker", "publish", "api", "session", "server",
 ];
 
 /// One library file: its module path (`["broker", "groups"]` for

@@ -39,6 +39,7 @@ mod nats_client;
 mod nats_js;
 mod objects;
 mod ordered_pull;
+mod plugins;
 mod push_consumers;
 mod python;
 mod quotas;

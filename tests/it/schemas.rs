@@ -114,7 +114,10 @@ fn message_header_values(message: &async_nats::Message, name: &str) -> Vec<Strin
         .unwrap_or_default()
 }
 
-async fn next_message(sub: &mut async_nats::Subscriber, what: &str) -> async_nats::Message {
+pub(crate) async fn next_message(
+    sub: &mut async_nats::Subscriber,
+    what: &str,
+) -> async_nats::Message {
     tokio::time::timeout(WAIT, sub.next())
         .await
         .unwrap_or_else(|_| panic!("{what} within the wait"))
@@ -122,7 +125,7 @@ async fn next_message(sub: &mut async_nats::Subscriber, what: &str) -> async_nat
 }
 
 /// A native subscriber of `pattern`, in place when this returns.
-async fn watch(client: &async_nats::Client, pattern: &str) -> async_nats::Subscriber {
+pub(crate) async fn watch(client: &async_nats::Client, pattern: &str) -> async_nats::Subscriber {
     let sub = client
         .subscribe(pattern.to_owned())
         .await
@@ -135,7 +138,7 @@ async fn watch(client: &async_nats::Client, pattern: &str) -> async_nats::Subscr
 // rumqttc clients whose event loops run in tasks (aborting one drops the socket
 // without DISCONNECT, which is how a will is set off).
 
-mod v5 {
+pub(crate) mod v5 {
     use super::*;
     use rumqttc::Outgoing;
     use rumqttc::v5::mqttbytes::QoS;
@@ -237,7 +240,7 @@ mod v5 {
     }
 }
 
-mod v4 {
+pub(crate) mod v4 {
     use super::*;
     use rumqttc::{AsyncClient, ConnectReturnCode, Event, LastWill, MqttOptions, Packet, QoS};
 
@@ -1268,7 +1271,7 @@ async fn a_forged_schema_header_does_not_reach_live_subscribers() {
 // ---------------------------------------------------------------------------------
 // The CLI and HTTP
 
-async fn canopy(args: &[&str]) -> std::process::Output {
+pub(crate) async fn canopy(args: &[&str]) -> std::process::Output {
     tokio::time::timeout(
         WAIT,
         tokio::process::Command::new(BIN)
@@ -1285,7 +1288,7 @@ async fn canopy(args: &[&str]) -> std::process::Output {
 }
 
 /// Runs `canopy` and returns its standard output; panics unless it succeeded.
-async fn canopy_ok(args: &[&str]) -> String {
+pub(crate) async fn canopy_ok(args: &[&str]) -> String {
     let out = canopy(args).await;
     assert!(
         out.status.success(),

@@ -11,7 +11,6 @@ use crate::common::test_config;
 use crate::group_rights::js;
 use crate::logins::Logins;
 
-/// The rules of a user who owns `<name>.>` and may call JetStream's API.
 /// A server where Dave and Erin (tenant `default`) own `dave.>` and `erin.>`, and
 /// Olga, of tenant `other`, owns `dave.>` there; with each one's native client.
 pub(crate) async fn dave_erin_and_olga() -> (Logins, [async_nats::Client; 3]) {
@@ -27,9 +26,11 @@ pub(crate) async fn dave_erin_and_olga() -> (Logins, [async_nats::Client; 3]) {
     (logins, [dave, erin, olga])
 }
 
+/// The rules of a user who owns `<name>.>` and may call JetStream's API and bind
+/// plugins.
 fn own(name: &str) -> Value {
     json!({
-        "publish": {"allow": [format!("{name}.>"), "$JS.API.>", "$JS.ACK.>"]},
+        "publish": {"allow": [format!("{name}.>"), "$JS.API.>", "$JS.ACK.>", "$CANOPY.plugin.>"]},
         "subscribe": {"allow": [format!("{name}.>")]}
     })
 }

@@ -324,7 +324,7 @@ fn nats_text(subject: &str, refusal: &Refusal) -> String {
         Refusal::BadHeader(why) => format!("Invalid Canopy Header: {why}"),
         Refusal::WrongStream(_) => format!("Invalid Canopy Header: {refusal}"),
         Refusal::TooLargeForStream(_) => format!("Stream Limit: {refusal}"),
-        Refusal::Invalid(_) => schema_refusal(subject, refusal),
+        Refusal::Invalid(_) | Refusal::Plugin(_) => schema_refusal(subject, refusal),
     }
 }
 
@@ -332,7 +332,7 @@ fn nats_text(subject: &str, refusal: &Refusal) -> String {
 /// of up to 4 KiB.
 const MAX_SCHEMA_REFUSAL: usize = 1024;
 
-/// A schema refusal worded as a publish permissions violation: the one `-ERR` that
+/// A schema's or a plugin's refusal worded as a publish permissions violation: the one `-ERR` that
 /// nats-py and nats.go take without closing the connection for good (nats.js keeps
 /// it open on any), so the client hears why and goes on. One line between the
 /// quotes whatever the schema's message quotes, bounded, and without the phrases

@@ -174,7 +174,7 @@ fn publish_refusal(refused: &session::Refusal) -> Refusal {
         }
         session::Refusal::OverQuota(_) => ErrorCode::QuotaExceeded,
         session::Refusal::BadHeader(_) | session::Refusal::WrongStream(_) => ErrorCode::BadRequest,
-        session::Refusal::Invalid(_) => ErrorCode::InvalidMessage,
+        session::Refusal::Invalid(_) | session::Refusal::Plugin(_) => ErrorCode::InvalidMessage,
     };
     refusal(code, refused.to_string())
 }

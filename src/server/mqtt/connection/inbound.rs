@@ -251,11 +251,14 @@ impl Connection {
         packet_id: u16,
     ) -> Result<(), Close> {
         match published {
-            // MQTT 3.x cannot refuse: a message its schema refuses is acknowledged
-            // and dropped (the console and `schema.errors` show it), since closing
-            // would only bring the same message back on the next connection.
-            Err(refused @ Refusal::Invalid(_)) if self.level != Level::V5 => {
-                tracing::debug!(conn = self.id, %refused, "an mqtt 3 publish its schema refused was dropped");
+            // MQTT 3.x cannot refuse: a message its schema or a plugin refuses is
+            // acknowledged and dropped (the console and `schema.errors` show a
+            // schema's), since closing would only bring the same message back on the
+            // next connection.
+            Err(refused @ (Refusal::Invalid(_) | Refusal::Plugin(_)))
+                if self.level != Level::V5 =>
+            {
+                tracing::debug!(conn = self.id, %refused, "an mqtt 3 publish its schema or a plugin refused was dropped");
                 self.ack_now(qos, packet_id);
                 Ok(())
             }
@@ -526,5 +529,6 @@ pub(super) fn mqtt_code(refused: &Refusal) -> u8 {
         | Refusal::BadHeader(_)
         | Refusal::WrongStream(_) => reason::IMPLEMENTATION_SPECIFIC_ERROR,
         Refusal::Invalid(_) => reason::PAYLOAD_FORMAT_INVALID,
+        Refusal::Plugin(_) => reason::IMPLEMENTATION_SPECIFIC_ERROR,
     }
 }

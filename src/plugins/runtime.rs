@@ -1,0 +1,404 @@
+//! Running one plugin's WebAssembly: the engine all plugins share (with a ticker that
+//! moves its epoch every millisecond, so a deadline is a number of ticks), a pool of
+//! instances per plugin, and one call of a hook with its input written into the
+//! instance's memory and its answer read back through the host functions.
+//!
+//! The ABI (`canopy:plugin@1`, documented in the README): the module exports
+//! `memory`, `canopy_alloc(len) -> ptr` and `on_publish` and/or `on_deliver`, each
+//! `(ptr, subject_len, headers_len, payload_len) -> verdict` with the subject, the
+//! NATS header block (maybe empty) and the payload laid one after another at `ptr`.
+//! A verdict is 0 pass, 1 drop, 2 reject (the reason given to `canopy.reject`), 3
+//! replace by what it gave to `canopy.emit` (at most [`MAX_EMITTED`] messages; none
+//! is a drop). Host functions (module `canopy`): `emit(subject_ptr, subject_len,
+//! headers_ptr, headers_len, payload_ptr, payload_len) -> i32` (0, or -1 when refused),
+//! `reject(ptr, len)`, `log(level, ptr, len)`; `env.abort` (AssemblyScript's) traps.
+//!
+//! Must never: let a call run past its deadline or its memory past its limit, reuse
+//! an instance that faulted, give a plugin anything but its input (no clock, network
+//! or disk), or panic on what a module does.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use wasmtime::{
+    Caller, Config, Engine, Extern, Instance, InstancePre, Linker, Memory, Module, Store,
+    StoreLimits, StoreLimitsBuilder, Trap, TypedFunc,
+};
+
+use super::{Emitted, Fault, Hook, Verdict};
+
+/// Messages one call may emit.
+pub const MAX_EMITTED: usize = 8;
+/// How often the engine's epoch moves: a deadline's unit.
+const TICK: Duration = Duration::from_millis(1);
+/// Idle instances kept per plugin (more are made when calls overlap, then dropped).
+const POOL: usize = 8;
+/// Bytes of a reason or a log line taken (the rest is cut).
+const MAX_TEXT: usize = 1024;
+
+/// The engine every plugin runs on, with its epoch ticker.
+fn engine() -> Result<&'static Engine, Fault> {
+    static ENGINE: OnceLock<Result<Engine, String>> = OnceLock::new();
+    let made = ENGINE.get_or_init(|| {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        let engine = Engine::new(&config).map_err(|e| e.to_string())?;
+        let ticking = engine.clone();
+        std::thread::Builder::new()
+            .name("canopy-plugin-epoch".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(TICK);
+                    ticking.increment_epoch();
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(engine)
+    });
+    made.as_ref()
+        .map_err(|e| Fault::Module(format!("the plugin engine did not start: {e}")))
+}
+
+/// What one call's host functions see and gather.
+struct HostState {
+    limits: StoreLimits,
+    emitted: Vec<Emitted>,
+    reason: Option<String>,
+    /// Bytes an emitted message may have (headers and payload), and all of them.
+    max_message: usize,
+    emitted_bytes: usize,
+    plugin: Arc<str>,
+}
+
+/// A hook's export: `(ptr, subject_len, headers_len, payload_len) -> verdict`.
+type HookFunc = TypedFunc<(i32, i32, i32, i32), i32>;
+
+/// One instance, ready for calls.
+struct Loaded {
+    store: Store<HostState>,
+    memory: Memory,
+    alloc: TypedFunc<i32, i32>,
+    hooks: [Option<HookFunc>; 2],
+}
+
+/// A compiled plugin and its idle instances.
+pub struct Runtime {
+    pre: InstancePre<HostState>,
+    name: Arc<str>,
+    memory_bytes: usize,
+    deadline_ticks: u64,
+    max_message: usize,
+    idle: Mutex<Vec<Loaded>>,
+    /// The hooks the module exports.
+    exports: [bool; 2],
+}
+
+fn hook_index(hook: Hook) -> usize {
+    match hook {
+        Hook::Publish => 0,
+        Hook::Deliver => 1,
+    }
+}
+
+fn export_name(hook: Hook) -> &'static str {
+    match hook {
+        Hook::Publish => "on_publish",
+        Hook::Deliver => "on_deliver",
+    }
+}
+
+impl Runtime {
+    /// Compiles `module` (WebAssembly, binary or text) and makes one instance of it,
+    /// so a module that cannot run here is refused when it is put, not when a
+    /// message comes.
+    pub fn new(
+        name: &str,
+        module: &[u8],
+        memory_bytes: usize,
+        deadline: Duration,
+        max_message: usize,
+    ) -> Result<Runtime, Fault> {
+        let engine = engine()?;
+        let module = Module::new(engine, module)
+            .map_err(|e| Fault::Module(format!("not a WebAssembly module: {e:#}")))?;
+        let mut linker = Linker::new(engine);
+        define_host(&mut linker).map_err(|e| Fault::Module(format!("{e:#}")))?;
+        let pre = linker
+            .instantiate_pre(&module)
+            .map_err(|e| Fault::Module(format!("its imports: {e:#}")))?;
+        let exports = [Hook::Publish, Hook::Deliver].map(|hook| {
+            module
+                .exports()
+                .any(|export| export.name() == export_name(hook))
+        });
+        if !exports.iter().any(|e| *e) {
+            return Err(Fault::Module(
+                "it exports neither on_publish nor on_deliver".into(),
+            ));
+        }
+        let ticks = deadline.as_millis().max(1);
+        let runtime = Runtime {
+            pre,
+            name: Arc::from(name),
+            memory_bytes,
+            deadline_ticks: u64::try_from(ticks).unwrap_or(u64::MAX),
+            max_message,
+            idle: Mutex::new(Vec::new()),
+            exports,
+        };
+        let first = runtime.instantiate()?;
+        runtime.idle.lock().push(first);
+        Ok(runtime)
+    }
+
+    /// Whether the module exports `hook`.
+    pub fn exports(&self, hook: Hook) -> bool {
+        self.exports[hook_index(hook)]
+    }
+
+    fn instantiate(&self) -> Result<Loaded, Fault> {
+        let engine = self.pre.module().engine();
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(self.memory_bytes)
+            .instances(1)
+            .tables(4)
+            .table_elements(100_000)
+            .memories(1)
+            .build();
+        let mut store = Store::new(
+            engine,
+            HostState {
+                limits,
+                emitted: Vec::new(),
+                reason: None,
+                max_message: self.max_message,
+                emitted_bytes: 0,
+                plugin: Arc::clone(&self.name),
+            },
+        );
+        store.limiter(|state| &mut state.limits);
+        store.set_epoch_deadline(self.deadline_ticks);
+        let instance: Instance = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| fault_of(&e, "starting it"))?;
+        let memory = instance
+            .get_memory(&mut store, "memory")
+            .ok_or_else(|| Fault::Module("it exports no memory".into()))?;
+        let alloc = instance
+            .get_typed_func::<i32, i32>(&mut store, "canopy_alloc")
+            .map_err(|e| Fault::Module(format!("canopy_alloc(i32) -> i32: {e:#}")))?;
+        let mut hooks = [None, None];
+        for hook in [Hook::Publish, Hook::Deliver] {
+            if self.exports(hook) {
+                let name = export_name(hook);
+                let func = instance
+                    .get_typed_func::<(i32, i32, i32, i32), i32>(&mut store, name)
+                    .map_err(|e| {
+                        Fault::Module(format!("{name}(i32, i32, i32, i32) -> i32: {e:#}"))
+                    })?;
+                hooks[hook_index(hook)] = Some(func);
+            }
+        }
+        Ok(Loaded {
+            store,
+            memory,
+            alloc,
+            hooks,
+        })
+    }
+
+    /// Runs `hook` on one message. An instance that faulted is dropped.
+    pub fn call(
+        &self,
+        hook: Hook,
+        subject: &str,
+        headers: &[u8],
+        payload: &[u8],
+    ) -> Result<Verdict, Fault> {
+        let taken = self.idle.lock().pop();
+        let mut loaded = match taken {
+            Some(loaded) => loaded,
+            None => self.instantiate()?,
+        };
+        let verdict = self.run(&mut loaded, hook, subject, headers, payload)?;
+        let mut idle = self.idle.lock();
+        if idle.len() < POOL {
+            idle.push(loaded);
+        }
+        Ok(verdict)
+    }
+
+    fn run(
+        &self,
+        loaded: &mut Loaded,
+        hook: Hook,
+        subject: &str,
+        headers: &[u8],
+        payload: &[u8],
+    ) -> Result<Verdict, Fault> {
+        let Some(func) = loaded.hooks[hook_index(hook)].clone() else {
+            return Ok(Verdict::Pass);
+        };
+        let store = &mut loaded.store;
+        let state = store.data_mut();
+        state.emitted.clear();
+        state.reason = None;
+        state.emitted_bytes = 0;
+        store.set_epoch_deadline(self.deadline_ticks);
+        let total = subject.len() + headers.len() + payload.len();
+        let length =
+            i32::try_from(total).map_err(|_| Fault::Abi("the message is too large".into()))?;
+        let ptr = loaded
+            .alloc
+            .call(&mut *store, length)
+            .map_err(|e| fault_of(&e, "canopy_alloc"))?;
+        let start =
+            usize::try_from(ptr).map_err(|_| Fault::Abi(format!("canopy_alloc gave {ptr}")))?;
+        let memory = loaded.memory.data_mut(&mut *store);
+        let Some(room) = memory.get_mut(start..start.saturating_add(total)) else {
+            return Err(Fault::Abi(format!(
+                "canopy_alloc gave {ptr}, outside its memory for {total} bytes"
+            )));
+        };
+        let (s, rest) = room.split_at_mut(subject.len());
+        let (h, p) = rest.split_at_mut(headers.len());
+        s.copy_from_slice(subject.as_bytes());
+        h.copy_from_slice(headers);
+        p.copy_from_slice(payload);
+        let lengths = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+        let code = func
+            .call(
+                &mut *store,
+                (
+                    ptr,
+                    lengths(subject.len()),
+                    lengths(headers.len()),
+                    lengths(payload.len()),
+                ),
+            )
+            .map_err(|e| fault_of(&e, export_name(hook)))?;
+        let state = store.data_mut();
+        match code {
+            0 => Ok(Verdict::Pass),
+            1 => Ok(Verdict::Drop),
+            2 => {
+                Ok(Verdict::Reject(state.reason.take().unwrap_or_else(|| {
+                    format!("refused by plugin {}", self.name)
+                })))
+            }
+            3 => Ok(Verdict::Replace(std::mem::take(&mut state.emitted))),
+            other => Err(Fault::Abi(format!(
+                "{} answered {other}, not a verdict (0-3)",
+                export_name(hook)
+            ))),
+        }
+    }
+}
+
+/// What a call's error says: its deadline passed, it trapped, or it ran out of room.
+fn fault_of(error: &wasmtime::Error, during: &str) -> Fault {
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => Fault::Deadline,
+        Some(trap) => Fault::Trap(format!("{during}: {trap}")),
+        None => Fault::Trap(format!("{during}: {error:#}")),
+    }
+}
+
+/// Bytes `len` long at `ptr` in the caller's memory, if they are there.
+fn read(caller: &mut Caller<'_, HostState>, ptr: i32, len: i32) -> Option<Vec<u8>> {
+    let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
+        return None;
+    };
+    let start = usize::try_from(ptr).ok()?;
+    let len = usize::try_from(len).ok()?;
+    memory
+        .data(&*caller)
+        .get(start..start.checked_add(len)?)
+        .map(<[u8]>::to_vec)
+}
+
+fn text(bytes: Option<Vec<u8>>) -> String {
+    let mut text = String::from_utf8_lossy(&bytes.unwrap_or_default()).into_owned();
+    if text.len() > MAX_TEXT {
+        let mut end = MAX_TEXT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+fn define_host(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    linker.func_wrap(
+        "canopy",
+        "emit",
+        |mut caller: Caller<'_, HostState>,
+         subject_ptr: i32,
+         subject_len: i32,
+         headers_ptr: i32,
+         headers_len: i32,
+         payload_ptr: i32,
+         payload_len: i32|
+         -> i32 {
+            let (Some(s), Some(h), Some(p)) = (
+                read(&mut caller, subject_ptr, subject_len),
+                read(&mut caller, headers_ptr, headers_len),
+                read(&mut caller, payload_ptr, payload_len),
+            ) else {
+                return -1;
+            };
+            let state = caller.data_mut();
+            let size = h.len() + p.len();
+            let Ok(subject) = String::from_utf8(s) else {
+                return -1;
+            };
+            if state.emitted.len() >= MAX_EMITTED
+                || size > state.max_message
+                || state.emitted_bytes + size > state.max_message * MAX_EMITTED
+            {
+                return -1;
+            }
+            state.emitted_bytes += size;
+            state.emitted.push(Emitted {
+                subject,
+                headers: Bytes::from(h),
+                payload: Bytes::from(p),
+            });
+            0
+        },
+    )?;
+    linker.func_wrap(
+        "canopy",
+        "reject",
+        |mut caller: Caller<'_, HostState>, ptr: i32, len: i32| {
+            let reason = text(read(&mut caller, ptr, len));
+            caller.data_mut().reason = Some(reason);
+        },
+    )?;
+    linker.func_wrap(
+        "canopy",
+        "log",
+        |mut caller: Caller<'_, HostState>, level: i32, ptr: i32, len: i32| {
+            let line = text(read(&mut caller, ptr, len));
+            let plugin = Arc::clone(&caller.data().plugin);
+            match level {
+                0 => tracing::debug!(%plugin, "{line}"),
+                1 => tracing::info!(%plugin, "{line}"),
+                _ => tracing::warn!(%plugin, "{line}"),
+            }
+        },
+    )?;
+    // AssemblyScript's runtime calls this on an assertion or an allocation failure.
+    linker.func_wrap(
+        "env",
+        "abort",
+        |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32| -> wasmtime::Result<()> {
+            Err(wasmtime::Error::msg("the plugin aborted"))
+        },
+    )?;
+    Ok(())
+}

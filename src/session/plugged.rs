@@ -1,0 +1,126 @@
+//! A publish the tenant's plugins changed (`crate::plugins`): dropped, or replaced by
+//! the messages they made, each then decided and carried out as any publish is (so a
+//! new subject is held to the publisher's rights, its stream's and schema's rules).
+//! The first message keeps the publish's reply and ack; the others go without one.
+//! Must never: run the plugins again on what they made, or ack a dropped publish as
+//! stored.
+
+use bytes::Bytes;
+
+use super::{Outbox, Publish, Published, Refused, Session};
+use crate::broker::durable::StoreRequest;
+use crate::broker::{Message, RouteScratch, Wakes};
+use crate::plugins::Outcome;
+use crate::publish::AskAck;
+
+impl Session {
+    /// Carries out what the plugins made of `publish`.
+    pub(super) fn publish_plugged(
+        &mut self,
+        publish: Publish<'_>,
+        outcome: Outcome,
+        taken: impl FnOnce(&Outbox),
+    ) -> Result<Published, Refused> {
+        let messages = match outcome {
+            Outcome::Unchanged => vec![(
+                publish.subject.to_owned(),
+                publish.headers.clone(),
+                publish.payload.clone(),
+            )],
+            Outcome::Rejected(why) => {
+                return Err(self.refused(&publish, crate::publish::Refusal::Plugin(why)));
+            }
+            Outcome::Dropped => {
+                taken(&self.outbox);
+                self.answer_dropped(&publish);
+                return Ok(Published::Routed { delivered: 0 });
+            }
+            Outcome::Replaced(emitted) => emitted
+                .into_iter()
+                .map(|m| (m.subject, m.headers, m.payload))
+                .collect(),
+        };
+        // Held apart, so each decision may borrow it while the session carries it out.
+        let publisher = std::sync::Arc::clone(&self.publisher);
+        let mut taken = Some(taken);
+        let mut first = None;
+        for (i, (subject, headers, payload)) in messages.iter().enumerate() {
+            let one = Publish {
+                subject,
+                headers: headers.clone(),
+                payload: payload.clone(),
+                reply: publish.reply.clone().filter(|_| i == 0),
+                ack: if i == 0 {
+                    publish.ack.clone()
+                } else {
+                    AskAck::Nobody
+                },
+                subject_checked: false,
+                ..publish.clone()
+            };
+            let decision = match publisher.decide(&one) {
+                Ok(decision) => decision,
+                Err(refusal) if i == 0 => return Err(self.refused(&one, refusal)),
+                Err(refusal) => {
+                    tracing::debug!(subject = %one.subject, %refusal, "a message a plugin made was refused");
+                    continue;
+                }
+            };
+            if let Some(taken) = taken.take() {
+                taken(&self.outbox);
+            }
+            let published = self.carry_out_with(&publisher, decision, one);
+            first.get_or_insert(published);
+        }
+        Ok(first.unwrap_or(Published::Routed { delivered: 0 }))
+    }
+
+    /// A dropped publish that waits for the store's ack gets one saying nothing was
+    /// stored, so its publisher goes on (a JetStream client would wait otherwise).
+    fn answer_dropped(&mut self, publish: &Publish<'_>) {
+        let Some(reply) = &publish.reply else {
+            return;
+        };
+        let Some(policy) = self.publisher.store_policy(publish.subject) else {
+            return;
+        };
+        // As the store would answer: a JetStream publish, one asking for an ack, or
+        // one to a declared stream's subject (not a plain request to a service).
+        let asked = if publish.headers.is_empty() {
+            StoreRequest::default().wants_ack(policy)
+        } else {
+            StoreRequest::from_headers(&publish.headers).is_ok_and(|r| r.wants_ack(policy))
+        };
+        let declared = self
+            .publisher
+            .routes
+            .streams
+            .for_subject(publish.subject)
+            .is_some();
+        if !matches!(publish.ack, AskAck::Reply) || !(asked || declared) {
+            return;
+        }
+        let stream = self.publisher.routes.stream_of(publish.subject);
+        let body = Bytes::from(
+            serde_json::json!({"stream": &*stream, "seq": 0, "dropped": true}).to_string(),
+        );
+        let Ok(subject) = std::str::from_utf8(reply) else {
+            return;
+        };
+        let message = Message {
+            subject,
+            payload: &body,
+            ..Message::default()
+        };
+        let mut scratch = RouteScratch::default();
+        let mut wakes = Wakes::default();
+        let broker = std::sync::Arc::clone(&self.publisher.broker);
+        broker.route(
+            &self.publisher.routes,
+            None,
+            &message,
+            &mut scratch,
+            &mut wakes,
+        );
+    }
+}

@@ -1,0 +1,381 @@
+//! Issue 31: WebAssembly plugins bound to subject patterns, run on publish. Modules
+//! from WAT (tests/plugins/): a filter, a transform, a reject with a reason seen by
+//! native (`-ERR` and the error ack), MQTT 5 (PUBACK with a reason string), MQTT
+//! 3.1.1 (acked and dropped) and `/ws` publishers, a fan-out; a plugin that loops,
+//! traps or asks for memory without end, each bounded and answered per its
+//! `on_error`, disabled after repeated faults, the server and other tenants going on;
+//! the API's refusals, a restart, and tenant isolation.
+//!
+//! "Not delivered" is shown by order: a refused or dropped publish is followed by one
+//! that passes, and a subscriber's first message must be the one that passed.
+
+use serde_json::{Value, json};
+
+use crate::common::{
+    WAIT, api, file_config, js_publish_to_tenant, replay_texts, start, start_default,
+};
+use crate::frontends::{Native, NativeEvent, Ws, WsEvent, pub_frame};
+use crate::mqtt::mqtt_addr;
+use crate::schemas::{canopy_ok, next_message, v4, v5, watch};
+
+fn module(name: &str) -> String {
+    use base64::Engine as _;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/plugins")
+        .join(name);
+    let text = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+async fn plugin(client: &async_nats::Client, op: &str, body: Value) -> (u16, Value) {
+    api(client, &format!("plugin.{op}"), body).await
+}
+
+/// Binds `file` to `pattern` and panics unless it was taken.
+async fn put(client: &async_nats::Client, pattern: &str, file: &str, extra: Value) -> Value {
+    let mut body = json!({"pattern": pattern, "module": module(file)});
+    if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        body.extend(extra.clone());
+    }
+    let (status, answer) = plugin(client, "put", body).await;
+    assert_eq!(status, 200, "plugin.put {pattern}: {answer}");
+    answer
+}
+
+async fn connect(server: &canopy::server::RunningServer) -> async_nats::Client {
+    async_nats::connect(server.native_url())
+        .await
+        .expect("connects")
+}
+
+#[tokio::test]
+async fn a_plugin_filters_transforms_fans_out_and_rejects_on_every_front_end() {
+    let server = start_default().await;
+    let client = connect(&server).await;
+    let made = put(&client, "t.>", "edit.wat", json!({})).await;
+    assert_eq!(made["hooks"], json!(["publish"]), "{made}");
+    assert_eq!(made["version"], json!(1), "{made}");
+    let mut sub = watch(&client, "t.>").await;
+
+    // Native: a rejected publish is an -ERR with the plugin's reason; a dropped one
+    // goes nowhere; the next is transformed.
+    let mut native = Native::connect(server.native_addr, None)
+        .await
+        .expect("native connects");
+    native.send(&pub_frame("t.a", None, None, b"!bang")).await;
+    match native.next().await {
+        Some(NativeEvent::Err(text)) => assert_eq!(
+            text,
+            "Permissions Violation for Publish to \"t.a\": no bangs here"
+        ),
+        other => panic!("expected -ERR for a rejected publish, got {other:?}"),
+    }
+    native.send(&pub_frame("t.a", None, None, b"xdrop")).await;
+    native.send(&pub_frame("t.a", None, None, b"hello")).await;
+    let first = next_message(&mut sub, "the transformed publish").await;
+    assert_eq!(
+        (first.subject.as_str(), &first.payload[..]),
+        ("t.a", &b"HELLO"[..])
+    );
+
+    // A fan-out: the message and its copy.
+    native.send(&pub_frame("t.b", None, None, b"*two")).await;
+    let one = next_message(&mut sub, "the fanned-out message").await;
+    let two = next_message(&mut sub, "its copy").await;
+    assert_eq!(
+        [
+            (one.subject.as_str(), &one.payload[..]),
+            (two.subject.as_str(), &two.payload[..])
+        ],
+        [("t.b", &b"*two"[..]), ("t.b.copy", &b"*two"[..])]
+    );
+
+    // JetStream: the error ack; what is stored is what the plugin made.
+    let js = async_nats::jetstream::new(client.clone());
+    let refused = js_publish_to_tenant(&js, "default", "t.c", "!no")
+        .await
+        .expect_err("a rejected JetStream publish");
+    assert!(refused.to_string().contains("no bangs here"), "{refused}");
+    let dropped = js_publish_to_tenant(&js, "default", "t.c", "xgone")
+        .await
+        .expect("a dropped JetStream publish is answered");
+    assert_eq!(dropped.sequence, 0, "nothing was stored");
+    js_publish_to_tenant(&js, "default", "t.c", "kept")
+        .await
+        .expect("stored");
+    assert_eq!(replay_texts(&client, "t.c").await, ["KEPT"]);
+    let next = next_message(&mut sub, "the stored publish").await;
+    assert_eq!(&next.payload[..], b"KEPT");
+
+    // MQTT 5: PUBACK 0x83 with the reason string; MQTT 3.1.1: acked and dropped.
+    let mut mqtt = v5::Client::connect(mqtt_addr(&server), "plugins-v5", None).await;
+    let ack = mqtt.publish_qos1("t/d", "!mqtt").await;
+    assert_eq!(
+        ack.reason,
+        rumqttc::v5::mqttbytes::v5::PubAckReason::ImplementationSpecificError,
+        "{ack:?}"
+    );
+    let reason = ack
+        .properties
+        .as_ref()
+        .and_then(|p| p.reason_string.clone())
+        .unwrap_or_default();
+    assert_eq!(reason, "no bangs here", "{ack:?}");
+    mqtt.publish_qos1("t/d", "mqtt5").await;
+    mqtt.vanish();
+    let mut old = v4::Client::connect(mqtt_addr(&server), "plugins-v4", None).await;
+    old.publish_qos1("t/e", "!old").await;
+    old.publish_qos1("t/e", "mqtt3").await;
+    old.vanish();
+    for (subject, payload) in [("t.d", "MQTT5"), ("t.e", "MQTT3")] {
+        let got = next_message(&mut sub, subject).await;
+        assert_eq!(
+            (got.subject.as_str(), &got.payload[..]),
+            (subject, payload.as_bytes())
+        );
+    }
+
+    // /ws: invalid_message with the reason.
+    let mut ws = Ws::open(server.http_addr.expect("http"), None)
+        .await
+        .expect("/ws opens");
+    let refused = json!({"op": "pub", "subject": "t.f", "data_b64": crate::frontends::b64(b"!ws")});
+    match ws.call(refused).await {
+        Some(WsEvent::Text(answer)) => {
+            assert_eq!(answer["code"], "invalid_message", "{answer}");
+            assert_eq!(answer["message"], "no bangs here", "{answer}");
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    let (status, listed) = plugin(&client, "list", json!({})).await;
+    assert_eq!(status, 200, "{listed}");
+    let calls = listed["plugins"][0]["calls"].as_u64().unwrap_or_default();
+    assert!(calls >= 12, "every publish to t.> ran it: {listed}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_plugin_that_loops_traps_or_hogs_memory_is_bounded_and_disabled() {
+    let server = start_default().await;
+    let client = connect(&server).await;
+    put(
+        &client,
+        "bad.>",
+        "faulty.wat",
+        json!({"deadline_ms": 20, "memory_mib": 1}),
+    )
+    .await;
+    put(
+        &client,
+        "lenient.>",
+        "faulty.wat",
+        json!({"on_error": "pass"}),
+    )
+    .await;
+    put(&client, "ok.>", "edit.wat", json!({})).await;
+    let js = async_nats::jetstream::new(client.clone());
+    for (payload, why) in [
+        ("loop", "deadline"),
+        ("trap", "trapped"),
+        ("more", "trapped"),
+    ] {
+        let refused = js_publish_to_tenant(&js, "default", "bad.x", payload)
+            .await
+            .expect_err("a faulting plugin rejects on error");
+        assert!(refused.to_string().contains(why), "{payload}: {refused}");
+    }
+    // on_error pass: the message goes on unchanged.
+    js_publish_to_tenant(&js, "default", "lenient.x", "loop")
+        .await
+        .expect("passed on");
+    assert_eq!(replay_texts(&client, "lenient.x").await, ["loop"]);
+    // Two more faults in a row disable it: then it is not run, and still refuses.
+    for _ in 0..2 {
+        js_publish_to_tenant(&js, "default", "bad.x", "trap")
+            .await
+            .expect_err("refused");
+    }
+    let refused = js_publish_to_tenant(&js, "default", "bad.x", "fine")
+        .await
+        .expect_err("a disabled plugin refuses on error");
+    assert!(refused.to_string().contains("disabled"), "{refused}");
+    let (_, got) = plugin(&client, "get", json!({"pattern": "bad.>"})).await;
+    assert_eq!(got["disabled"], json!(true), "{got}");
+    assert_eq!(got["faults"], json!(5), "{got}");
+    // The server and the other plugins go on.
+    js_publish_to_tenant(&js, "default", "ok.x", "fine")
+        .await
+        .expect("stored");
+    assert_eq!(replay_texts(&client, "ok.x").await, ["FINE"]);
+    // Put again: enabled, with a new version.
+    let again = put(&client, "bad.>", "faulty.wat", json!({})).await;
+    assert_eq!(
+        (again["version"].clone(), again["disabled"].clone()),
+        (json!(2), json!(false))
+    );
+    js_publish_to_tenant(&js, "default", "bad.x", "fine")
+        .await
+        .expect("passes");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_modules_and_calls_are_refused_and_plugins_outlive_a_restart() {
+    let folder = tempfile::tempdir().expect("tempdir");
+    let server = start(file_config(folder.path())).await;
+    let client = connect(&server).await;
+    for (body, status, says) in [
+        (
+            json!({"pattern": "a.>", "module": "bm90IHdhc20="}),
+            400,
+            "cannot run",
+        ),
+        (json!({"pattern": "a.>", "module": "%%%"}), 400, "base64"),
+        (
+            json!({"pattern": "a.>", "module": module("edit.wat"), "deadline_ms": 5000}),
+            400,
+            "deadline_ms",
+        ),
+        (
+            json!({"pattern": "a.>", "module": module("edit.wat"), "hooks": ["deliver"]}),
+            501,
+            "not built",
+        ),
+        (
+            json!({"pattern": "a.b c", "module": module("edit.wat")}),
+            400,
+            "pattern",
+        ),
+    ] {
+        let (got, answer) = plugin(&client, "put", body).await;
+        assert_eq!(got, status, "{answer}");
+        assert!(answer.to_string().contains(says), "{says}: {answer}");
+    }
+    put(&client, "r.>", "edit.wat", json!({})).await;
+    server.stop().await;
+
+    let server = start(file_config(folder.path())).await;
+    let client = connect(&server).await;
+    let js = async_nats::jetstream::new(client.clone());
+    js_publish_to_tenant(&js, "default", "r.x", "after")
+        .await
+        .expect("stored");
+    assert_eq!(replay_texts(&client, "r.x").await, ["AFTER"]);
+    let (status, deleted) = plugin(&client, "delete", json!({"pattern": "r.>"})).await;
+    assert_eq!(status, 200, "{deleted}");
+    js_publish_to_tenant(&js, "default", "r.x", "plain")
+        .await
+        .expect("stored");
+    assert_eq!(replay_texts(&client, "r.x").await, ["AFTER", "plain"]);
+    let (status, _) = plugin(&client, "get", json!({"pattern": "r.>"})).await;
+    assert_eq!(status, 404);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn plugins_are_their_tenants_alone_and_need_rights_to_their_pattern() {
+    let (logins, [dave, erin, olga]) = crate::stream_rights::dave_erin_and_olga().await;
+    let (status, answer) = plugin(
+        &erin,
+        "put",
+        json!({"pattern": "dave.>", "module": module("edit.wat")}),
+    )
+    .await;
+    assert_eq!(status, 403, "{answer}");
+    put(&dave, "dave.>", "edit.wat", json!({})).await;
+    let (_, listed) = plugin(&erin, "list", json!({})).await;
+    assert_eq!(
+        listed["plugins"],
+        json!([]),
+        "erin may not read dave.>: {listed}"
+    );
+    let (_, listed) = plugin(&olga, "list", json!({})).await;
+    assert_eq!(listed["plugins"], json!([]), "another tenant: {listed}");
+
+    // Olga's tenant has no plugin on dave.>: her messages are hers as sent.
+    let mut theirs = watch(&olga, "dave.>").await;
+    olga.publish("dave.x", "lower".into()).await.expect("sent");
+    let got = next_message(&mut theirs, "olga's message").await;
+    assert_eq!(&got.payload[..], b"lower");
+    let mut his = watch(&dave, "dave.>").await;
+    dave.publish("dave.x", "lower".into()).await.expect("sent");
+    let got = tokio::time::timeout(WAIT, next_message(&mut his, "dave's message"))
+        .await
+        .expect("in time");
+    assert_eq!(&got.payload[..], b"LOWER");
+    drop(logins);
+}
+
+/// `canopy plugin put/list/get/delete`, the way the README shows them.
+#[tokio::test]
+async fn the_cli_binds_lists_and_deletes_plugins() {
+    let server = start_default().await;
+    let client = connect(&server).await;
+    let addr = server.native_addr.to_string();
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/plugins/edit.wat");
+    let file = file.to_str().expect("UTF-8 path");
+    let put = canopy_ok(&[
+        "plugin",
+        "put",
+        "cli.>",
+        file,
+        "--on-publish",
+        "--on-error",
+        "pass",
+        "--json",
+        "--server",
+        &addr,
+    ])
+    .await;
+    let put: Value = serde_json::from_str(put.trim()).expect("JSON");
+    assert_eq!(
+        (put["pattern"].clone(), put["on_error"].clone()),
+        (json!("cli.>"), json!("pass")),
+        "{put}"
+    );
+    let listed = canopy_ok(&["plugin", "list", "--server", &addr]).await;
+    assert!(
+        listed.starts_with("cli.>  version 1  on publish  on error pass"),
+        "{listed}"
+    );
+    let js = async_nats::jetstream::new(client.clone());
+    js_publish_to_tenant(&js, "default", "cli.x", "loud")
+        .await
+        .expect("stored");
+    assert_eq!(replay_texts(&client, "cli.x").await, ["LOUD"]);
+    let shown = canopy_ok(&["plugin", "get", "cli.>", "--server", &addr]).await;
+    assert!(shown.contains("\"calls\": 1"), "{shown}");
+    canopy_ok(&["plugin", "delete", "cli.>", "--server", &addr]).await;
+    let listed = canopy_ok(&["plugin", "list", "--server", &addr]).await;
+    assert!(listed.is_empty(), "{listed}");
+    server.stop().await;
+}
+
+/// The README's example plugin, as printed there: it runs as the README says.
+#[tokio::test]
+async fn the_readmes_example_plugin_works_as_documented() {
+    use base64::Engine as _;
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let start = readme
+        .find("```wat\n")
+        .expect("a WAT example in the README")
+        + 7;
+    let end = start + readme[start..].find("```").expect("its end");
+    let module = base64::engine::general_purpose::STANDARD.encode(&readme[start..end]);
+    let server = start_default().await;
+    let client = connect(&server).await;
+    let (status, answer) =
+        plugin(&client, "put", json!({"pattern": "ex.>", "module": module})).await;
+    assert_eq!(status, 200, "{answer}");
+    let js = async_nats::jetstream::new(client.clone());
+    let refused = js_publish_to_tenant(&js, "default", "ex.a", "!no")
+        .await
+        .expect_err("rejected");
+    assert!(refused.to_string().contains("no bangs here"), "{refused}");
+    js_publish_to_tenant(&js, "default", "ex.a", "quiet please")
+        .await
+        .expect("stored");
+    assert_eq!(replay_texts(&client, "ex.a").await, ["QUIET PLEASE"]);
+    server.stop().await;
+}
