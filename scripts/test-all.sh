@@ -48,6 +48,7 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
 fi
 if [ ! -d tests/js/node_modules/mqtt ] || [ ! -d tests/js/node_modules/playwright-core ] ||
   [ ! -d tests/js/node_modules/@asyncapi/specs ] || [ ! -d tests/js/node_modules/nats ] ||
+  [ ! -d tests/js/node_modules/assemblyscript ] ||
   [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
   echo "test-all: installing the JavaScript test clients (npm ci in tests/js)" >&2
   npm ci --prefix tests/js --no-audit --no-fund >&2

@@ -379,3 +379,74 @@ async fn the_readmes_example_plugin_works_as_documented() {
     assert_eq!(replay_texts(&client, "ex.a").await, ["QUIET PLEASE"]);
     server.stop().await;
 }
+
+/// A plugin written in AssemblyScript (tests/plugins/redact.ts, built here with the
+/// npm `assemblyscript` compiler the test command installs): a JSON field transform
+/// that masks a `secret`, and rejects one that is not a string.
+#[tokio::test]
+async fn an_assemblyscript_plugin_masks_a_field() {
+    use base64::Engine as _;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let asc = root.join("tests/js/node_modules/.bin/asc");
+    assert!(
+        asc.exists(),
+        "tests/js/node_modules/.bin/asc is missing: run ./scripts/test-all.sh, which installs it"
+    );
+    let out = tempfile::tempdir().expect("tempdir");
+    let wasm = out.path().join("redact.wasm");
+    let built = tokio::process::Command::new(&asc)
+        .arg(root.join("tests/plugins/redact.ts"))
+        .args(["--runtime", "incremental", "-O3", "-o"])
+        .arg(&wasm)
+        .output()
+        .await
+        .expect("asc runs");
+    assert!(
+        built.status.success(),
+        "asc: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let module =
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(&wasm).expect("built"));
+
+    let server = start_default().await;
+    let client = connect(&server).await;
+    let (status, answer) = plugin(
+        &client,
+        "put",
+        json!({"pattern": "users.>", "module": module}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let js = async_nats::jetstream::new(client.clone());
+    let refused = js_publish_to_tenant(&js, "default", "users.a", r#"{"secret":5}"#)
+        .await
+        .expect_err("rejected");
+    assert!(
+        refused.to_string().contains("the secret must be a string"),
+        "{refused}"
+    );
+    for payload in [
+        r#"{"user":"a","secret":"hunter2","n":1}"#,
+        r#"{"user":"b"}"#,
+    ] {
+        js_publish_to_tenant(&js, "default", "users.a", payload)
+            .await
+            .expect("stored");
+    }
+    // More than the instance's 16 MiB in all: its memory is reused, not leaked.
+    let padding = "p".repeat(64 * 1024);
+    for i in 0..320 {
+        let payload = format!(r#"{{"user":"u{i}","secret":"s{i}","pad":"{padding}"}}"#);
+        js_publish_to_tenant(&js, "default", "users.many", payload)
+            .await
+            .expect("stored");
+    }
+    assert_eq!(
+        replay_texts(&client, "users.a").await,
+        [r#"{"user":"a","secret":"***","n":1}"#, r#"{"user":"b"}"#]
+    );
+    let (_, got) = plugin(&client, "get", json!({"pattern": "users.>"})).await;
+    assert_eq!(got["faults"], json!(0), "{got}");
+    server.stop().await;
+}
