@@ -36,7 +36,8 @@ pub(crate) enum Of<'a> {
 
 impl History<'_> {
     fn may_read(&self, pattern: &str) -> Result<(), ApiError> {
-        authorize(self.broker, self.principal, Action::Subscribe, pattern)
+        authorize(self.broker, self.principal, Action::Subscribe, pattern)?;
+        super::plugins::unfiltered(&self.broker.tenant(self.tenant), pattern)
     }
 
     /// One message of `subject`: `version`, or the newest.

@@ -22,7 +22,7 @@ mod cluster;
 pub(crate) mod groups;
 pub(crate) mod history;
 pub mod jetstream;
-mod plugins;
+pub(crate) mod plugins;
 mod read;
 pub mod schemas;
 mod snapshots;

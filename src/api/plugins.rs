@@ -80,6 +80,27 @@ pub(super) async fn dispatch(
     Ok(())
 }
 
+/// Refuses a read of stored history under `pattern` where a deliver plugin of the
+/// tenant could filter or change what readers see (the read would go around it):
+/// such subjects are read through a subscription or a consumer, which it sees.
+pub(crate) fn unfiltered(routes: &crate::broker::Tenant, pattern: &str) -> Result<(), ApiError> {
+    let current = routes.plugins.current();
+    let covering = current.all().iter().find(|p| {
+        p.serves(Hook::Deliver) && crate::streams::filters::overlap(&p.spec.pattern, pattern)
+    });
+    match covering {
+        None => Ok(()),
+        Some(plugin) => Err(ApiError::new(
+            409,
+            format!(
+                "a deliver plugin on {} filters what readers of {pattern} see: read it through \
+                 a subscription or a consumer",
+                plugin.spec.pattern
+            ),
+        )),
+    }
+}
+
 /// The spec a put asks for, within the bounds.
 fn spec_of(put: &Put) -> Result<PluginSpec, ApiError> {
     let deadline_ms = put.deadline_ms.unwrap_or(DEFAULT_DEADLINE_MS);
@@ -97,12 +118,6 @@ fn spec_of(put: &Put) -> Result<PluginSpec, ApiError> {
         ));
     }
     let hooks = put.hooks.clone().unwrap_or_default();
-    if hooks.contains(&Hook::Deliver) {
-        return Err(ApiError::new(
-            501,
-            "on-deliver plugins are not built yet: bind it on publish",
-        ));
-    }
     Ok(PluginSpec {
         pattern: put.pattern.clone(),
         hooks,
@@ -139,7 +154,7 @@ async fn put(
             format!("a module is at most {MAX_MODULE_BYTES} bytes"),
         ));
     }
-    let mut spec = spec_of(&put)?;
+    let spec = spec_of(&put)?;
     let routes = &call.routes;
     let _change = routes.plugin_changes.lock().await;
     let current = routes.plugins.current();
@@ -149,9 +164,6 @@ async fn put(
             429,
             format!("a tenant has at most {MAX_PLUGINS} plugins"),
         ));
-    }
-    if spec.hooks.is_empty() {
-        spec.hooks = vec![Hook::Publish];
     }
     let stored = StoredPlugin {
         spec,

@@ -347,6 +347,7 @@ impl StoreEvents for StoreRouter {
             let routed = Message {
                 subject: message.subject,
                 shown_as: None,
+                source: None,
                 reply: message.route.reply.as_deref(),
                 headers,
                 payload: message.payload,

@@ -64,6 +64,10 @@ pub struct Message<'a> {
     /// The subject receivers see, when it is not the one routed on: a JetStream pull's
     /// messages are routed to its reply inbox and show their own subjects.
     pub shown_as: Option<&'a str>,
+    /// The stored subject a delivery carries when receivers see neither it nor
+    /// `shown_as` (a Canopy group pull's messages go out under the pull's inbox):
+    /// the tenant's deliver plugins of that subject still see it.
+    pub source: Option<&'a str>,
     pub reply: Option<&'a [u8]>,
     /// The raw NATS header block, when the message has one.
     pub headers: Option<&'a [u8]>,
@@ -94,6 +98,12 @@ impl Message<'_> {
     pub fn shown_subject(&self) -> &str {
         self.shown_as.unwrap_or(self.subject)
     }
+
+    /// The subject deliver plugins see: the stored subject the message carries.
+    #[inline]
+    pub fn plugged_subject(&self) -> &str {
+        self.source.unwrap_or(self.shown_subject())
+    }
 }
 
 /// Reusable per-connection scratch space, so routing allocates nothing per message.
@@ -103,6 +113,16 @@ pub struct RouteScratch {
     spent: Vec<Arc<Subscription>>,
     /// Overlapping MQTT subscriptions that matched, delivered merged after the walk.
     merged: Vec<Arc<Subscription>>,
+    /// Readers the last route's deliver plugins withheld the message from.
+    withheld: usize,
+}
+
+impl RouteScratch {
+    /// How many readers the last route's deliver plugins withheld its message from
+    /// (a consumer skips a message so withheld rather than wait for a listener).
+    pub fn withheld(&self) -> usize {
+        self.withheld
+    }
 }
 
 struct QueuePick {

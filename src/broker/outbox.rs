@@ -101,6 +101,9 @@ pub struct Outbox {
     /// Set while some publisher holds this outbox in its [`Wakes`], so a batch wakes
     /// each outbox once however many messages it queued there.
     wake_scheduled: AtomicBool,
+    /// Who reads here: the logged-in user's name (empty for an anonymous client),
+    /// which deliver plugins are told.
+    reader: parking_lot::RwLock<Arc<str>>,
     /// The client negotiated headers (HMSG); without them headers are stripped.
     headers: AtomicBool,
     /// The client wants its own publishes delivered to its own subscriptions.
@@ -125,10 +128,21 @@ impl Outbox {
             any_fed_pressing: AtomicBool::new(false),
             state: AtomicU8::new(OPEN),
             wake_scheduled: AtomicBool::new(false),
+            reader: parking_lot::RwLock::new(Arc::from("")),
             headers: AtomicBool::new(false),
             echo: AtomicBool::new(true),
             metrics,
         }
+    }
+
+    /// Who reads here (see [`Outbox::reader`]).
+    pub fn set_reader(&self, user: Arc<str>) {
+        *self.reader.write() = user;
+    }
+
+    /// The user reading here, as deliver plugins are told (empty: anonymous).
+    pub fn reader(&self) -> Arc<str> {
+        Arc::clone(&self.reader.read())
     }
 
     /// How long the subscriber may stay behind before its publishers stop waiting

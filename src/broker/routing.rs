@@ -9,12 +9,14 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use bytes::Bytes;
 use canopy_protocols::native::{encode_hmsg, encode_msg};
 use canopy_subjects::QueueGroup;
 
 use super::{
     Broker, Message, Outbox, QueuePick, RouteScratch, Subscription, Tenant, Wakes, envelope,
 };
+use crate::plugins::{Delivered, Plugin, TenantPlugins};
 
 /// The one form of a refused call's answer, the API's and a consumer group's alike: a
 /// `Canopy-Status: <code>` header block and `{"error": {"code", "description"}}`.
@@ -68,6 +70,8 @@ impl Broker {
         let message = Message {
             subject: msg.subject,
             shown_as: msg.shown_as,
+            // Plugins are not run across nodes (a cluster refuses them).
+            source: None,
             reply: msg.reply,
             headers: msg.headers,
             payload: msg.payload,
@@ -112,12 +116,16 @@ impl Broker {
             return 0;
         }
         let mut delivered = 0usize;
+        // What readers see goes through the tenant's deliver plugins of that subject.
+        let chain = routes.plugins.deliver_chain(msg.plugged_subject());
         let RouteScratch {
             queue_picks,
             spent,
             merged,
+            withheld,
         } = scratch;
         queue_picks.clear();
+        *withheld = 0;
         let (plain_here, queues_here) = match msg.from_link {
             None => (true, None),
             Some(link) => (link.plain, Some(link.queues)),
@@ -131,7 +139,7 @@ impl Broker {
                     }
                     if sub.overlapping.load(Ordering::Relaxed) {
                         merged.push(Arc::clone(sub));
-                    } else if deliver(sub, msg, spent, wakes) {
+                    } else if deliver_through(&chain, sub, msg, (spent, withheld), wakes) {
                         delivered += 1;
                     }
                 }
@@ -151,12 +159,12 @@ impl Broker {
             delivered += mesh.forward(routes, msg, &served, skip_conn);
         }
         for pick in queue_picks.drain(..) {
-            if deliver(&pick.chosen, msg, spent, wakes) {
+            if deliver_through(&chain, &pick.chosen, msg, (spent, withheld), wakes) {
                 delivered += 1;
             }
         }
         if !merged.is_empty() {
-            delivered += deliver_merged(merged, msg, wakes);
+            delivered += deliver_merged(merged, msg, (&chain, withheld), wakes);
         }
         self.remove_spent(routes, spent);
         delivered
@@ -241,6 +249,7 @@ impl Broker {
 pub(super) fn deliver_merged(
     merged: &mut Vec<Arc<Subscription>>,
     msg: &Message<'_>,
+    (chain, withheld): (&[Arc<Plugin>], &mut usize),
     wakes: &mut Wakes,
 ) -> usize {
     merged.sort_by_key(|sub| sub.outbox.conn_id);
@@ -264,9 +273,21 @@ pub(super) fn deliver_merged(
         let (Some(options), Some(first)) = (options, group.first()) else {
             continue;
         };
+        let replaced;
+        let msg = match seen_by(chain, &first.outbox, msg) {
+            Delivered::Unchanged => *msg,
+            Delivered::Withheld => {
+                *withheld += 1;
+                continue;
+            }
+            Delivered::Replaced { headers, payload } => {
+                replaced = (headers, payload);
+                replaced_message(msg, &replaced)
+            }
+        };
         let queued = first
             .outbox
-            .push(|out| envelope::encode_merged(out, msg, &options, &ids));
+            .push(|out| envelope::encode_merged(out, &msg, &options, &ids));
         if queued.is_ok() {
             wakes.add(&first.outbox);
             delivered += 1;
@@ -315,6 +336,46 @@ pub(super) fn pick_member(
 }
 
 /// Queues `msg` for `sub`; true when it was queued.
+/// What `chain` (the deliver plugins of the message's subject) makes of `msg` for
+/// the reader of `outbox`.
+fn seen_by(chain: &[Arc<Plugin>], outbox: &Outbox, msg: &Message<'_>) -> Delivered {
+    if chain.is_empty() {
+        return Delivered::Unchanged;
+    }
+    let input = (msg.headers.unwrap_or_default(), msg.payload);
+    TenantPlugins::on_deliver(chain, msg.plugged_subject(), input, &outbox.reader())
+}
+
+/// `msg` with the headers and payload a deliver plugin gave.
+fn replaced_message<'a>(msg: &Message<'a>, (headers, payload): &'a (Bytes, Bytes)) -> Message<'a> {
+    Message {
+        headers: (!headers.is_empty()).then_some(&headers[..]),
+        payload,
+        ..*msg
+    }
+}
+
+/// [`deliver`], through the deliver plugins of the message's subject.
+fn deliver_through(
+    chain: &[Arc<Plugin>],
+    sub: &Arc<Subscription>,
+    msg: &Message<'_>,
+    (spent, withheld): (&mut Vec<Arc<Subscription>>, &mut usize),
+    wakes: &mut Wakes,
+) -> bool {
+    match seen_by(chain, &sub.outbox, msg) {
+        Delivered::Unchanged => deliver(sub, msg, spent, wakes),
+        Delivered::Withheld => {
+            *withheld += 1;
+            false
+        }
+        Delivered::Replaced { headers, payload } => {
+            let replaced = (headers, payload);
+            deliver(sub, &replaced_message(msg, &replaced), spent, wakes)
+        }
+    }
+}
+
 pub(super) fn deliver(
     sub: &Arc<Subscription>,
     msg: &Message<'_>,

@@ -29,9 +29,14 @@ pub enum PluginCommand {
     Put {
         pattern: String,
         file: String,
-        /// Run it on each publish (the only hook built so far).
+        /// Run it on each publish (with --on-deliver too, on both; neither: every
+        /// hook the module exports).
         #[arg(long)]
         on_publish: bool,
+        /// Run it on each delivery, per reader: filter or change what one reader
+        /// gets, without changing what is stored.
+        #[arg(long)]
+        on_deliver: bool,
         /// What a failure (a trap, the deadline, memory) does to the message.
         #[arg(long, value_enum, default_value = "reject")]
         on_error: OnError,
@@ -111,6 +116,7 @@ pub async fn run(command: PluginCommand) -> Result<()> {
             pattern,
             file,
             on_publish,
+            on_deliver,
             on_error,
             deadline_ms,
             memory_mib,
@@ -127,8 +133,12 @@ pub async fn run(command: PluginCommand) -> Result<()> {
                     OnError::Pass => "pass",
                 },
             });
-            if on_publish {
-                body["hooks"] = json!(["publish"]);
+            let hooks: Vec<&str> = [(on_publish, "publish"), (on_deliver, "deliver")]
+                .into_iter()
+                .filter_map(|(on, hook)| on.then_some(hook))
+                .collect();
+            if !hooks.is_empty() {
+                body["hooks"] = json!(hooks);
             }
             if let Some(ms) = deadline_ms {
                 body["deadline_ms"] = json!(ms);

@@ -164,6 +164,14 @@ impl Plugin {
             Duration::from_millis(spec.deadline_ms),
             max_message,
         )?;
+        let mut spec = spec.clone();
+        if spec.hooks.is_empty() {
+            // Unsaid: every hook the module exports.
+            spec.hooks = [Hook::Publish, Hook::Deliver]
+                .into_iter()
+                .filter(|hook| runtime.exports(*hook))
+                .collect();
+        }
         for hook in &spec.hooks {
             if !runtime.exports(*hook) {
                 return Err(Fault::Module(format!(
@@ -176,7 +184,7 @@ impl Plugin {
             }
         }
         Ok(Plugin {
-            spec: spec.clone(),
+            spec,
             parsed,
             version: stored.version,
             time_ms: stored.time_ms,
@@ -202,8 +210,14 @@ impl Plugin {
         self.last_fault.lock().clone()
     }
 
-    /// Runs the plugin on one message; a fault is answered per its `on_error`.
-    fn verdict(&self, hook: Hook, subject: &str, headers: &[u8], payload: &[u8]) -> Verdict {
+    /// Runs the plugin on one message (for `reader`, on deliver); a fault is answered
+    /// per its `on_error`.
+    fn verdict(
+        &self,
+        hook: Hook,
+        (subject, headers, payload): (&str, &[u8], &[u8]),
+        reader: &str,
+    ) -> Verdict {
         if self.is_disabled() {
             return self.on_fault(&format!(
                 "plugin {} is disabled after {MAX_FAULTS} faults in a row; put it again",
@@ -211,7 +225,7 @@ impl Plugin {
             ));
         }
         self.calls.fetch_add(1, Atomic::Relaxed);
-        match self.runtime.call(hook, subject, headers, payload) {
+        match self.runtime.call(hook, subject, headers, payload, reader) {
             Ok(verdict) => {
                 self.faults_in_a_row.store(0, Atomic::Relaxed);
                 verdict
@@ -318,10 +332,23 @@ impl Plugins {
     }
 }
 
+/// What the deliver plugins made of one message for one reader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivered {
+    /// It is delivered as it is.
+    Unchanged,
+    /// This reader does not get it.
+    Withheld,
+    /// This reader gets these headers and payload instead (same subject).
+    Replaced { headers: Bytes, payload: Bytes },
+}
+
 /// One tenant's plugins.
 #[derive(Default)]
 pub struct TenantPlugins {
     any: AtomicBool,
+    /// Some plugin serves deliveries: routing looks no further when not.
+    any_deliver: AtomicBool,
     current: RwLock<Arc<Plugins>>,
 }
 
@@ -339,8 +366,50 @@ impl TenantPlugins {
     /// Makes `plugins` current.
     pub fn set(&self, plugins: Plugins) {
         let any = !plugins.is_empty();
+        let deliver = plugins.all.iter().any(|p| p.serves(Hook::Deliver));
         *self.current.write() = Arc::new(plugins);
         self.any.store(any, Atomic::Relaxed);
+        self.any_deliver.store(deliver, Atomic::Relaxed);
+    }
+
+    /// The deliver plugins of `subject` (the subject readers see), most specific
+    /// first; empty (and no lock taken) when the tenant has none.
+    #[inline]
+    pub fn deliver_chain(&self, subject: &str) -> Vec<Arc<Plugin>> {
+        if !self.any_deliver.load(Atomic::Relaxed) {
+            return Vec::new();
+        }
+        self.current().for_subject(Hook::Deliver, subject)
+    }
+
+    /// Runs a deliver chain on one message for `reader` (a user name, empty for an
+    /// anonymous one): each plugin on what the one before gave; a drop or a
+    /// rejection withholds it from this reader, a replacement gives the first
+    /// emitted message's headers and payload (its subject stays).
+    pub fn on_deliver(
+        chain: &[Arc<Plugin>],
+        subject: &str,
+        (headers, payload): (&[u8], &[u8]),
+        reader: &str,
+    ) -> Delivered {
+        let mut now: Option<(Bytes, Bytes)> = None;
+        for plugin in chain {
+            let (h, p) = now
+                .as_ref()
+                .map_or((headers, payload), |(h, p)| (&h[..], &p[..]));
+            match plugin.verdict(Hook::Deliver, (subject, h, p), reader) {
+                Verdict::Pass => {}
+                Verdict::Drop | Verdict::Reject(_) => return Delivered::Withheld,
+                Verdict::Replace(emitted) => match emitted.into_iter().next() {
+                    Some(first) => now = Some((first.headers, first.payload)),
+                    None => return Delivered::Withheld,
+                },
+            }
+        }
+        match now {
+            None => Delivered::Unchanged,
+            Some((headers, payload)) => Delivered::Replaced { headers, payload },
+        }
     }
 
     /// Runs the publish plugins of `subject` on one message, most specific first,
@@ -362,12 +431,12 @@ impl TenantPlugins {
         for plugin in chain {
             let mut next = Vec::with_capacity(messages.len());
             for message in messages {
-                match plugin.verdict(
-                    Hook::Publish,
-                    &message.subject,
-                    &message.headers,
-                    &message.payload,
-                ) {
+                let input = (
+                    &message.subject[..],
+                    &message.headers[..],
+                    &message.payload[..],
+                );
+                match plugin.verdict(Hook::Publish, input, "") {
                     Verdict::Pass => next.push(message),
                     Verdict::Drop => changed = true,
                     Verdict::Reject(why) => return Outcome::Rejected(why),

@@ -4,9 +4,11 @@
 //! instance's memory and its answer read back through the host functions.
 //!
 //! The ABI (`canopy:plugin@1`, documented in the README): the module exports
-//! `memory`, `canopy_alloc(len) -> ptr` and `on_publish` and/or `on_deliver`, each
-//! `(ptr, subject_len, headers_len, payload_len) -> verdict` with the subject, the
-//! NATS header block (maybe empty) and the payload laid one after another at `ptr`.
+//! `memory`, `canopy_alloc(len) -> ptr` and `on_publish(ptr, subject_len,
+//! headers_len, payload_len) -> verdict` and/or `on_deliver(ptr, subject_len,
+//! headers_len, payload_len, reader_len) -> verdict`, with the subject, the NATS
+//! header block (maybe empty), the payload and (on deliver) the reader's user name
+//! (empty for an anonymous one) laid one after another at `ptr`.
 //! A verdict is 0 pass, 1 drop, 2 reject (the reason given to `canopy.reject`), 3
 //! replace by what it gave to `canopy.emit` (at most [`MAX_EMITTED`] messages; none
 //! is a drop). Host functions (module `canopy`): `emit(subject_ptr, subject_len,
@@ -72,15 +74,18 @@ struct HostState {
     plugin: Arc<str>,
 }
 
-/// A hook's export: `(ptr, subject_len, headers_len, payload_len) -> verdict`.
-type HookFunc = TypedFunc<(i32, i32, i32, i32), i32>;
+/// `on_publish`: `(ptr, subject_len, headers_len, payload_len) -> verdict`.
+type PublishFunc = TypedFunc<(i32, i32, i32, i32), i32>;
+/// `on_deliver`: `(ptr, subject_len, headers_len, payload_len, reader_len) -> verdict`.
+type DeliverFunc = TypedFunc<(i32, i32, i32, i32, i32), i32>;
 
 /// One instance, ready for calls.
 struct Loaded {
     store: Store<HostState>,
     memory: Memory,
     alloc: TypedFunc<i32, i32>,
-    hooks: [Option<HookFunc>; 2],
+    publish: Option<PublishFunc>,
+    deliver: Option<DeliverFunc>,
 }
 
 /// A compiled plugin and its idle instances.
@@ -190,40 +195,51 @@ impl Runtime {
         let alloc = instance
             .get_typed_func::<i32, i32>(&mut store, "canopy_alloc")
             .map_err(|e| Fault::Module(format!("canopy_alloc(i32) -> i32: {e:#}")))?;
-        let mut hooks = [None, None];
-        for hook in [Hook::Publish, Hook::Deliver] {
-            if self.exports(hook) {
-                let name = export_name(hook);
-                let func = instance
-                    .get_typed_func::<(i32, i32, i32, i32), i32>(&mut store, name)
+        let publish = match self.exports(Hook::Publish) {
+            true => Some(
+                instance
+                    .get_typed_func::<(i32, i32, i32, i32), i32>(&mut store, "on_publish")
                     .map_err(|e| {
-                        Fault::Module(format!("{name}(i32, i32, i32, i32) -> i32: {e:#}"))
-                    })?;
-                hooks[hook_index(hook)] = Some(func);
-            }
-        }
+                        Fault::Module(format!("on_publish(i32, i32, i32, i32) -> i32: {e:#}"))
+                    })?,
+            ),
+            false => None,
+        };
+        let deliver = match self.exports(Hook::Deliver) {
+            true => Some(
+                instance
+                    .get_typed_func::<(i32, i32, i32, i32, i32), i32>(&mut store, "on_deliver")
+                    .map_err(|e| {
+                        Fault::Module(format!("on_deliver(i32, i32, i32, i32, i32) -> i32: {e:#}"))
+                    })?,
+            ),
+            false => None,
+        };
         Ok(Loaded {
             store,
             memory,
             alloc,
-            hooks,
+            publish,
+            deliver,
         })
     }
 
-    /// Runs `hook` on one message. An instance that faulted is dropped.
+    /// Runs `hook` on one message (for `reader`, on deliver). An instance that
+    /// faulted is dropped.
     pub fn call(
         &self,
         hook: Hook,
         subject: &str,
         headers: &[u8],
         payload: &[u8],
+        reader: &str,
     ) -> Result<Verdict, Fault> {
         let taken = self.idle.lock().pop();
         let mut loaded = match taken {
             Some(loaded) => loaded,
             None => self.instantiate()?,
         };
-        let verdict = self.run(&mut loaded, hook, subject, headers, payload)?;
+        let verdict = self.run(&mut loaded, hook, (subject, headers, payload), reader)?;
         let mut idle = self.idle.lock();
         if idle.len() < POOL {
             idle.push(loaded);
@@ -235,12 +251,14 @@ impl Runtime {
         &self,
         loaded: &mut Loaded,
         hook: Hook,
-        subject: &str,
-        headers: &[u8],
-        payload: &[u8],
+        (subject, headers, payload): (&str, &[u8], &[u8]),
+        reader: &str,
     ) -> Result<Verdict, Fault> {
-        let Some(func) = loaded.hooks[hook_index(hook)].clone() else {
-            return Ok(Verdict::Pass);
+        let (publish, deliver) = (loaded.publish.clone(), loaded.deliver.clone());
+        let reader = match hook {
+            Hook::Publish if publish.is_some() => "",
+            Hook::Deliver if deliver.is_some() => reader,
+            _ => return Ok(Verdict::Pass),
         };
         let store = &mut loaded.store;
         let state = store.data_mut();
@@ -248,7 +266,8 @@ impl Runtime {
         state.reason = None;
         state.emitted_bytes = 0;
         store.set_epoch_deadline(self.deadline_ticks);
-        let total = subject.len() + headers.len() + payload.len();
+        let parts = [subject.as_bytes(), headers, payload, reader.as_bytes()];
+        let total: usize = parts.iter().map(|part| part.len()).sum();
         let length =
             i32::try_from(total).map_err(|_| Fault::Abi("the message is too large".into()))?;
         let ptr = loaded
@@ -258,28 +277,28 @@ impl Runtime {
         let start =
             usize::try_from(ptr).map_err(|_| Fault::Abi(format!("canopy_alloc gave {ptr}")))?;
         let memory = loaded.memory.data_mut(&mut *store);
-        let Some(room) = memory.get_mut(start..start.saturating_add(total)) else {
+        let Some(mut room) = memory.get_mut(start..start.saturating_add(total)) else {
             return Err(Fault::Abi(format!(
                 "canopy_alloc gave {ptr}, outside its memory for {total} bytes"
             )));
         };
-        let (s, rest) = room.split_at_mut(subject.len());
-        let (h, p) = rest.split_at_mut(headers.len());
-        s.copy_from_slice(subject.as_bytes());
-        h.copy_from_slice(headers);
-        p.copy_from_slice(payload);
-        let lengths = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
-        let code = func
-            .call(
-                &mut *store,
-                (
-                    ptr,
-                    lengths(subject.len()),
-                    lengths(headers.len()),
-                    lengths(payload.len()),
-                ),
-            )
-            .map_err(|e| fault_of(&e, export_name(hook)))?;
+        for part in parts {
+            let (here, rest) = room.split_at_mut(part.len());
+            here.copy_from_slice(part);
+            room = rest;
+        }
+        let length = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+        let (sl, hl, pl) = (
+            length(subject.len()),
+            length(headers.len()),
+            length(payload.len()),
+        );
+        let called = match (publish, deliver) {
+            (Some(func), _) if hook == Hook::Publish => func.call(&mut *store, (ptr, sl, hl, pl)),
+            (_, Some(func)) => func.call(&mut *store, (ptr, sl, hl, pl, length(reader.len()))),
+            _ => return Ok(Verdict::Pass),
+        };
+        let code = called.map_err(|e| fault_of(&e, export_name(hook)))?;
         let state = store.data_mut();
         match code {
             0 => Ok(Verdict::Pass),

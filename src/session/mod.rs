@@ -90,6 +90,7 @@ impl Session {
         outbox: Arc<Outbox>,
         limits: Arc<SessionLimits>,
     ) -> Self {
+        outbox.set_reader(principal.user.clone().unwrap_or_else(|| Arc::from("")));
         let mut publisher = Publisher::new(broker, routes, principal, limits, outbox.conn_id);
         publisher.feedback = Some(crate::store::AckCargo::new(Arc::clone(&outbox)));
         Self {
@@ -125,6 +126,8 @@ impl Session {
     /// else happened on it).
     pub fn log_in(&mut self, principal: Principal) {
         let routes = self.publisher.broker.tenant_for(&principal);
+        let reader = principal.user.clone().unwrap_or_else(|| Arc::from(""));
+        self.outbox.set_reader(reader);
         let publisher = Arc::make_mut(&mut self.publisher);
         publisher.routes = routes;
         publisher.principal = principal;

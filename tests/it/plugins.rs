@@ -15,6 +15,7 @@ use crate::common::{
     WAIT, api, file_config, js_publish_to_tenant, replay_texts, start, start_default,
 };
 use crate::frontends::{Native, NativeEvent, Ws, WsEvent, pub_frame};
+use crate::logins::Logins;
 use crate::mqtt::mqtt_addr;
 use crate::schemas::{canopy_ok, next_message, v4, v5, watch};
 
@@ -238,8 +239,8 @@ async fn bad_modules_and_calls_are_refused_and_plugins_outlive_a_restart() {
         ),
         (
             json!({"pattern": "a.>", "module": module("edit.wat"), "hooks": ["deliver"]}),
-            501,
-            "not built",
+            400,
+            "on_deliver",
         ),
         (
             json!({"pattern": "a.b c", "module": module("edit.wat")}),
@@ -449,4 +450,71 @@ async fn an_assemblyscript_plugin_masks_a_field() {
     let (_, got) = plugin(&client, "get", json!({"pattern": "users.>"})).await;
     assert_eq!(got["faults"], json!(0), "{got}");
     server.stop().await;
+}
+
+/// An on-deliver plugin (tests/plugins/redact_for.wat): the reader `admin` gets each
+/// message as published, another reader "redacted" or nothing, on a live subscription
+/// and through a consumer; stored history under it cannot be read around it; what is
+/// stored is what was published.
+#[tokio::test]
+async fn a_deliver_plugin_changes_what_one_reader_gets_and_not_another() {
+    let dave_rules = json!({
+        "publish": {"allow": ["sec.>", "$JS.API.>", "$CANOPY.get"]},
+        "subscribe": {"allow": ["sec.>"]}
+    });
+    let logins = Logins::start(&[], &[("default", "dave", Some(dave_rules))]).await;
+    let admin = logins.native("admin@default").await;
+    let dave = logins.native("dave@default").await;
+    let made = put(&admin, "sec.>", "redact_for.wat", json!({})).await;
+    assert_eq!(
+        made["hooks"],
+        json!(["deliver"]),
+        "what the module exports: {made}"
+    );
+    let mut theirs = watch(&admin, "sec.>").await;
+    let mut his = watch(&dave, "sec.>").await;
+    let inbox = dave.new_inbox();
+    let mut pushed = dave.subscribe(inbox.clone()).await.expect("subscribes");
+    let created = crate::group_rights::js(
+        &dave,
+        "CONSUMER.CREATE.default",
+        json!({"stream_name": "default", "config": {"deliver_subject": inbox,
+            "ack_policy": "none", "filter_subject": "sec.>"}}),
+    )
+    .await;
+    assert!(created.get("error").is_none(), "{created}");
+
+    let js = async_nats::jetstream::new(admin.clone());
+    for payload in ["greetings", "hidden", "bye"] {
+        js_publish_to_tenant(&js, "default", "sec.a", payload)
+            .await
+            .expect("stored");
+    }
+    for expected in ["greetings", "hidden", "bye"] {
+        let got = next_message(&mut theirs, "the admin's").await;
+        assert_eq!(&got.payload[..], expected.as_bytes());
+    }
+    for (sub, consumer) in [(&mut his, false), (&mut pushed, true)] {
+        for n in 1..=2 {
+            let got = next_message(sub, "dave's").await;
+            assert_eq!(&got.payload[..], b"redacted", "dave never sees the text");
+            if consumer {
+                // The withheld message spent no consumer sequence: no gap for the
+                // client's ordered consumer to reset on.
+                let reply = got.reply.as_deref().unwrap_or_default();
+                let seq = reply.split('.').nth(6).and_then(|t| t.parse::<u64>().ok());
+                assert_eq!(seq, Some(n), "{reply}");
+            }
+        }
+    }
+    // History cannot be read around the plugin.
+    let (status, refused) = api(&dave, "get", json!({"subject": "sec.a"})).await;
+    assert_eq!(status, 409, "{refused}");
+    // What is stored is what was published.
+    let (status, _) = plugin(&admin, "delete", json!({"pattern": "sec.>"})).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        replay_texts(&admin, "sec.a").await,
+        ["greetings", "hidden", "bye"]
+    );
 }

@@ -223,5 +223,7 @@ async fn at_sequence(
 }
 
 fn readable_in(broker: &Broker, call: &ApiCall, stream: &Stream, subject: &str) -> bool {
-    stream.holds(subject) && may_read(broker, &call.principal, subject)
+    stream.holds(subject)
+        && may_read(broker, &call.principal, subject)
+        && crate::api::plugins::unfiltered(&call.routes, subject).is_ok()
 }

@@ -153,14 +153,15 @@ impl GroupTask {
             "{ACK_PREFIX}{}.{}.{}.{}",
             self.spec.name, delivery.version, delivery.attempt, delivery.subject
         );
-        send(
-            broker,
-            &pull.routes,
-            &pull.reply,
-            Some(ack.as_bytes()),
-            Some(&block),
-            &message.payload,
-        );
+        let routed = Message {
+            subject: &pull.reply,
+            source: Some(&message.subject),
+            reply: Some(ack.as_bytes()),
+            headers: Some(&block),
+            payload: &message.payload,
+            ..Message::default()
+        };
+        route_one(broker, &pull.routes, &routed);
     }
 
     /// One delivery to a JetStream pull: under its own subject with its own headers,

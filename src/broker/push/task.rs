@@ -352,6 +352,12 @@ impl Delivery {
             let reached =
                 self.broker
                     .route(&self.routes, None, &routed, &mut self.scratch, &mut wakes);
+            if reached == 0 && self.scratch.withheld() > 0 {
+                // A deliver plugin withholds it from this reader: skipped, with no
+                // consumer sequence spent (the clients check those run without gaps).
+                self.held.pop_front();
+                continue;
+            }
             if reached == 0 {
                 if let Some(pulls) = self.pulls.as_mut() {
                     // That pull's asker stopped listening: the next pull gets it.
