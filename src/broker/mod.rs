@@ -113,16 +113,6 @@ pub struct RouteScratch {
     spent: Vec<Arc<Subscription>>,
     /// Overlapping MQTT subscriptions that matched, delivered merged after the walk.
     merged: Vec<Arc<Subscription>>,
-    /// Readers the last route's deliver plugins withheld the message from.
-    withheld: usize,
-}
-
-impl RouteScratch {
-    /// How many readers the last route's deliver plugins withheld its message from
-    /// (a consumer skips a message so withheld rather than wait for a listener).
-    pub fn withheld(&self) -> usize {
-        self.withheld
-    }
 }
 
 struct QueuePick {

@@ -104,6 +104,7 @@ impl Broker {
 
     /// Delivers `msg` to every matching subscription except those of connection
     /// `skip_conn`, and returns how many received it.
+    #[inline]
     pub fn route(
         &self,
         routes: &Tenant,
@@ -112,20 +113,34 @@ impl Broker {
         scratch: &mut RouteScratch,
         wakes: &mut Wakes,
     ) -> usize {
+        self.route_counted(routes, skip_conn, msg, scratch, wakes).0
+    }
+
+    /// [`Broker::route`], also saying how many readers the tenant's deliver plugins
+    /// withheld the message from (a consumer skips a message so withheld rather than
+    /// wait for a listener).
+    pub fn route_counted(
+        &self,
+        routes: &Tenant,
+        skip_conn: Option<u64>,
+        msg: &Message<'_>,
+        scratch: &mut RouteScratch,
+        wakes: &mut Wakes,
+    ) -> (usize, usize) {
         if self.authz.filters_delivery() && !self.authz.may_deliver(msg.subject) {
-            return 0;
+            return (0, 0);
         }
         let mut delivered = 0usize;
+        let mut withheld = 0usize;
+        let withheld = &mut withheld;
         // What readers see goes through the tenant's deliver plugins of that subject.
         let chain = routes.plugins.deliver_chain(msg.plugged_subject());
         let RouteScratch {
             queue_picks,
             spent,
             merged,
-            withheld,
         } = scratch;
         queue_picks.clear();
-        *withheld = 0;
         let (plain_here, queues_here) = match msg.from_link {
             None => (true, None),
             Some(link) => (link.plain, Some(link.queues)),
@@ -167,7 +182,7 @@ impl Broker {
             delivered += deliver_merged(merged, msg, (&chain, withheld), wakes);
         }
         self.remove_spent(routes, spent);
-        delivered
+        (delivered, *withheld)
     }
 
     /// Tells connection `conn` that its request to `reply` reached no subscriber

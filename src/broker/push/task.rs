@@ -349,10 +349,14 @@ impl Delivery {
                 payload,
                 ..Message::default()
             };
-            let reached =
-                self.broker
-                    .route(&self.routes, None, &routed, &mut self.scratch, &mut wakes);
-            if reached == 0 && self.scratch.withheld() > 0 {
+            let (reached, withheld) = self.broker.route_counted(
+                &self.routes,
+                None,
+                &routed,
+                &mut self.scratch,
+                &mut wakes,
+            );
+            if reached == 0 && withheld > 0 {
                 // A deliver plugin withholds it from this reader: skipped, with no
                 // consumer sequence spent (the clients check those run without gaps).
                 self.held.pop_front();
