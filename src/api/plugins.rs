@@ -22,7 +22,7 @@ use super::{Answer, ApiCall, ApiError, PREFIX, authorize, may_bind, parse};
 use crate::broker::Broker;
 use crate::plugins::{
     DEFAULT_DEADLINE_MS, DEFAULT_MEMORY_MIB, Hook, MAX_DEADLINE_MS, MAX_MEMORY_MIB,
-    MAX_MODULE_BYTES, MAX_PLUGINS, OnError, Plugin, PluginSpec, StoredPlugin,
+    MAX_MODULE_BYTES, MAX_PLUGINS, OnError, Plugin, PluginSpec, StoredPlugin, TENANT_MEMORY_MIB,
 };
 use crate::store::Store;
 use crate::tenancy::Action;
@@ -163,6 +163,23 @@ async fn put(
         return Err(ApiError::new(
             429,
             format!("a tenant has at most {MAX_PLUGINS} plugins"),
+        ));
+    }
+    let others: u64 = current
+        .all()
+        .iter()
+        .filter(|p| p.spec.pattern != spec.pattern)
+        .map(|p| p.memory_budget_mib())
+        .sum();
+    let mine = u64::from(spec.memory_mib) * crate::plugins::runtime::MAX_INSTANCES as u64;
+    if others + mine > TENANT_MEMORY_MIB {
+        return Err(ApiError::new(
+            429,
+            format!(
+                "a tenant's plugins may have {TENANT_MEMORY_MIB} MiB together ({} instances \
+                 each at its memory_mib): {others} MiB are taken, this one needs {mine}",
+                crate::plugins::runtime::MAX_INSTANCES
+            ),
         ));
     }
     let stored = StoredPlugin {

@@ -135,6 +135,10 @@ impl Broker {
         let withheld = &mut withheld;
         // What readers see goes through the tenant's deliver plugins of that subject.
         let chain = routes.plugins.deliver_chain(msg.plugged_subject());
+        let chain = Chain {
+            plugins: &chain,
+            started: (!chain.is_empty()).then(std::time::Instant::now),
+        };
         let RouteScratch {
             queue_picks,
             spent,
@@ -154,7 +158,7 @@ impl Broker {
                     }
                     if sub.overlapping.load(Ordering::Relaxed) {
                         merged.push(Arc::clone(sub));
-                    } else if deliver_through(&chain, sub, msg, (spent, withheld), wakes) {
+                    } else if deliver_through(chain, sub, msg, (spent, withheld), wakes) {
                         delivered += 1;
                     }
                 }
@@ -174,12 +178,12 @@ impl Broker {
             delivered += mesh.forward(routes, msg, &served, skip_conn);
         }
         for pick in queue_picks.drain(..) {
-            if deliver_through(&chain, &pick.chosen, msg, (spent, withheld), wakes) {
+            if deliver_through(chain, &pick.chosen, msg, (spent, withheld), wakes) {
                 delivered += 1;
             }
         }
         if !merged.is_empty() {
-            delivered += deliver_merged(merged, msg, (&chain, withheld), wakes);
+            delivered += deliver_merged(merged, msg, (chain, withheld), wakes);
         }
         self.remove_spent(routes, spent);
         (delivered, *withheld)
@@ -264,7 +268,7 @@ impl Broker {
 pub(super) fn deliver_merged(
     merged: &mut Vec<Arc<Subscription>>,
     msg: &Message<'_>,
-    (chain, withheld): (&[Arc<Plugin>], &mut usize),
+    (chain, withheld): (Chain<'_>, &mut usize),
     wakes: &mut Wakes,
 ) -> usize {
     merged.sort_by_key(|sub| sub.outbox.conn_id);
@@ -351,14 +355,25 @@ pub(super) fn pick_member(
 }
 
 /// Queues `msg` for `sub`; true when it was queued.
+/// The deliver plugins of a routed message's subject, and when they started on it.
+#[derive(Clone, Copy)]
+pub(super) struct Chain<'a> {
+    plugins: &'a [Arc<Plugin>],
+    started: Option<std::time::Instant>,
+}
+
 /// What `chain` (the deliver plugins of the message's subject) makes of `msg` for
-/// the reader of `outbox`.
-fn seen_by(chain: &[Arc<Plugin>], outbox: &Outbox, msg: &Message<'_>) -> Delivered {
-    if chain.is_empty() {
+/// the reader of `outbox`; past the route's budget, without running them.
+fn seen_by(chain: Chain<'_>, outbox: &Outbox, msg: &Message<'_>) -> Delivered {
+    if chain.plugins.is_empty() {
         return Delivered::Unchanged;
     }
+    let over = chain
+        .started
+        .is_some_and(|started| started.elapsed() > crate::plugins::ROUTE_BUDGET);
     let input = (msg.headers.unwrap_or_default(), msg.payload);
-    TenantPlugins::on_deliver(chain, msg.plugged_subject(), input, &outbox.reader())
+    let reader = outbox.reader();
+    TenantPlugins::on_deliver(chain.plugins, msg.plugged_subject(), input, (&reader, over))
 }
 
 /// `msg` with the headers and payload a deliver plugin gave.
@@ -372,7 +387,7 @@ fn replaced_message<'a>(msg: &Message<'a>, (headers, payload): &'a (Bytes, Bytes
 
 /// [`deliver`], through the deliver plugins of the message's subject.
 fn deliver_through(
-    chain: &[Arc<Plugin>],
+    chain: Chain<'_>,
     sub: &Arc<Subscription>,
     msg: &Message<'_>,
     (spent, withheld): (&mut Vec<Arc<Subscription>>, &mut usize),

@@ -36,8 +36,19 @@ pub use runtime::{MAX_EMITTED, Runtime};
 pub const MAX_PLUGINS: usize = 100;
 /// The largest module taken, in bytes.
 pub const MAX_MODULE_BYTES: usize = 4 << 20;
-/// Faults in a row after which a plugin is disabled.
+/// Faults in a row after which a plugin is disabled, and for how long: then it runs
+/// again, and one more fault disables it again (so what a client sends cannot turn a
+/// plugin off for good).
 pub const MAX_FAULTS: u32 = 5;
+pub const DISABLED_FOR: Duration = Duration::from_secs(30);
+/// What all the publish plugins of one publish may take together, and the deliver
+/// plugins of one routed message for all of its readers: past it, what is left is
+/// answered per each plugin's `on_error` without running it (a reader past it of a
+/// plugin that rejects on error does not get the message).
+pub const PUBLISH_BUDGET: Duration = Duration::from_millis(100);
+pub const ROUTE_BUDGET: Duration = Duration::from_millis(50);
+/// Memory all of one tenant's plugins may have, instances counted at their limit.
+pub const TENANT_MEMORY_MIB: u64 = 2048;
 /// A call's deadline when none is given, and the longest one taken.
 pub const DEFAULT_DEADLINE_MS: u64 = 10;
 pub const MAX_DEADLINE_MS: u64 = 1_000;
@@ -119,6 +130,9 @@ pub enum Fault {
     Abi(String),
     #[error("{0}")]
     Module(String),
+    /// All of its instances are running (calls overlap past [`runtime::MAX_INSTANCES`]).
+    #[error("it is busy")]
+    Busy,
 }
 
 /// What the plugins made of one publish.
@@ -143,7 +157,8 @@ pub struct Plugin {
     pub sha256: String,
     runtime: Runtime,
     faults_in_a_row: AtomicU32,
-    disabled: AtomicBool,
+    /// When it was last disabled, while it is.
+    disabled_at: parking_lot::Mutex<Option<std::time::Instant>>,
     /// Calls made, and faults among them.
     pub calls: AtomicU64,
     pub faults: AtomicU64,
@@ -191,7 +206,7 @@ impl Plugin {
             sha256: stored.sha256.clone(),
             runtime,
             faults_in_a_row: AtomicU32::new(0),
-            disabled: AtomicBool::new(false),
+            disabled_at: parking_lot::Mutex::new(None),
             calls: AtomicU64::new(0),
             faults: AtomicU64::new(0),
             last_fault: parking_lot::Mutex::new(None),
@@ -202,8 +217,27 @@ impl Plugin {
         self.spec.hooks.contains(&hook)
     }
 
+    /// Whether it is disabled now (for [`DISABLED_FOR`] after its faults).
     pub fn is_disabled(&self) -> bool {
-        self.disabled.load(Atomic::Relaxed)
+        if self.faults_in_a_row.load(Atomic::Relaxed) < MAX_FAULTS {
+            return false;
+        }
+        let mut at = self.disabled_at.lock();
+        match *at {
+            Some(when) if when.elapsed() < DISABLED_FOR => true,
+            Some(_) => {
+                // Its time is up: it runs again, on probation.
+                *at = None;
+                self.faults_in_a_row.store(MAX_FAULTS - 1, Atomic::Relaxed);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The memory its instances may have at most, in MiB.
+    pub fn memory_budget_mib(&self) -> u64 {
+        u64::from(self.spec.memory_mib) * runtime::MAX_INSTANCES as u64
     }
 
     pub fn last_fault(&self) -> Option<String> {
@@ -220,8 +254,10 @@ impl Plugin {
     ) -> Verdict {
         if self.is_disabled() {
             return self.on_fault(&format!(
-                "plugin {} is disabled after {MAX_FAULTS} faults in a row; put it again",
-                self.spec.pattern
+                "plugin {} is disabled after {MAX_FAULTS} faults in a row (for {} s, or until \
+                 it is put again)",
+                self.spec.pattern,
+                DISABLED_FOR.as_secs()
             ));
         }
         self.calls.fetch_add(1, Atomic::Relaxed);
@@ -230,13 +266,17 @@ impl Plugin {
                 self.faults_in_a_row.store(0, Atomic::Relaxed);
                 verdict
             }
+            // Not its fault: calls overlapped past its instances.
+            Err(Fault::Busy) => {
+                self.on_fault(&format!("plugin {} is busy; retry", self.spec.pattern))
+            }
             Err(fault) => {
                 self.faults.fetch_add(1, Atomic::Relaxed);
                 let why = format!("plugin {} failed: {fault}", self.spec.pattern);
                 tracing::warn!(plugin = %self.spec.pattern, "{why}");
                 *self.last_fault.lock() = Some(why.clone());
-                if self.faults_in_a_row.fetch_add(1, Atomic::Relaxed) + 1 >= MAX_FAULTS {
-                    self.disabled.store(true, Atomic::Relaxed);
+                if self.faults_in_a_row.fetch_add(1, Atomic::Relaxed) + 1 == MAX_FAULTS {
+                    *self.disabled_at.lock() = Some(std::time::Instant::now());
                     tracing::warn!(plugin = %self.spec.pattern, "plugin disabled after {MAX_FAULTS} faults in a row");
                 }
                 self.on_fault(&why)
@@ -376,7 +416,12 @@ impl TenantPlugins {
     /// first; empty (and no lock taken) when the tenant has none.
     #[inline]
     pub fn deliver_chain(&self, subject: &str) -> Vec<Arc<Plugin>> {
-        if !self.any_deliver.load(Atomic::Relaxed) {
+        // Replies and the server's own subjects (acks, API answers, statuses) are
+        // not messages a plugin filters.
+        if !self.any_deliver.load(Atomic::Relaxed)
+            || subject.starts_with('$')
+            || subject.starts_with("_INBOX.")
+        {
             return Vec::new();
         }
         self.current().for_subject(Hook::Deliver, subject)
@@ -390,8 +435,17 @@ impl TenantPlugins {
         chain: &[Arc<Plugin>],
         subject: &str,
         (headers, payload): (&[u8], &[u8]),
-        reader: &str,
+        (reader, over_budget): (&str, bool),
     ) -> Delivered {
+        if over_budget {
+            // Each as its `on_error` says, without running it.
+            let rejects = chain.iter().any(|p| p.spec.on_error == OnError::Reject);
+            return if rejects {
+                Delivered::Withheld
+            } else {
+                Delivered::Unchanged
+            };
+        }
         let mut now: Option<(Bytes, Bytes)> = None;
         for plugin in chain {
             let (h, p) = now
@@ -428,9 +482,17 @@ impl TenantPlugins {
             payload: payload.clone(),
         }];
         let mut changed = false;
+        let started = std::time::Instant::now();
         for plugin in chain {
             let mut next = Vec::with_capacity(messages.len());
             for message in messages {
+                if started.elapsed() > PUBLISH_BUDGET {
+                    return Outcome::Rejected(format!(
+                        "the plugins of {subject} took more than the {} ms a publish may \
+                         spend in them",
+                        PUBLISH_BUDGET.as_millis()
+                    ));
+                }
                 let input = (
                     &message.subject[..],
                     &message.headers[..],

@@ -35,8 +35,14 @@ use super::{Emitted, Fault, Hook, Verdict};
 pub const MAX_EMITTED: usize = 8;
 /// How often the engine's epoch moves: a deadline's unit.
 const TICK: Duration = Duration::from_millis(1);
-/// Idle instances kept per plugin (more are made when calls overlap, then dropped).
-const POOL: usize = 8;
+/// Instances one plugin has at most, idle or running: past them a call is not made
+/// (answered per the plugin's `on_error`), so a plugin's memory is at most this many
+/// times its limit.
+pub const MAX_INSTANCES: usize = 4;
+/// The longest subject an emitted message may have.
+const MAX_SUBJECT: usize = 1024;
+/// Log lines one call may write.
+const MAX_LOG_LINES: u32 = 8;
 /// Bytes of a reason or a log line taken (the rest is cut).
 const MAX_TEXT: usize = 1024;
 
@@ -71,6 +77,7 @@ struct HostState {
     /// Bytes an emitted message may have (headers and payload), and all of them.
     max_message: usize,
     emitted_bytes: usize,
+    logged: u32,
     plugin: Arc<str>,
 }
 
@@ -96,6 +103,8 @@ pub struct Runtime {
     deadline_ticks: u64,
     max_message: usize,
     idle: Mutex<Vec<Loaded>>,
+    /// Instances made and not dropped (idle or running).
+    live: std::sync::atomic::AtomicUsize,
     /// The hooks the module exports.
     exports: [bool; 2],
 }
@@ -143,7 +152,9 @@ impl Runtime {
                 "it exports neither on_publish nor on_deliver".into(),
             ));
         }
-        let ticks = deadline.as_millis().max(1);
+        // The epoch moves every tick, whenever the call started: one more tick so a
+        // call always has its whole deadline.
+        let ticks = deadline.as_millis().max(1) + 1;
         let runtime = Runtime {
             pre,
             name: Arc::from(name),
@@ -151,10 +162,12 @@ impl Runtime {
             deadline_ticks: u64::try_from(ticks).unwrap_or(u64::MAX),
             max_message,
             idle: Mutex::new(Vec::new()),
+            live: std::sync::atomic::AtomicUsize::new(0),
             exports,
         };
         let first = runtime.instantiate()?;
         runtime.idle.lock().push(first);
+        runtime.live.store(1, std::sync::atomic::Ordering::Relaxed);
         Ok(runtime)
     }
 
@@ -180,6 +193,7 @@ impl Runtime {
                 reason: None,
                 max_message: self.max_message,
                 emitted_bytes: 0,
+                logged: 0,
                 plugin: Arc::clone(&self.name),
             },
         );
@@ -234,17 +248,37 @@ impl Runtime {
         payload: &[u8],
         reader: &str,
     ) -> Result<Verdict, Fault> {
+        use std::sync::atomic::Ordering::Relaxed;
         let taken = self.idle.lock().pop();
         let mut loaded = match taken {
             Some(loaded) => loaded,
-            None => self.instantiate()?,
+            None => {
+                let made = self.live.fetch_update(Relaxed, Relaxed, |live| {
+                    (live < MAX_INSTANCES).then_some(live + 1)
+                });
+                if made.is_err() {
+                    return Err(Fault::Busy);
+                }
+                match self.instantiate() {
+                    Ok(loaded) => loaded,
+                    Err(fault) => {
+                        self.live.fetch_sub(1, Relaxed);
+                        return Err(fault);
+                    }
+                }
+            }
         };
-        let verdict = self.run(&mut loaded, hook, (subject, headers, payload), reader)?;
-        let mut idle = self.idle.lock();
-        if idle.len() < POOL {
-            idle.push(loaded);
+        match self.run(&mut loaded, hook, (subject, headers, payload), reader) {
+            Ok(verdict) => {
+                self.idle.lock().push(loaded);
+                Ok(verdict)
+            }
+            Err(fault) => {
+                // Never reused: its state may be anything.
+                self.live.fetch_sub(1, Relaxed);
+                Err(fault)
+            }
         }
-        Ok(verdict)
     }
 
     fn run(
@@ -265,6 +299,7 @@ impl Runtime {
         state.emitted.clear();
         state.reason = None;
         state.emitted_bytes = 0;
+        state.logged = 0;
         store.set_epoch_deadline(self.deadline_ticks);
         let parts = [subject.as_bytes(), headers, payload, reader.as_bytes()];
         let total: usize = parts.iter().map(|part| part.len()).sum();
@@ -326,13 +361,14 @@ fn fault_of(error: &wasmtime::Error, during: &str) -> Fault {
     }
 }
 
-/// Bytes `len` long at `ptr` in the caller's memory, if they are there.
-fn read(caller: &mut Caller<'_, HostState>, ptr: i32, len: i32) -> Option<Vec<u8>> {
+/// Bytes `len` long at `ptr` in the caller's memory, if they are there and `len` is at
+/// most `max` (checked before anything is copied).
+fn read(caller: &mut Caller<'_, HostState>, ptr: i32, len: i32, max: usize) -> Option<Vec<u8>> {
     let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
         return None;
     };
     let start = usize::try_from(ptr).ok()?;
-    let len = usize::try_from(len).ok()?;
+    let len = usize::try_from(len).ok().filter(|len| *len <= max)?;
     memory
         .data(&*caller)
         .get(start..start.checked_add(len)?)
@@ -363,10 +399,15 @@ fn define_host(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
          payload_ptr: i32,
          payload_len: i32|
          -> i32 {
+            let state = caller.data();
+            let room = state.max_message;
+            if state.emitted.len() >= MAX_EMITTED {
+                return -1;
+            }
             let (Some(s), Some(h), Some(p)) = (
-                read(&mut caller, subject_ptr, subject_len),
-                read(&mut caller, headers_ptr, headers_len),
-                read(&mut caller, payload_ptr, payload_len),
+                read(&mut caller, subject_ptr, subject_len, MAX_SUBJECT),
+                read(&mut caller, headers_ptr, headers_len, room),
+                read(&mut caller, payload_ptr, payload_len, room),
             ) else {
                 return -1;
             };
@@ -394,7 +435,7 @@ fn define_host(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         "canopy",
         "reject",
         |mut caller: Caller<'_, HostState>, ptr: i32, len: i32| {
-            let reason = text(read(&mut caller, ptr, len));
+            let reason = text(read(&mut caller, ptr, len, MAX_TEXT));
             caller.data_mut().reason = Some(reason);
         },
     )?;
@@ -402,8 +443,17 @@ fn define_host(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         "canopy",
         "log",
         |mut caller: Caller<'_, HostState>, level: i32, ptr: i32, len: i32| {
-            let line = text(read(&mut caller, ptr, len));
-            let plugin = Arc::clone(&caller.data().plugin);
+            let state = caller.data_mut();
+            state.logged += 1;
+            if state.logged > MAX_LOG_LINES {
+                return;
+            }
+            let plugin = Arc::clone(&state.plugin);
+            // One line whatever it holds: it cannot forge other log lines.
+            let line: String = text(read(&mut caller, ptr, len, MAX_TEXT))
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect();
             match level {
                 0 => tracing::debug!(%plugin, "{line}"),
                 1 => tracing::info!(%plugin, "{line}"),

@@ -70,6 +70,8 @@ impl Publisher {
         stage_namespace(publish.subject)?;
         self.stage_rights(publish.subject)?;
         self.stage_size(publish.size())?;
+        // A dropped publish may still be answered there.
+        self.stage_answer(publish, self.store_policy(publish.subject).is_some())?;
         let outcome =
             self.routes
                 .plugins

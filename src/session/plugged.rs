@@ -2,6 +2,7 @@
 //! the messages they made, each then decided and carried out as any publish is (so a
 //! new subject is held to the publisher's rights, its stream's and schema's rules).
 //! The first message keeps the publish's reply and ack; the others go without one.
+//! All are decided before any is carried out: one refused refuses the publish.
 //! Must never: run the plugins again on what they made, or ack a dropped publish as
 //! stored.
 
@@ -42,8 +43,7 @@ impl Session {
         };
         // Held apart, so each decision may borrow it while the session carries it out.
         let publisher = std::sync::Arc::clone(&self.publisher);
-        let mut taken = Some(taken);
-        let mut first = None;
+        let mut decided = Vec::with_capacity(messages.len());
         for (i, (subject, headers, payload)) in messages.iter().enumerate() {
             let one = Publish {
                 subject,
@@ -56,19 +56,26 @@ impl Session {
                     AskAck::Nobody
                 },
                 subject_checked: false,
+                // What a plugin makes is a message, never a call of the server's API
+                // (made with the publisher's rights): `$` subjects are refused.
+                api_calls: false,
                 ..publish.clone()
             };
-            let decision = match publisher.decide(&one) {
-                Ok(decision) => decision,
-                Err(refusal) if i == 0 => return Err(self.refused(&one, refusal)),
+            // All or nothing: one refused message refuses the publish, so nothing
+            // the publisher is told was taken goes missing.
+            match publisher.decide(&one) {
+                Ok(decision) => decided.push((one, decision)),
                 Err(refusal) => {
-                    tracing::debug!(subject = %one.subject, %refusal, "a message a plugin made was refused");
-                    continue;
+                    let refusal = crate::publish::Refusal::Plugin(format!(
+                        "a message a plugin made of it was refused: {refusal}"
+                    ));
+                    return Err(self.refused(&publish, refusal));
                 }
-            };
-            if let Some(taken) = taken.take() {
-                taken(&self.outbox);
             }
+        }
+        taken(&self.outbox);
+        let mut first = None;
+        for (one, decision) in decided {
             let published = self.carry_out_with(&publisher, decision, one);
             first.get_or_insert(published);
         }

@@ -91,8 +91,18 @@ async fn a_plugin_filters_transforms_fans_out_and_rejects_on_every_front_end() {
         [("t.b", &b"*two"[..]), ("t.b.copy", &b"*two"[..])]
     );
 
-    // JetStream: the error ack; what is stored is what the plugin made.
+    // A plugin's messages are never API calls, and one refused refuses them all.
     let js = async_nats::jetstream::new(client.clone());
+    let refused = js_publish_to_tenant(&js, "default", "t.z", "$sneaky")
+        .await
+        .expect_err("a message to the server's namespace refuses the publish");
+    assert!(refused.to_string().contains("reserved"), "{refused}");
+    assert!(
+        replay_texts(&client, "t.z").await.is_empty(),
+        "nothing of it was stored"
+    );
+
+    // JetStream: the error ack; what is stored is what the plugin made.
     let refused = js_publish_to_tenant(&js, "default", "t.c", "!no")
         .await
         .expect_err("a rejected JetStream publish");

@@ -1,13 +1,15 @@
 ;; A publish plugin in WebAssembly text, on Canopy's plugin ABI (README, "Plugins"):
 ;; a payload starting with `x` is dropped, one starting with `!` is rejected with a
-;; reason, one starting with `*` is fanned out to `<subject>.copy` as well, and any
-;; other is passed on in capitals (a transform: the message is replaced).
+;; reason, one starting with `*` is fanned out to `<subject>.copy` as well, one
+;; starting with `$` is fanned out to `$CANOPY.purge` too (which must be refused), and
+;; any other is passed on in capitals (a transform: the message is replaced).
 (module
   (import "canopy" "emit" (func $emit (param i32 i32 i32 i32 i32 i32) (result i32)))
   (import "canopy" "reject" (func $reject (param i32 i32)))
   (memory (export "memory") 1)
   (data (i32.const 16) "no bangs here")
   (data (i32.const 32) ".copy")
+  (data (i32.const 48) "$CANOPY.purge")
   ;; The input goes at 1024; the memory grows to hold it.
   (func (export "canopy_alloc") (param $len i32) (result i32)
     (local $pages i32)
@@ -26,6 +28,15 @@
     (if (i32.eq (local.get $c) (i32.const 120)) (then (return (i32.const 1))))
     (if (i32.eq (local.get $c) (i32.const 33))
       (then (call $reject (i32.const 16) (i32.const 13)) (return (i32.const 2))))
+    (if (i32.eq (local.get $c) (i32.const 36))
+      (then
+        (drop (call $emit (local.get $ptr) (local.get $sl)
+                          (i32.add (local.get $ptr) (local.get $sl)) (local.get $hl)
+                          (local.get $payload) (local.get $pl)))
+        (drop (call $emit (i32.const 48) (i32.const 13)
+                          (i32.const 0) (i32.const 0)
+                          (i32.const 48) (i32.const 13)))
+        (return (i32.const 3))))
     (if (i32.eq (local.get $c) (i32.const 42))
       (then
         ;; `<subject>.copy`, written after the input.

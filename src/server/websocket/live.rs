@@ -55,6 +55,17 @@ impl Connection {
         if from.is_none() {
             return;
         }
+        // History under a deliver plugin is not read around it.
+        if let Err(refused) = crate::api::plugins::unfiltered(self.session.routes(), &native) {
+            self.reply_error(
+                None,
+                refusal(
+                    ErrorCode::Forbidden,
+                    format!("history of subscription {sid}: {}", refused.description),
+                ),
+            );
+            return;
+        }
         let Ok(store) = self.store() else {
             return;
         };

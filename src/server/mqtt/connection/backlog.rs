@@ -184,7 +184,7 @@ impl Connection {
                     {
                         continue;
                     }
-                    self.enqueue(Delivery {
+                    self.enqueue_plugged(Delivery {
                         owed: 0,
                         qos: options.qos.min(qos_cap(message.flags)),
                         retain: true,
@@ -206,6 +206,32 @@ impl Connection {
             }
         }
         self.session.outbox.wake();
+    }
+
+    /// Queues a stored or retained message through the tenant's deliver plugins of
+    /// its subject, as routing does for live ones: withheld, changed, or as it is.
+    fn enqueue_plugged(&mut self, mut delivery: Delivery) {
+        let routes = self.session.routes();
+        let subject = String::from_utf8_lossy(&delivery.subject).into_owned();
+        let chain = routes.plugins.deliver_chain(&subject);
+        if !chain.is_empty() {
+            let reader = self.session.outbox.reader();
+            let input = (&delivery.headers[..], &delivery.payload[..]);
+            match crate::plugins::TenantPlugins::on_deliver(
+                &chain,
+                &subject,
+                input,
+                (&reader, false),
+            ) {
+                crate::plugins::Delivered::Unchanged => {}
+                crate::plugins::Delivered::Withheld => return,
+                crate::plugins::Delivered::Replaced { headers, payload } => {
+                    delivery.headers = headers;
+                    delivery.payload = payload;
+                }
+            }
+        }
+        self.enqueue(delivery);
     }
 
     /// Queues the next page of the session's stored backlog.
@@ -236,7 +262,7 @@ impl Connection {
                     let (qos, subscription_ids) = matcher.delivery(&message.subject, message.flags);
                     let retain = message.flags & envelope::FLAG_RETAIN != 0
                         && matcher.keeps_retain(&message.subject);
-                    self.enqueue(Delivery {
+                    self.enqueue_plugged(Delivery {
                         owed: 0,
                         qos,
                         retain,
