@@ -144,6 +144,33 @@ fn check_limits(limits: &TenantLimits) -> Result<(), ApiError> {
             ));
         }
     }
+    check_pattern_rates(&limits.pattern_rates)
+}
+
+/// Each pattern rate names a pattern and at least one rate of 1 or more; at most
+/// [`MAX_PATTERN_RATES`] of them.
+fn check_pattern_rates(rates: &[crate::store::PatternRate]) -> Result<(), ApiError> {
+    use crate::tenancy::pattern_rates::MAX_PATTERN_RATES;
+    if rates.len() > MAX_PATTERN_RATES {
+        return Err(ApiError::new(
+            400,
+            format!("a tenant has at most {MAX_PATTERN_RATES} pattern_rates"),
+        ));
+    }
+    for rate in rates {
+        canopy_subjects::Pattern::parse_native(&rate.pattern)
+            .map_err(|e| ApiError::new(400, format!("pattern_rates: {:?}: {e}", rate.pattern)))?;
+        let given = [rate.msgs_per_sec, rate.bytes_per_sec];
+        if given.contains(&Some(0)) || given.iter().all(Option::is_none) {
+            return Err(ApiError::new(
+                400,
+                format!(
+                    "pattern_rates: {} needs msgs_per_sec or bytes_per_sec of 1 or more",
+                    rate.pattern
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 

@@ -257,6 +257,9 @@ pub struct Publisher {
     /// tells when a subscriber they reach falls behind (none for publishes made on a
     /// connection's behalf after it is gone).
     pub feedback: Option<crate::store::AckCargo>,
+    /// The client's own buckets of its tenant's per-client pattern rates (its wills
+    /// share them).
+    pub client_rates: Arc<crate::tenancy::pattern_rates::ClientRates>,
 }
 
 impl Publisher {
@@ -274,6 +277,7 @@ impl Publisher {
             limits,
             origin,
             feedback: None,
+            client_rates: Arc::default(),
         }
     }
 

@@ -121,7 +121,7 @@ impl Publisher {
             (Checked::Valid(binding), None) => Route::Live(Some(binding)),
             (_, None) => Route::Live(None),
         };
-        let throttled = self.stage_quota(publish.admission, 1, size)?;
+        let throttled = self.stage_quota(publish.admission, subject, 1, size)?;
         Ok(Decision {
             route,
             charged: true,
@@ -176,7 +176,7 @@ impl Publisher {
             total += message.headers.len() + message.payload.len();
         }
         self.stage_stored_bytes().map_err(refused)?;
-        self.stage_quota(Admission::Refusable, messages.len(), total)
+        self.stage_quota(Admission::Refusable, subject, messages.len(), total)
             .map_err(refused)?;
         Ok(policy)
     }
@@ -351,17 +351,19 @@ impl Publisher {
     fn stage_quota(
         &self,
         admission: Admission,
+        subject: &str,
         count: usize,
         bytes: usize,
     ) -> Result<Option<std::time::Duration>, Refusal> {
+        let quota = &self.routes.quota;
         match admission {
-            Admission::Refusable => self
-                .routes
-                .quota
-                .admit_publishes(count, bytes)
+            Admission::Refusable => quota
+                .admit_publishes_to(subject, &self.client_rates, count, bytes)
                 .map(|()| None)
                 .map_err(Refusal::OverQuota),
-            Admission::Throttled => Ok(self.routes.quota.throttle_publish(bytes)),
+            Admission::Throttled => {
+                Ok(quota.throttle_publish_to(subject, &self.client_rates, bytes))
+            }
         }
     }
 

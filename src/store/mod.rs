@@ -55,7 +55,9 @@ pub use record::Record;
 pub use retention::{RetentionPass, RetentionRules, shorter};
 pub use schemas::SchemaRecord;
 pub use snapshot::{Compaction, Snapshot};
-pub use tenants::{DEFAULT_TENANT, TenantLimits, TenantRecord, check_tenant_name, new_tenant};
+pub use tenants::{
+    DEFAULT_TENANT, PatternRate, TenantLimits, TenantRecord, check_tenant_name, new_tenant,
+};
 pub use users::{Permissions, Rules, TokenRecord, UserRecord, check_user_name};
 
 /// The on-store format this binary writes. Older formats are opened (and migrated

@@ -44,6 +44,24 @@ pub struct TenantLimits {
     /// server's `[limits] tenant_groups`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_groups: Option<u64>,
+    /// Publish rates on the subjects of patterns, beside the tenant's own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pattern_rates: Vec<PatternRate>,
+}
+
+/// A publish rate on the subjects of one pattern: messages and bytes per second,
+/// shared by all of the tenant's publishers, or each client's own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatternRate {
+    pub pattern: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub msgs_per_sec: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_sec: Option<u64>,
+    /// Each client (a connection, and the will it leaves) has its own bucket.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_client: bool,
 }
 
 /// A tenant as stored.

@@ -9,6 +9,7 @@ pub mod acl;
 pub mod credentials;
 mod hash_memory;
 pub mod login;
+pub mod pattern_rates;
 pub mod quota;
 mod registry;
 mod user_book;

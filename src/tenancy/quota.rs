@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::pattern_rates::{ClientRates, PatternRates};
 use crate::store::TenantLimits;
 
 /// No limit, in a limit's atomic.
@@ -45,6 +46,8 @@ pub enum Exceeded {
         limit: u64,
         wait: Duration,
     },
+    #[error(transparent)]
+    PatternRate(Box<PatternRateExceeded>),
     #[error("stored bytes exceeded: tenant {tenant} is at its limit")]
     StoredBytes { tenant: Arc<str> },
     #[error(
@@ -52,6 +55,21 @@ pub enum Exceeded {
          counts until it ends); retry"
     )]
     ApiCalls { tenant: Arc<str>, limit: u64 },
+}
+
+/// A publish over one of its tenant's `pattern_rates`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "publish rate exceeded: tenant {tenant} allows {limit} {unit}/s on {pattern}{}",
+    if *per_client { " per client" } else { "" }
+)]
+pub struct PatternRateExceeded {
+    pub tenant: Arc<str>,
+    pub pattern: String,
+    pub limit: u64,
+    pub unit: &'static str,
+    pub per_client: bool,
+    pub wait: Duration,
 }
 
 /// The limits a tenant has when its record names none: the server's `[limits]`.
@@ -82,6 +100,7 @@ impl Exceeded {
     pub fn wait(&self) -> Option<Duration> {
         match self {
             Exceeded::MessageRate { wait, .. } | Exceeded::ByteRate { wait, .. } => Some(*wait),
+            Exceeded::PatternRate(over) => Some(over.wait),
             _ => None,
         }
     }
@@ -90,21 +109,21 @@ impl Exceeded {
 /// A GCRA bucket: the theoretical arrival time of the next unit, in nanoseconds
 /// since the quota's epoch, and the cost of one unit.
 #[derive(Debug)]
-struct Rate {
+pub(super) struct Rate {
     /// Units per second; `UNLIMITED` when off.
     limit: AtomicU64,
     tat: AtomicU64,
 }
 
 impl Rate {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             limit: AtomicU64::new(UNLIMITED),
             tat: AtomicU64::new(0),
         }
     }
 
-    fn set(&self, limit: Option<u64>) {
+    pub(super) fn set(&self, limit: Option<u64>) {
         let limit = limit.unwrap_or(UNLIMITED).max(1);
         if self.limit.swap(limit, Ordering::Relaxed) != limit {
             // A new rate starts with a full bucket and no debt from the old one.
@@ -117,7 +136,7 @@ impl Rate {
     }
 
     /// Gives back `units` taken by a publish that another bucket then refused.
-    fn refund(&self, units: u64) {
+    pub(super) fn refund(&self, units: u64) {
         let limit = self.limit.load(Ordering::Relaxed);
         if limit == UNLIMITED {
             return;
@@ -135,7 +154,7 @@ impl Rate {
     /// [`MAX_WAIT`]: the client tries again). `force` takes them even then, into
     /// debt, and says how long the whole debt takes to pay: the publisher must pause
     /// that long, so a throttled connection adds at most one message of debt.
-    fn take(&self, units: u64, now: u64, force: bool) -> Result<(), Duration> {
+    pub(super) fn take(&self, units: u64, now: u64, force: bool) -> Result<(), Duration> {
         let limit = self.limit.load(Ordering::Relaxed);
         if limit == UNLIMITED {
             return Ok(());
@@ -180,6 +199,9 @@ pub struct Quota {
     api_calls: AtomicU64,
     messages: Rate,
     bytes: Rate,
+    /// The rates of its patterns, and how many times they were set.
+    pattern_rates: parking_lot::RwLock<Arc<PatternRates>>,
+    pattern_generation: AtomicU64,
     connections: AtomicU64,
     published_msgs: AtomicU64,
     published_bytes: AtomicU64,
@@ -225,6 +247,8 @@ impl Quota {
             api_calls: AtomicU64::new(0),
             messages: Rate::new(),
             bytes: Rate::new(),
+            pattern_rates: parking_lot::RwLock::default(),
+            pattern_generation: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             published_msgs: AtomicU64::new(0),
             published_bytes: AtomicU64::new(0),
@@ -261,6 +285,62 @@ impl Quota {
         );
         self.messages.set(limits.max_publish_msgs_per_sec);
         self.bytes.set(limits.max_publish_bytes_per_sec);
+        let mut rates = self.pattern_rates.write();
+        if rates.specs() != limits.pattern_rates {
+            // New rules start with full buckets, as a new tenant rate does.
+            let generation = self.pattern_generation.fetch_add(1, Ordering::Relaxed) + 1;
+            *rates = Arc::new(PatternRates::new(&limits.pattern_rates, generation));
+        }
+    }
+
+    /// [`Quota::admit_publishes`] to `subject`, under the rates of its patterns too
+    /// (`client`'s own buckets for rules per client).
+    pub fn admit_publishes_to(
+        &self,
+        subject: &str,
+        client: &ClientRates,
+        count: usize,
+        bytes: usize,
+    ) -> Result<(), Exceeded> {
+        self.admit_publishes(count, bytes)?;
+        let rates = Arc::clone(&self.pattern_rates.read());
+        if rates.is_empty() {
+            return Ok(());
+        }
+        let units = (count as u64, bytes as u64);
+        match rates.take(&self.tenant, subject, client, units, (self.nanos(), false)) {
+            Ok(_) => Ok(()),
+            Err(exceeded) => {
+                // Refused, so it spends nothing of the tenant's rates either.
+                self.messages.refund(units.0);
+                self.bytes.refund(units.1);
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                Err(exceeded)
+            }
+        }
+    }
+
+    /// [`Quota::throttle_publish`] to `subject`, under the rates of its patterns too.
+    pub fn throttle_publish_to(
+        &self,
+        subject: &str,
+        client: &ClientRates,
+        bytes: usize,
+    ) -> Option<Duration> {
+        let tenant = self.throttle_publish(bytes);
+        let rates = Arc::clone(&self.pattern_rates.read());
+        if rates.is_empty() {
+            return tenant;
+        }
+        let units = (1, bytes as u64);
+        let pattern = rates
+            .take(&self.tenant, subject, client, units, (self.nanos(), true))
+            .ok()
+            .flatten();
+        if pattern.is_some() && tenant.is_none() {
+            self.throttled.fetch_add(1, Ordering::Relaxed);
+        }
+        tenant.max(pattern)
     }
 
     fn nanos(&self) -> u64 {

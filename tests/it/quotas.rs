@@ -491,3 +491,76 @@ async fn a_tenant_over_its_rate_takes_nothing_from_another() {
     assert_eq!(quiet_usage["usage"]["refused_by_quota"], 0, "{quiet_usage}");
     server.stop().await;
 }
+
+/// Rates per pattern (a tenant's `pattern_rates`), beside the tenant's own: a shared
+/// one on `hot.>` refuses past its rate what any client sends there, a per-client one
+/// on `own.>` counts each connection apart, other subjects go free; bad rules are
+/// refused.
+#[tokio::test]
+async fn pattern_rates_limit_their_subjects_shared_or_per_client() {
+    let server = start(test_config()).await;
+    let url = server.native_url();
+    let admin = async_nats::connect(&url).await.expect("connect");
+    for bad in [
+        json!([{"pattern": "hot.>", "msgs_per_sec": 0}]),
+        json!([{"pattern": "hot.>"}]),
+        json!([{"pattern": "a b", "msgs_per_sec": 5}]),
+    ] {
+        let (status, body) = api(
+            &admin,
+            "tenant.update",
+            json!({"name": "default", "limits": {"pattern_rates": bad}}),
+        )
+        .await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+    limit_default(
+        &admin,
+        json!({"pattern_rates": [
+            {"pattern": "hot.>", "msgs_per_sec": 5},
+            {"pattern": "own.>", "msgs_per_sec": 5, "per_client": true},
+        ]}),
+    )
+    .await;
+    let first = async_nats::jetstream::new(admin.clone());
+    let other = async_nats::connect(&url).await.expect("connect");
+    let second = async_nats::jetstream::new(other);
+    let mut refusals = Vec::new();
+    let mut taken = 0;
+    for _ in 0..20 {
+        match crate::common::js_publish_to_tenant(&first, "default", "hot.x", "x").await {
+            Ok(_) => taken += 1,
+            Err(e) => refusals.push(e.to_string()),
+        }
+    }
+    assert!(
+        taken >= 5 && !refusals.is_empty(),
+        "{taken} taken, {refusals:?}"
+    );
+    assert!(
+        refusals[0].contains("allows 5 messages/s on hot.>"),
+        "{}",
+        refusals[0]
+    );
+    for _ in 0..20 {
+        crate::common::js_publish_to_tenant(&first, "default", "cold.x", "x")
+            .await
+            .expect("another subject goes free");
+    }
+    let mut own_refused = 0;
+    for _ in 0..20 {
+        if crate::common::js_publish_to_tenant(&first, "default", "own.x", "x")
+            .await
+            .is_err()
+        {
+            own_refused += 1;
+        }
+    }
+    assert!(own_refused > 0, "the first client went over its own rate");
+    let theirs = crate::common::js_publish_to_tenant(&second, "default", "own.x", "x").await;
+    assert!(
+        theirs.is_ok(),
+        "another client has its own bucket: {theirs:?}"
+    );
+    server.stop().await;
+}
