@@ -11,6 +11,7 @@ mod hash_memory;
 pub mod login;
 pub mod pattern_rates;
 pub mod quota;
+mod rate;
 mod registry;
 mod user_book;
 

@@ -13,8 +13,23 @@ use std::time::Duration;
 use canopy_subjects::{Pattern, Trie};
 use parking_lot::Mutex;
 
-use super::quota::{Exceeded, PatternRateExceeded, Rate};
+use super::rate::Rate;
 use crate::store::PatternRate;
+
+/// A publish over one of its tenant's `pattern_rates`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "publish rate exceeded: tenant {tenant} allows {limit} {unit}/s on {pattern}{}",
+    if *per_client { " per client" } else { "" }
+)]
+pub struct PatternRateExceeded {
+    pub tenant: Arc<str>,
+    pub pattern: String,
+    pub limit: u64,
+    pub unit: &'static str,
+    pub per_client: bool,
+    pub wait: Duration,
+}
 
 /// Rules one tenant may have.
 pub const MAX_PATTERN_RATES: usize = 64;
@@ -91,7 +106,7 @@ impl PatternRates {
         client: &ClientRates,
         (count, bytes): (u64, u64),
         (now, force): (u64, bool),
-    ) -> Result<Option<Duration>, Exceeded> {
+    ) -> Result<Option<Duration>, Box<PatternRateExceeded>> {
         let mut matched: Vec<usize> = Vec::new();
         self.trie.for_each_match(subject, &mut |found, _| {
             matched.extend(found.iter().copied());
@@ -136,14 +151,14 @@ impl PatternRates {
                         for (rate, units) in taken {
                             rate.refund(units);
                         }
-                        return Err(Exceeded::PatternRate(Box::new(PatternRateExceeded {
+                        return Err(Box::new(PatternRateExceeded {
                             tenant: Arc::clone(tenant),
                             pattern: rule.spec.pattern.clone(),
                             limit: limit.unwrap_or_default(),
                             unit,
                             per_client: rule.spec.per_client,
                             wait,
-                        })));
+                        }));
                     }
                 }
             }
