@@ -95,6 +95,17 @@ pub struct ApiCall {
     pub body: Bytes,
 }
 
+impl ApiCall {
+    /// The call's body, or `{}` when it sent none (reads may send no body at all).
+    pub(crate) fn body_or_empty(&self) -> &[u8] {
+        if self.body.is_empty() {
+            b"{}"
+        } else {
+            &self.body
+        }
+    }
+}
+
 /// Runs `call` in its own task. Without a reply subject there is nobody to answer,
 /// so the call is dropped.
 pub fn spawn(broker: Arc<Broker>, call: ApiCall) {
@@ -460,11 +471,7 @@ async fn dispatch(
         op if op.starts_with("plugin.") => plugins::dispatch(broker, store, call, answer).await,
         "asyncapi" => {
             authorize(broker, &call.principal, Action::Publish, "$CANOPY.asyncapi")?;
-            let body: &[u8] = if call.body.is_empty() {
-                b"{}"
-            } else {
-                &call.body
-            };
+            let body = call.body_or_empty();
             answer.json(&schemas::asyncapi(broker, &call.principal, parse(body)?)?);
             Ok(())
         }

@@ -56,11 +56,7 @@ pub(super) async fn dispatch(
 ) -> Result<(), ApiError> {
     // The caller's right to `$CANOPY.<op>` was checked by the publish decision, the
     // one door every call comes in by; what each operation touches is checked below.
-    let body: &[u8] = if call.body.is_empty() {
-        b"{}"
-    } else {
-        &call.body
-    };
+    let body = call.body_or_empty();
     let value = match call.operation.as_str() {
         "plugin.put" => put(broker, store, call, parse(&call.body)?).await?,
         "plugin.get" => get(broker, call, parse(body)?)?,

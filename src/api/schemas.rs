@@ -76,12 +76,7 @@ pub(super) async fn dispatch(
         &format!("{PREFIX}{}", call.operation),
     )?;
     let tenant = &*call.routes.name;
-    // Reads may send no body at all.
-    let body: &[u8] = if call.body.is_empty() {
-        b"{}"
-    } else {
-        &call.body
-    };
+    let body = call.body_or_empty();
     let principal = &call.principal;
     let value = match call.operation.as_str() {
         "schema.put" => put(broker, store, principal, tenant, parse(&call.body)?).await?,

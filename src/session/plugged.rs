@@ -9,8 +9,8 @@
 use bytes::Bytes;
 
 use super::{Outbox, Publish, Published, Refused, Session};
+use crate::broker::Message;
 use crate::broker::durable::StoreRequest;
-use crate::broker::{Message, RouteScratch, Wakes};
 use crate::plugins::Outcome;
 use crate::publish::AskAck;
 
@@ -119,15 +119,11 @@ impl Session {
             payload: &body,
             ..Message::default()
         };
-        let mut scratch = RouteScratch::default();
-        let mut wakes = Wakes::default();
-        let broker = std::sync::Arc::clone(&self.publisher.broker);
-        broker.route(
-            &self.publisher.routes,
-            None,
-            &message,
-            &mut scratch,
-            &mut wakes,
-        );
+        // Woken with the rest of the batch's deliveries.
+        let publisher = &self.publisher;
+        let (scratch, wakes) = (&mut self.scratch, &mut self.wakes);
+        publisher
+            .broker
+            .route(&publisher.routes, None, &message, scratch, wakes);
     }
 }
