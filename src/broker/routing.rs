@@ -354,7 +354,6 @@ pub(super) fn pick_member(
     }
 }
 
-/// Queues `msg` for `sub`; true when it was queued.
 /// The deliver plugins of a routed message's subject, and when they started on it.
 #[derive(Clone, Copy)]
 pub(super) struct Chain<'a> {
@@ -406,6 +405,7 @@ fn deliver_through(
     }
 }
 
+/// Queues `msg` for `sub`; true when it was queued.
 pub(super) fn deliver(
     sub: &Arc<Subscription>,
     msg: &Message<'_>,
