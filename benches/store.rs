@@ -48,6 +48,7 @@ fn settings(folder: &std::path::Path) -> StoreSettings {
         clock: canopy::clock::Clock::default(),
         journal: true,
         journal_bytes: 64 << 20,
+        keys: None,
     }
 }
 

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod plugins;
 pub mod publish;
 pub mod schemas;
+pub mod sealing;
 pub mod server;
 pub mod session;
 pub mod store;

@@ -19,6 +19,7 @@
 //! one that floods the server with work waits in line with them, never ahead.
 
 mod cluster;
+mod encryption;
 pub(crate) mod groups;
 pub(crate) mod history;
 pub mod jetstream;
@@ -469,6 +470,9 @@ async fn dispatch(
         op if op.starts_with("group.") => groups::dispatch(broker, store, call, answer).await,
         op if op.starts_with("schema.") => schemas::dispatch(broker, store, call, answer).await,
         op if op.starts_with("plugin.") => plugins::dispatch(broker, store, call, answer).await,
+        op if op.starts_with("encryption.") => {
+            encryption::dispatch(broker, store, call, answer).await
+        }
         "asyncapi" => {
             authorize(broker, &call.principal, Action::Publish, "$CANOPY.asyncapi")?;
             let body = call.body_or_empty();
@@ -479,7 +483,7 @@ async fn dispatch(
             404,
             format!(
                 "no API `{PREFIX}{other}`: use get, replay, subjects, append, snapshot.put, \
-                 snapshot.get, purge, tenant.*, user.*, group.*, schema.*, plugin.*, cluster.status or \
+                 snapshot.get, purge, tenant.*, user.*, group.*, schema.*, plugin.*, encryption.*, cluster.status or \
                  asyncapi"
             ),
         )),

@@ -158,6 +158,9 @@ impl Broker {
                 store.set_limits(name, limits).await?;
             }
         }
+        // Before anything reads or writes its messages: a key that does not unwrap
+        // stops the open rather than let its messages read as shredded.
+        store.open_data_keys(name).await?;
         let records = store.newest_schemas(name).await?;
         let bindings = crate::schemas::current_bindings(
             records

@@ -40,6 +40,9 @@ pub struct StoreConfig {
     pub retention: RetentionConfig,
     /// How to reach S3 for `s3://` URLs; unset fields come from the AWS environment.
     pub s3: crate::store::S3Settings,
+    /// Where the key-encryption keys of sealed patterns are: `file:PATH` or
+    /// `env:NAME` (`crate::sealing::provider`). Unset: sealing is refused.
+    pub keys: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -143,6 +146,7 @@ impl Default for StoreConfig {
             ],
             retention: RetentionConfig::default(),
             s3: crate::store::S3Settings::default(),
+            keys: None,
         }
     }
 }

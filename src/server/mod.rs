@@ -50,6 +50,8 @@ pub enum ServerError {
     Pattern(#[from] canopy_subjects::SubjectError),
     #[error("cannot open the store")]
     Store(#[from] crate::store::StoreError),
+    #[error("store.keys: {0}")]
+    Keys(crate::sealing::SealError),
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
     #[error("cannot join the cluster: {0}")]
@@ -96,6 +98,12 @@ fn store_settings(config: &Config) -> Result<StoreSettings, ServerError> {
         clock: crate::clock::Clock::default(),
         journal: store.journal,
         journal_bytes: store.journal_mb.max(1).saturating_mul(1 << 20),
+        keys: match &store.keys {
+            Some(spec) => Some(Arc::new(
+                crate::sealing::LocalKeys::load(spec).map_err(ServerError::Keys)?,
+            )),
+            None => None,
+        },
     })
 }
 

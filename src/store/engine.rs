@@ -49,6 +49,8 @@ pub(crate) struct Engine {
     db: Db,
     journaled: bool,
     unflushed: Unflushed,
+    /// The data keys messages are sealed with and opened by (`sealed.rs`).
+    sealing: crate::sealing::Sealing,
 }
 
 /// Looks at the layer and the engine that crossed a flush before a read holds
@@ -61,7 +63,13 @@ impl Engine {
             db,
             journaled,
             unflushed: Unflushed::default(),
+            sealing: crate::sealing::Sealing::default(),
         }
+    }
+
+    /// The tenants' data keys.
+    pub(super) fn sealing(&self) -> &crate::sealing::Sealing {
+        &self.sealing
     }
 
     /// Whether rounds are made durable by the journal.

@@ -43,8 +43,10 @@ pub const CURSOR: u8 = b'z';
 pub const SCHEMA: u8 = b'y';
 pub const STREAM: u8 = b'j';
 pub const PLUGIN: u8 = b'p';
+pub const DATA_KEY: u8 = b'e';
 /// Every kind of key that belongs to one tenant's data (not its record).
-pub const TENANT_KINDS: [u8; 15] = [
+pub const TENANT_KINDS: [u8; 16] = [
+    DATA_KEY,
     PLUGIN,
     STREAM,
     SCHEMA,
@@ -179,6 +181,13 @@ pub fn stream(tenant: &str, name: &str) -> Bytes {
 }
 
 /// `'p' tenant 0 pattern`: the plugin bound to a pattern.
+/// `'e' tenant 0 id`: one of the tenant's data keys (`store/data_keys.rs`).
+pub fn data_key(tenant: &str, id: u32) -> Bytes {
+    let mut key = prefix(DATA_KEY, tenant, 4);
+    key.put_u32(id);
+    key.freeze()
+}
+
 pub fn plugin(tenant: &str, pattern: &str) -> Bytes {
     let mut key = prefix(PLUGIN, tenant, pattern.len());
     key.put_slice(pattern.as_bytes());

@@ -11,6 +11,7 @@
 //! returns untouched. Everything above it goes through this module's API, so an
 //! engine upgrade touches this folder only.
 
+mod data_keys;
 mod engine;
 mod groups;
 pub mod journal;
@@ -27,6 +28,7 @@ mod retained;
 mod retention;
 mod runs;
 mod schemas;
+mod sealed;
 mod sequencer;
 mod snapshot;
 pub mod stats;
@@ -44,6 +46,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 
+pub use data_keys::MAX_DATA_KEYS;
 pub(crate) use engine::{Engine, Found, Scanned};
 pub use open::{S3Settings, StoreLock, StoreUrl, s3_client};
 pub use purge::Purged;
@@ -348,6 +351,9 @@ pub struct StoreSettings {
     pub journal: bool,
     /// The size of each of the journal's two files.
     pub journal_bytes: u64,
+    /// Where key-encryption keys come from, for tenants' sealed patterns (none:
+    /// sealing is refused).
+    pub keys: Option<Arc<dyn crate::sealing::KeyProvider>>,
 }
 
 impl StoreSettings {
@@ -382,6 +388,9 @@ pub struct Store {
     /// a snapshot dropping what it covers): a run cut in two is written again, which
     /// must not bring back versions another deletion just removed.
     deleting: Arc<tokio::sync::Mutex<()>>,
+    key_provider: Option<Arc<dyn crate::sealing::KeyProvider>>,
+    /// Serialises changes to data keys (`data_keys.rs`).
+    key_changes: tokio::sync::Mutex<()>,
 }
 
 /// A set of tenant names the sequencer keeps and front ends ask about on every
@@ -466,6 +475,8 @@ impl Store {
             tenant_max_age: Default::default(),
             deleting,
             clock: settings.clock,
+            key_provider: settings.keys,
+            key_changes: tokio::sync::Mutex::new(()),
         })
     }
 

@@ -494,7 +494,16 @@ impl Store {
         tenant: &str,
         client_id: &str,
     ) -> Result<Option<Bytes>, StoreError> {
-        Ok(self.db().get(keys::session(tenant, client_id)).await?)
+        let Some(stored) = self.db().get(keys::session(tenant, client_id)).await? else {
+            return Ok(None);
+        };
+        let keys = self.db().sealing().keys_of(tenant);
+        Ok(super::sealed::open_session(
+            keys.as_deref(),
+            tenant,
+            client_id,
+            stored,
+        ))
     }
 
     /// Saves (or with `None` removes) a session's state, durably.
@@ -505,8 +514,14 @@ impl Store {
         state: Option<&[u8]>,
     ) -> Result<(), StoreError> {
         let mut batch = slatedb::WriteBatch::new();
+        let keys = self.db().sealing().keys_of(tenant);
         match state {
-            Some(state) => batch.put(keys::session(tenant, client_id), state),
+            Some(state) => {
+                match super::sealed::seal_session(keys.as_deref(), tenant, client_id, state) {
+                    Some(sealed) => batch.put(keys::session(tenant, client_id), sealed),
+                    None => batch.put(keys::session(tenant, client_id), state),
+                }
+            }
             None => batch.delete(keys::session(tenant, client_id)),
         }
         super::write_durably(self.db(), batch).await

@@ -20,13 +20,20 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 /// records read the same.
 pub const MAX_HEADERS: usize = (1 << 24) - 1;
 
+/// A record flag the store owns: the header block and payload are one sealed value
+/// (`store/sealed.rs`). Never set on a record a reader gets.
+pub const SEALED: u8 = 0x80;
+/// A record flag the store owns: the record was sealed with a data key that is gone,
+/// and reads back with no payload (`store/sealed.rs`).
+pub const UNREADABLE: u8 = 0x40;
+
 /// One stored message as read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub offset: u64,
     pub time_ms: u64,
-    /// Opaque to the store: what a front end recorded about the publish (MQTT: its
-    /// QoS and retain flag).
+    /// What a front end recorded about the publish (MQTT: its QoS and retain flag),
+    /// opaque to the store but for its own two top bits ([`SEALED`], [`UNREADABLE`]).
     pub flags: u8,
     /// The raw NATS header block; empty when the message had none.
     pub headers: Bytes,

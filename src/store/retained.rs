@@ -89,7 +89,12 @@ impl Walk<'_> {
             self.page.next = self.page.messages.last().map(|m| m.subject.clone());
             return Room::Full;
         }
-        if let Some((version, record)) = record::decode_retained(kv.value) {
+        if let Some((version, mut record)) = record::decode_retained(kv.value) {
+            if record.flags & record::SEALED != 0 {
+                let keys = self.store.db().sealing().keys_of(self.tenant);
+                let context = super::sealed::context(kv.key.get(1..).unwrap_or_default(), version);
+                super::sealed::open(keys.as_deref(), &context, &mut record);
+            }
             self.bytes += record.headers.len() + record.payload.len();
             self.page.messages.push(stored(subject, version, record));
         }

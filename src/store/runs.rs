@@ -18,7 +18,8 @@ use super::Scanned;
 use slatedb::{IterationOrder, WriteBatch};
 
 use super::record::{self, Record};
-use super::{StoreError, keys};
+use super::{StoreError, keys, sealed};
+use crate::sealing::TenantKeys;
 use crate::store::Engine;
 
 /// A run holds at most this many messages...
@@ -82,6 +83,19 @@ impl Run {
         })
     }
 
+    /// [`Run::decode`] for a reader: sealed records opened with the tenant's `keys`
+    /// (`sealed.rs`). Deletions and rewrites use `decode`, which leaves them sealed.
+    fn read(keys: Option<&TenantKeys>, key: &[u8], value: Bytes) -> Option<Run> {
+        let mut run = Run::decode(key, value)?;
+        if run.records.iter().any(|r| r.flags & record::SEALED != 0) {
+            let tenant_and_subject = key.get(1..key.len().checked_sub(8)?)?;
+            for (version, record) in (run.first..).zip(run.records.iter_mut()) {
+                sealed::open(keys, &sealed::context(tenant_and_subject, version), record);
+            }
+        }
+        Some(run)
+    }
+
     /// The version after the run's last.
     pub fn end(&self) -> u64 {
         self.first + self.records.len() as u64
@@ -92,11 +106,18 @@ impl Run {
         self.records.get(index)
     }
 
+    /// The bytes the sequencer counted for the run's messages (as published).
     fn bytes(&self) -> u64 {
-        self.records
-            .iter()
-            .map(|r| (r.headers.len() + r.payload.len()) as u64)
-            .sum()
+        self.records.iter().map(published_bytes).sum()
+    }
+}
+
+/// The header and payload bytes a record had when published, sealed or not.
+fn published_bytes(record: &Record) -> u64 {
+    let stored = (record.headers.len() + record.payload.len()) as u64;
+    match record.flags & record::SEALED {
+        0 => stored,
+        _ => stored.saturating_sub(crate::sealing::OVERHEAD as u64),
     }
 }
 
@@ -114,10 +135,11 @@ async fn run_before(
     }
     let range = keys::message(tenant, subject, 1)..keys::message(tenant, subject, below);
     let mut iter = seen.scan(db, range, IterationOrder::Descending).await?;
+    let keys = db.sealing().keys_of(tenant);
     Ok(iter
         .next()
         .await?
-        .and_then(|kv| Run::decode(&kv.key, kv.value)))
+        .and_then(|kv| Run::read(keys.as_deref(), &kv.key, kv.value)))
 }
 
 /// The subject's newest message and its version.
@@ -152,6 +174,7 @@ pub(super) async fn newest_of(
     };
     let range = keys::message(tenant, first, 1)..keys::message_range(tenant, last, 0).end;
     let mut iter = seen.scan(db, range, IterationOrder::Descending).await?;
+    let keys = db.sealing().keys_of(tenant);
     for _ in 0..max_keys {
         let Some(kv) = iter.next().await? else {
             break;
@@ -166,7 +189,7 @@ pub(super) async fn newest_of(
         if found[i].is_some() {
             continue;
         }
-        if let Some(mut run) = Run::decode(&kv.key, kv.value) {
+        if let Some(mut run) = Run::read(keys.as_deref(), &kv.key, kv.value) {
             let version = run.end() - 1;
             found[i] = run.records.pop().map(|record| (version, record));
         }
@@ -186,7 +209,8 @@ pub(super) async fn run_holding(
     // round) is one point read, which bloom filters answer.
     let key = keys::message(tenant, subject, version);
     if let Some(value) = seen.get(db, &key).await? {
-        return Ok(Run::decode(&key, value));
+        let keys = db.sealing().keys_of(tenant);
+        return Ok(Run::read(keys.as_deref(), &key, value));
     }
     let run = run_before(db, tenant, subject, version, seen).await?;
     Ok(run.filter(|r| r.get(version).is_some()))
@@ -224,6 +248,7 @@ pub(super) async fn runs_holding(
     let start = keys::message(tenant, first, from);
     let end = keys::message_range(tenant, last, 0).end;
     let mut iter = seen.scan(db, start..end, IterationOrder::Ascending).await?;
+    let keys = db.sealing().keys_of(tenant);
     let mut i = 0;
     for _ in 0..max_keys {
         let Some(kv) = iter.next().await? else {
@@ -246,7 +271,7 @@ pub(super) async fn runs_holding(
         if wanted[i].0 != subject {
             continue;
         }
-        let Some(run) = Run::decode(&kv.key, kv.value) else {
+        let Some(run) = Run::read(keys.as_deref(), &kv.key, kv.value) else {
             continue;
         };
         let end = run.end();
@@ -271,6 +296,8 @@ pub(super) struct Scan {
     from: u64,
     run: std::vec::IntoIter<Record>,
     next_version: u64,
+    /// The tenant's data keys when the scan opened.
+    keys: Option<std::sync::Arc<TenantKeys>>,
 }
 
 impl Scan {
@@ -294,6 +321,7 @@ impl Scan {
             from,
             run: Vec::new().into_iter(),
             next_version: start,
+            keys: db.sealing().keys_of(tenant),
         })
     }
 
@@ -313,7 +341,7 @@ impl Scan {
             };
             // A value that does not decode is skipped, as reads skip what they
             // cannot trust.
-            if let Some(run) = Run::decode(&kv.key, kv.value) {
+            if let Some(run) = Run::read(self.keys.as_deref(), &kv.key, kv.value) {
                 self.next_version = run.first;
                 self.run = run.records.into_iter();
             }
@@ -411,7 +439,7 @@ pub(super) async fn delete_through(
         for (i, r) in run.records.iter().enumerate() {
             if i < keep {
                 deleted.messages += 1;
-                deleted.bytes += (r.headers.len() + r.payload.len()) as u64;
+                deleted.bytes += published_bytes(r);
             } else {
                 rest.push(r.offset, r.time_ms, r.flags, &r.headers, &r.payload);
             }

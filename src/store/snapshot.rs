@@ -60,22 +60,52 @@ const DELETE_CHUNK: usize = 1000;
 /// snapshots written before the flag existed read as not JSON.
 const JSON_FLAG: u64 = 1 << 63;
 
-fn encode(time_ms: u64, json: bool, payload: &[u8]) -> Bytes {
+/// The next bit marks a payload sealed with the subject's data key (`sealed.rs`).
+const SEALED_FLAG: u64 = 1 << 62;
+
+/// Where a snapshot is: its tenant, subject and version.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    tenant: &'a str,
+    subject: &'a str,
+    version: u64,
+}
+
+fn encode(db: &Engine, at: At<'_>, time_ms: u64, json: bool, payload: &[u8]) -> Bytes {
+    let keys = db.sealing().keys_of(at.tenant);
+    let sealed =
+        super::sealed::seal_snapshot(keys.as_deref(), at.tenant, at.subject, at.version, payload);
+    let mut stamp = if json { time_ms | JSON_FLAG } else { time_ms };
+    if sealed.is_some() {
+        stamp |= SEALED_FLAG;
+    }
+    let payload = sealed.as_deref().unwrap_or(payload);
     let mut out = BytesMut::with_capacity(8 + payload.len());
-    out.put_u64(if json { time_ms | JSON_FLAG } else { time_ms });
+    out.put_u64(stamp);
     out.put_slice(payload);
     out.freeze()
 }
 
-fn decode(subject: &str, version: u64, mut value: Bytes) -> Option<Snapshot> {
+/// A stored snapshot; `None` when it is malformed or sealed with a key that is gone.
+fn decode(db: &Engine, at: At<'_>, mut value: Bytes) -> Option<Snapshot> {
     if value.len() < 8 {
         return None;
     }
     let stamp = value.get_u64();
+    if stamp & SEALED_FLAG != 0 {
+        let keys = db.sealing().keys_of(at.tenant);
+        value = super::sealed::open_snapshot(
+            keys.as_deref(),
+            at.tenant,
+            at.subject,
+            at.version,
+            &value,
+        )?;
+    }
     Some(Snapshot {
-        subject: subject.to_owned(),
-        version,
-        time_ms: stamp & !JSON_FLAG,
+        subject: at.subject.to_owned(),
+        version: at.version,
+        time_ms: stamp & !(JSON_FLAG | SEALED_FLAG),
         json: stamp & JSON_FLAG != 0,
         payload: value,
     })
@@ -96,7 +126,14 @@ async fn latest(
         )
         .await?;
     Ok(match newest.next().await? {
-        Some(kv) => keys::message_version(&kv.key).and_then(|v| decode(subject, v, kv.value)),
+        Some(kv) => keys::message_version(&kv.key).and_then(|version| {
+            let at = At {
+                tenant,
+                subject,
+                version,
+            };
+            decode(db, at, kv.value)
+        }),
         None => None,
     })
 }
@@ -121,10 +158,15 @@ impl Store {
                 "{subject} is at version {head}: a snapshot must be at a version from 1 to {head}"
             )));
         }
+        let at = At {
+            tenant,
+            subject,
+            version,
+        };
         put_durably(
             self.db(),
             keys::snapshot(tenant, subject, version),
-            encode(self.clock.now_ms(), json, payload),
+            encode(self.db(), at, self.clock.now_ms(), json, payload),
         )
         .await?;
         Ok(())
@@ -220,10 +262,15 @@ async fn compact(
     let Some(state) = state else {
         return Ok(());
     };
+    let at = At {
+        tenant,
+        subject,
+        version: target,
+    };
     put_durably(
         db,
         keys::snapshot(tenant, subject, target),
-        encode(clock.now_ms(), json, &state),
+        encode(db, at, clock.now_ms(), json, &state),
     )
     .await?;
     if !job.compaction.keep_history {

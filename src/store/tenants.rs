@@ -136,6 +136,8 @@ impl Store {
     /// deleted. Safe to run again after a crash half way.
     pub async fn purge_tenant(&self, tenant: &str) -> Result<u64, StoreError> {
         let mut deleted = 0;
+        // Its data keys go with it: a tenant made again under the name seals nothing.
+        self.db().sealing().set(tenant, None);
         // Deleted from the engine, so first written there.
         self.db().flush_unflushed().await?;
         for kind in keys::TENANT_KINDS {

@@ -11,8 +11,9 @@ use std::path::Path;
 /// The library's top-level modules, lowest first: each may name only those before it.
 /// `client` (the CLI's own NATS client) stands apart and names none of them.
 const LAYERS: &[&str] = &[
-    "client", "clock", "store", "follow", "config", "metrics", "cluster", "tenancy", "schemas",
-    "plugins", "streams", "groups", "tables", "broker", "publish", "api", "session", "server",
+    "client", "clock", "sealing", "store", "follow", "config", "metrics", "cluster", "tenancy",
+    "schemas", "plugins", "streams", "groups", "tables", "broker", "publish", "api", "session",
+    "server",
 ];
 
 /// One library file: its module path (`["broker", "groups"]` for

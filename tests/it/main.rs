@@ -15,6 +15,7 @@ mod common;
 mod crash;
 mod deploy;
 mod durable;
+mod encryption;
 mod faults;
 mod flow;
 mod format;

@@ -30,6 +30,7 @@ use super::{retention, stats};
 
 mod combining;
 mod journaled;
+mod open_run;
 mod round;
 mod tenant;
 mod writer;

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::store::record::{self, MsgIdEntry};
-use crate::store::runs::{self, RUN_MAX_BYTES, RUN_MAX_MESSAGES, Seen};
+use crate::store::runs::{self, Seen};
+use crate::store::sealed;
 use crate::store::snapshot::CompactionJob;
 use crate::store::writes::Writes;
 use crate::store::{
@@ -18,40 +19,10 @@ use crate::store::{
     StoreError, StoredLimits, StoredUsage, keys,
 };
 
+use super::open_run::OpenRun;
 use super::tenant::{Head, TenantState, encode_usage, load_head, load_next_offset, load_usage};
 use super::writer::RoundWrite;
 use super::{Assigned, MessageKey, RoundIndex, SeededMap, Sequencer, UNWRITTEN_ROUNDS};
-
-/// The messages of one subject in one round, written as one key.
-struct OpenRun {
-    first: u64,
-    builder: record::RunBuilder,
-}
-
-impl OpenRun {
-    fn new(first: u64, payload: usize) -> OpenRun {
-        OpenRun {
-            first,
-            builder: record::RunBuilder::new(payload),
-        }
-    }
-
-    /// Whether `version` can go on this run: the next one, and the run not full.
-    fn takes(&self, version: u64) -> bool {
-        version == self.first + u64::from(self.builder.count())
-            && self.builder.count() < RUN_MAX_MESSAGES
-            && self.builder.bytes() < RUN_MAX_BYTES
-    }
-
-    fn write(self, batch: &mut Writes, tenant: &str, subject: &str) {
-        if self.builder.count() > 0 {
-            batch.put_run(
-                keys::message(tenant, subject, self.first),
-                self.builder.finish(),
-            );
-        }
-    }
-}
 
 /// An ack and the outcome it carries, for the tenant it belongs to.
 type Ack = (Arc<str>, AckTo, AppendOutcome);
@@ -105,13 +76,15 @@ impl RoundBatch {
         &mut self,
         request: &AppendRequest,
         message: &NewMessage,
+        cleared: bool,
         head: Head,
         now: u64,
     ) {
         // MQTT's rule: an empty retained publish clears the retained message; the
-        // publish itself is still stored and delivered.
+        // publish itself is still stored and delivered. (A sealed empty payload is
+        // not empty: the flag says whether it was sealed.)
         let key = keys::retained(&request.tenant, &request.subject);
-        if message.payload.is_empty() {
+        if message.payload.is_empty() || cleared {
             self.batch.delete(key);
         } else {
             self.batch.put(
@@ -177,6 +150,8 @@ struct RoundDraft {
     changed: Vec<Arc<str>>,
     /// How long the engine keeps a msg id key.
     msg_id_ttl_ms: u64,
+    /// The data keys of the tenant of the append being assigned (`store/sealed.rs`).
+    keys: Option<Arc<crate::sealing::TenantKeys>>,
 }
 
 impl RoundDraft {
@@ -195,6 +170,7 @@ impl RoundDraft {
             index: SeededMap::default(),
             changed: Vec::new(),
             msg_id_ttl_ms: window_ms.max(1),
+            keys: None,
         }
     }
 
@@ -223,11 +199,23 @@ impl RoundDraft {
             new_head.version += 1;
             new_head.offset = *next_offset;
             *next_offset += 1;
-            self.writes
-                .put_message(request, message, new_head, self.now);
+            let sealed = sealed::stored_form(
+                self.keys.as_deref(),
+                &request.tenant,
+                &request.subject,
+                new_head.version,
+                message,
+            );
+            let stored = sealed.as_ref().unwrap_or(message);
+            self.writes.put_message(request, stored, new_head, self.now);
             if request.retain {
-                self.writes
-                    .put_retained(request, message, new_head, self.now);
+                self.writes.put_retained(
+                    request,
+                    stored,
+                    message.payload.is_empty(),
+                    new_head,
+                    self.now,
+                );
             }
             if request.max_versions > 0 && new_head.version > request.max_versions {
                 let dropped = new_head.version - request.max_versions;
@@ -517,6 +505,7 @@ impl Sequencer {
         if !std::mem::replace(&mut state.usage_changed, true) {
             draft.changed.push(Arc::clone(&request.tenant));
         }
+        draft.keys = self.db.sealing().keys_of(&request.tenant);
         let new_head = draft.assign(
             state,
             &mut self.dropped_sizes,

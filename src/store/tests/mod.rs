@@ -60,6 +60,7 @@ pub(crate) fn settings(object_store: Arc<dyn ObjectStore>) -> StoreSettings {
         clock: crate::clock::Clock::default(),
         journal: true,
         journal_bytes: 64 << 20,
+        keys: None,
     }
 }
 

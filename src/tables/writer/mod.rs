@@ -184,6 +184,8 @@ struct Writer {
     table: Option<iceberg::table::Table>,
     /// Unique per run, so a crashed run's unreferenced files are never overwritten.
     file_prefix: String,
+    /// The tenant's store, asked before each commit whether its subjects are sealed.
+    store: Arc<Store>,
 }
 
 /// What a writer takes of its tenant: its schema bindings, and the taps its
@@ -236,7 +238,7 @@ async fn run(
     shutdown: CancellationToken,
 ) {
     let mut writer = loop {
-        match Writer::open(&config, &place, Arc::clone(&schemas)).await {
+        match Writer::open(&config, &place, Arc::clone(&schemas), Arc::clone(&store)).await {
             Ok(writer) => break writer,
             Err(error) => {
                 tracing::warn!(table = %config.table, %error, "cannot open the table; retrying");
@@ -276,6 +278,7 @@ impl Writer {
         config: &TableConfig,
         place: &Place,
         schemas: Arc<crate::schemas::TenantSchemas>,
+        store: Arc<Store>,
     ) -> Result<Writer, TableError> {
         let pattern = Pattern::parse_native(&config.pattern)
             .map_err(|e| TableError::Setup(format!("pattern: {e}")))?;
@@ -306,6 +309,7 @@ impl Writer {
                     .map(|b| format!("{b:02x}"))
                     .collect::<String>()
             ),
+            store,
         };
         writer.reload().await?;
         Ok(writer)
@@ -527,6 +531,15 @@ impl Writer {
     /// What a commit needs of the writer (making the table at the first, and adding
     /// the columns of fields the binding gained since).
     async fn job(&mut self) -> Result<CommitJob, TableError> {
+        // A table is files in clear: the subjects of a sealed pattern never go there.
+        if let Some(key) = self.store.data_keys(&self.tenant).iter().find(|k| {
+            k.sealing && crate::streams::filters::overlap(&k.pattern, &self.config.pattern)
+        }) {
+            return Err(TableError::Setup(format!(
+                "{} is sealed at rest (data key {}): a table would hold its messages in clear, so                  none are written while it is",
+                key.pattern, key.id
+            )));
+        }
         let table = self.table().await?;
         let table = self.add_new_fields(table).await?;
         Ok(CommitJob {
