@@ -2,7 +2,10 @@
 //! goes through (`TenantPlugins::on_publish`: the pattern lookup, the input copied
 //! into the instance, the call, the verdict), for a pass-through plugin and for one
 //! that rewrites every byte of the payload and emits it (tests/plugins/edit.wat's
-//! capitals), at 100-byte and 4-KiB payloads, against a tenant with no plugin.
+//! capitals), at 100-byte and 4-KiB payloads, against a tenant with no plugin; and
+//! a JSON field transform from AssemblyScript (tests/plugins/redact.ts, built with
+//! the `asc` that ./scripts/test-all.sh installs under tests/js) masking a "secret"
+//! field of a JSON payload of the same sizes.
 //!
 //!     cargo bench --bench plugins
 
@@ -44,6 +47,39 @@ fn tenant_with(module: &[u8]) -> TenantPlugins {
     tenant
 }
 
+/// tests/plugins/redact.ts built by AssemblyScript's `asc`.
+fn assemblyscript_redact() -> Vec<u8> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let asc = root.join("tests/js/node_modules/.bin/asc");
+    assert!(
+        asc.exists(),
+        "{} is missing: run ./scripts/test-all.sh once (it installs AssemblyScript)",
+        asc.display()
+    );
+    let out = std::env::temp_dir().join(format!("canopy-bench-redact-{}.wasm", std::process::id()));
+    let built = std::process::Command::new(&asc)
+        .arg(root.join("tests/plugins/redact.ts"))
+        .args(["--runtime", "incremental", "-O3", "-o"])
+        .arg(&out)
+        .output()
+        .expect("asc runs");
+    assert!(
+        built.status.success(),
+        "asc: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let module = std::fs::read(&out).expect("built");
+    let _ = std::fs::remove_file(&out);
+    module
+}
+
+/// A JSON object of about `size` bytes with a "secret" field.
+fn json_of(size: usize) -> Bytes {
+    let head = r#"{"user":"ada","secret":"hunter2","note":""#;
+    let pad = size.saturating_sub(head.len() + 2);
+    Bytes::from(format!("{head}{}\"}}", "n".repeat(pad)))
+}
+
 fn bench(c: &mut Criterion) {
     let edit = std::fs::read(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -53,6 +89,7 @@ fn bench(c: &mut Criterion) {
     let none = TenantPlugins::default();
     let pass = tenant_with(PASS.as_bytes());
     let transform = tenant_with(&edit);
+    let redact = tenant_with(&assemblyscript_redact());
     let headers = Bytes::new();
     let mut group = c.benchmark_group("publish_plugin");
     for size in [100usize, 4096] {
@@ -75,6 +112,16 @@ fn bench(c: &mut Criterion) {
             BenchmarkId::new("capitals, emitted", size),
             &payload,
             |b, p| b.iter(|| transform.on_publish("bench.x", &headers, p)),
+        );
+        let json = json_of(size);
+        assert!(matches!(
+            redact.on_publish("bench.x", &headers, &json),
+            Outcome::Replaced(ref m) if m[0].payload.windows(12).any(|w| w == br#""secret":"**"#)
+        ));
+        group.bench_with_input(
+            BenchmarkId::new("JSON field masked (AssemblyScript)", size),
+            &json,
+            |b, p| b.iter(|| redact.on_publish("bench.x", &headers, p)),
         );
     }
     group.finish();

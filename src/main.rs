@@ -91,6 +91,10 @@ enum Command {
     /// publish); show, list and delete them.
     #[command(subcommand)]
     Plugin(cli::plugins::PluginCommand),
+    /// Keep subject patterns encrypted at rest (envelope encryption): seal, rotate,
+    /// stop, shred and list data keys.
+    #[command(subcommand)]
+    Encryption(cli::encryption::EncryptionCommand),
     /// Print the tenant's AsyncAPI 3.0 document: a channel per bound pattern, its
     /// schema as the message payload, the operations your rules allow.
     Asyncapi(cli::schemas::AsyncApiArgs),
@@ -421,6 +425,7 @@ async fn run(command: Command) -> Result<()> {
         Command::Group(command) => cli::groups::run(command).await,
         Command::Schema(command) => cli::schemas::run(command).await,
         Command::Plugin(command) => cli::plugins::run(command).await,
+        Command::Encryption(command) => cli::encryption::run(command).await,
         Command::Asyncapi(args) => cli::schemas::asyncapi(args).await,
         Command::Purge(args) => {
             let (mut client, timeout) = connect(&args.connect, "canopy purge").await?;

@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod cluster;
 pub mod connect;
+pub mod encryption;
 pub mod groups;
 pub mod plugins;
 pub mod pubsub;

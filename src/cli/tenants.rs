@@ -35,6 +35,40 @@ pub struct LimitArgs {
     /// subject's policy keeps (the shorter wins).
     #[arg(long)]
     pub max_age_secs: Option<u64>,
+    /// A rate limit on the subjects of a pattern, beside the tenant's (repeatable):
+    /// `PATTERN=ITEMS`, ITEMS comma-separated from `Nmsgs` (messages per second),
+    /// `Nbytes` (payload bytes per second) and `per-client` (each connection its own
+    /// bucket, else one shared). E.g. `'devices.*.temp=10msgs,4096bytes,per-client'`.
+    #[arg(long, value_name = "PATTERN=ITEMS", value_parser = parse_pattern_rate)]
+    pub pattern_rate: Vec<canopy::store::PatternRate>,
+}
+
+/// One `--pattern-rate`.
+fn parse_pattern_rate(text: &str) -> Result<canopy::store::PatternRate, String> {
+    let (pattern, items) = text
+        .rsplit_once('=')
+        .ok_or_else(|| format!("`{text}`: say PATTERN=ITEMS, e.g. 'a.>=10msgs'"))?;
+    let mut rate = canopy::store::PatternRate {
+        pattern: pattern.trim().to_owned(),
+        msgs_per_sec: None,
+        bytes_per_sec: None,
+        per_client: false,
+    };
+    for item in items.split(',').map(str::trim) {
+        let number = |unit: &str| {
+            item.strip_suffix(unit)
+                .and_then(|n| n.trim().parse::<u64>().ok())
+        };
+        match (item, number("msgs"), number("bytes")) {
+            ("per-client", _, _) => rate.per_client = true,
+            (_, Some(msgs), _) => rate.msgs_per_sec = Some(msgs),
+            (_, _, Some(bytes)) => rate.bytes_per_sec = Some(bytes),
+            _ => {
+                return Err(format!("`{item}`: items are Nmsgs, Nbytes and per-client"));
+            }
+        }
+    }
+    Ok(rate)
 }
 
 impl LimitArgs {
@@ -52,6 +86,9 @@ impl LimitArgs {
             if let Some(value) = value {
                 limits.insert(name.to_owned(), json!(value));
             }
+        }
+        if !self.pattern_rate.is_empty() {
+            limits.insert("pattern_rates".to_owned(), json!(self.pattern_rate));
         }
         Value::Object(limits)
     }
@@ -101,7 +138,12 @@ fn line(tenant: &Value) -> String {
     let limits = match tenant["limits"].as_object() {
         Some(limits) if !limits.is_empty() => limits
             .iter()
-            .map(|(k, v)| format!("{k}={v}"))
+            .map(|(k, v)| match v.as_array() {
+                Some(rates) if k == "pattern_rates" => {
+                    rates.iter().map(rate_text).collect::<Vec<_>>().join(" ")
+                }
+                _ => format!("{k}={v}"),
+            })
             .collect::<Vec<_>>()
             .join(" "),
         _ => "no limits".to_owned(),
@@ -110,6 +152,25 @@ fn line(tenant: &Value) -> String {
         Some(rules) => format!("{name}  {limits}  anonymous: {}", rules_text(rules)),
         None => format!("{name}  {limits}"),
     }
+}
+
+/// A pattern rate as `--pattern-rate` takes it.
+fn rate_text(rate: &Value) -> String {
+    let mut items = Vec::new();
+    if let Some(msgs) = rate["msgs_per_sec"].as_u64() {
+        items.push(format!("{msgs}msgs"));
+    }
+    if let Some(bytes) = rate["bytes_per_sec"].as_u64() {
+        items.push(format!("{bytes}bytes"));
+    }
+    if rate["per_client"] == json!(true) {
+        items.push("per-client".to_owned());
+    }
+    format!(
+        "pattern_rate={}={}",
+        rate["pattern"].as_str().unwrap_or("?"),
+        items.join(",")
+    )
 }
 
 fn print(value: &Value, json: bool) {

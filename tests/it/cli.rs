@@ -380,6 +380,37 @@ async fn tenants_from_the_command_line() {
     let out = tenant(&["describe", "acme", "--json"]).await;
     let described: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(described["usage"]["subjects"], 0);
+    // Rate limits per pattern, as the flags give them and as the line shows them.
+    let out = tenant(&[
+        "update",
+        "acme",
+        "--pattern-rate",
+        "devices.*.temp=10msgs,4096bytes,per-client",
+        "--pattern-rate",
+        "logs.>=100msgs",
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "acme  pattern_rate=devices.*.temp=10msgs,4096bytes,per-client \
+         pattern_rate=logs.>=100msgs\n"
+    );
+    let out = tenant(&["describe", "acme", "--json"]).await;
+    let described: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(
+        described["limits"]["pattern_rates"][0],
+        serde_json::json!({"pattern": "devices.*.temp", "msgs_per_sec": 10, "bytes_per_sec": 4096, "per_client": true}),
+        "{described}"
+    );
+    for bad in ["devices.>", "devices.>=fast", "a b=1msgs"] {
+        let out = tenant(&["update", "acme", "--pattern-rate", bad]).await;
+        assert!(!out.status.success(), "--pattern-rate {bad} taken");
+    }
     let out = tenant(&["delete", "acme"]).await;
     assert!(out.status.success());
     let out = tenant(&["describe", "acme"]).await;

@@ -425,3 +425,41 @@ async fn sealing_calls_are_refused_with_why() {
     assert_eq!(replay_texts(&client, "s.1").await, ["sealed", "clear"]);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn the_cli_seals_rotates_lists_and_shreds() {
+    use crate::schemas::{canopy, canopy_ok};
+    let folder = tempfile::tempdir().expect("tempdir");
+    let keys = key_file(folder.path(), &[KEY_A]);
+    let server = start(with_keys(test_config(), &keys)).await;
+    let client = connect(&server).await;
+    let addr = server.native_addr.to_string();
+    let sealed = canopy_ok(&["encryption", "seal", "cli.>", "--server", &addr]).await;
+    assert!(sealed.starts_with("cli.>  key "), "{sealed}");
+    assert!(sealed.contains("sealing  wrapped by a"), "{sealed}");
+    publish_acked(&client, "cli.x", "one").await;
+    let rotated = canopy_ok(&["encryption", "seal", "cli.>", "--server", &addr]).await;
+    assert!(
+        rotated.contains("now only opens what it sealed"),
+        "{rotated}"
+    );
+    let listed = canopy_ok(&["encryption", "list", "--json", "--server", &addr]).await;
+    let listed: Vec<Value> = listed
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(replay_texts(&client, "cli.x").await, ["one"]);
+
+    let unsure = canopy(&["encryption", "shred", "cli.>", "--server", &addr]).await;
+    assert!(!unsure.status.success(), "shredded without --yes");
+    assert!(String::from_utf8_lossy(&unsure.stderr).contains("--yes"));
+    let shredded = canopy_ok(&["encryption", "shred", "cli.>", "--yes", "--server", &addr]).await;
+    assert!(shredded.contains("unreadable"), "{shredded}");
+    let stored = replay_subject(&client, "cli.x").await;
+    assert_eq!(stored.len(), 1);
+    assert!(stored[0].payload.is_empty());
+    let listed = canopy_ok(&["encryption", "list", "--server", &addr]).await;
+    assert!(listed.is_empty(), "{listed}");
+    server.stop().await;
+}

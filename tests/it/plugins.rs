@@ -528,3 +528,143 @@ async fn a_deliver_plugin_changes_what_one_reader_gets_and_not_another() {
         ["greetings", "hidden", "bye"]
     );
 }
+
+/// Plugins put and deleted on a pattern again and again while a JetStream publisher
+/// keeps 64 publishes in flight to it: every acked message is stored once and
+/// delivered once, each as the plugin set of its moment made it (capitals with the
+/// transform bound, as sent without).
+#[tokio::test]
+async fn replacing_a_plugin_under_load_loses_and_duplicates_nothing() {
+    use futures::StreamExt;
+    const MESSAGES: usize = 2000;
+    let server = start_default().await;
+    let client = connect(&server).await;
+    let mut live = watch(&client, "load.>").await;
+    let changer = {
+        let client = connect(&server).await;
+        tokio::spawn(async move {
+            let mut changes = 0u32;
+            loop {
+                put(&client, "load.>", "edit.wat", json!({})).await;
+                let (status, answer) =
+                    plugin(&client, "delete", json!({"pattern": "load.>"})).await;
+                assert_eq!(status, 200, "{answer}");
+                changes += 2;
+                if changes >= 400 {
+                    return changes;
+                }
+            }
+        })
+    };
+    let js = async_nats::jetstream::new(client.clone());
+    let mut acks = futures::stream::FuturesUnordered::new();
+    let mut acked = 0;
+    for i in 0..MESSAGES {
+        let subject = format!("load.{}", i % 7);
+        acks.push(js_publish_to_tenant(
+            &js,
+            "default",
+            subject,
+            format!("m{i}"),
+        ));
+        if acks.len() >= 64 {
+            acks.next().await.expect("an ack").expect("stored");
+            acked += 1;
+        }
+    }
+    while let Some(ack) = acks.next().await {
+        ack.expect("stored");
+        acked += 1;
+    }
+    assert_eq!(acked, MESSAGES);
+    changer.abort();
+
+    // Live: each index once, as sent or in capitals.
+    let mut seen = vec![0u32; MESSAGES];
+    let (mut transformed, mut plain) = (0, 0);
+    for _ in 0..MESSAGES {
+        let message = next_message(&mut live, "a live message").await;
+        let text = String::from_utf8(message.payload.to_vec()).expect("text");
+        match text.strip_prefix('M') {
+            Some(_) => transformed += 1,
+            None => plain += 1,
+        }
+        let index: usize = text[1..].parse().expect("an index");
+        seen[index] += 1;
+    }
+    let extra = tokio::time::timeout(std::time::Duration::from_millis(300), live.next()).await;
+    assert!(
+        extra.is_err(),
+        "a message more than was published: {extra:?}"
+    );
+    assert!(seen.iter().all(|&n| n == 1), "lost or duplicated live");
+    // Stored: the same, subject by subject.
+    let mut stored = vec![0u32; MESSAGES];
+    for s in 0..7 {
+        for text in replay_texts(&client, &format!("load.{s}")).await {
+            stored[text[1..].parse::<usize>().expect("an index")] += 1;
+        }
+    }
+    assert!(
+        stored.iter().all(|&n| n == 1),
+        "lost or duplicated in the store"
+    );
+    // Both sets of plugins were met (the changes really ran under the load).
+    assert!(
+        transformed > 0 && plain > 0,
+        "{transformed} transformed, {plain} plain"
+    );
+    server.stop().await;
+}
+
+/// A fan-out that a native publisher's plugin makes, seen by an MQTT subscriber.
+#[tokio::test]
+async fn an_mqtt_subscriber_gets_a_plugins_fan_out() {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let server = start_default().await;
+    let client = connect(&server).await;
+    put(&client, "fan.>", "edit.wat", json!({})).await;
+    let addr = mqtt_addr(&server);
+    let options = MqttOptions::new("fan-watcher", addr.ip().to_string(), addr.port());
+    let (mqtt, mut events) = AsyncClient::new(options, 16);
+    mqtt.subscribe("fan/#", QoS::AtLeastOnce)
+        .await
+        .expect("queued");
+    tokio::time::timeout(WAIT, async {
+        loop {
+            if let Event::Incoming(Packet::SubAck(_)) = events.poll().await.expect("mqtt") {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("SUBACK within the wait");
+    client
+        .publish("fan.a", "*spread".into())
+        .await
+        .expect("published");
+    client.flush().await.expect("flush");
+    let mut got = Vec::new();
+    tokio::time::timeout(WAIT, async {
+        while got.len() < 2 {
+            if let Event::Incoming(Packet::Publish(p)) = events.poll().await.expect("mqtt") {
+                got.push((
+                    p.topic.clone(),
+                    String::from_utf8_lossy(&p.payload).into_owned(),
+                ));
+            }
+        }
+    })
+    .await
+    .expect("both messages within the wait");
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("fan/a".to_owned(), "*spread".to_owned()),
+            ("fan/a/copy".to_owned(), "*spread".to_owned()),
+        ]
+    );
+    let _ = mqtt.disconnect().await;
+    server.stop().await;
+}
