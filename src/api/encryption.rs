@@ -33,6 +33,16 @@ pub(super) async fn dispatch(
     call: &ApiCall,
     answer: &mut Answer,
 ) -> Result<(), ApiError> {
+    answer.json(&answer_to(broker, store, call).await?);
+    Ok(())
+}
+
+/// What `call` answers, for any door (the native API, HTTP).
+pub(crate) async fn answer_to(
+    broker: &Arc<Broker>,
+    store: &Store,
+    call: &ApiCall,
+) -> Result<Value, ApiError> {
     let value = match call.operation.as_str() {
         "encryption.seal" => seal(broker, store, call, parse(&call.body)?).await?,
         "encryption.stop" => stop(broker, store, call, parse(&call.body)?).await?,
@@ -48,8 +58,7 @@ pub(super) async fn dispatch(
             ));
         }
     };
-    answer.json(&value);
-    Ok(())
+    Ok(value)
 }
 
 fn key_json(key: &DataKey) -> Value {

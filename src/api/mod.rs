@@ -19,7 +19,7 @@
 //! one that floods the server with work waits in line with them, never ahead.
 
 mod cluster;
-mod encryption;
+pub(crate) mod encryption;
 pub(crate) mod groups;
 pub(crate) mod history;
 pub mod jetstream;

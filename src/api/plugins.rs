@@ -54,8 +54,18 @@ pub(super) async fn dispatch(
     call: &ApiCall,
     answer: &mut Answer,
 ) -> Result<(), ApiError> {
-    // The caller's right to `$CANOPY.<op>` was checked by the publish decision, the
-    // one door every call comes in by; what each operation touches is checked below.
+    answer.json(&answer_to(broker, store, call).await?);
+    Ok(())
+}
+
+/// What `call` answers, for any door (the native API, HTTP). The caller's right to
+/// `$CANOPY.<op>` was checked at the door; what each operation touches is checked
+/// below.
+pub(crate) async fn answer_to(
+    broker: &Arc<Broker>,
+    store: &Store,
+    call: &ApiCall,
+) -> Result<Value, ApiError> {
     let body = call.body_or_empty();
     let value = match call.operation.as_str() {
         "plugin.put" => put(broker, store, call, parse(&call.body)?).await?,
@@ -72,8 +82,7 @@ pub(super) async fn dispatch(
             ));
         }
     };
-    answer.json(&value);
-    Ok(())
+    Ok(value)
 }
 
 /// Refuses a read of stored history under `pattern` where a deliver plugin of the

@@ -91,6 +91,7 @@ impl Broker {
         let record = self.tenant_records.get(tenant);
         let mut tenants = self.tenants.write();
         let found = tenants.entry(Arc::from(tenant)).or_insert_with(|| {
+            let schemas: Arc<crate::schemas::TenantSchemas> = Arc::default();
             Arc::new(Tenant {
                 name: Arc::from(tenant),
                 trie: SharedTrie::new(),
@@ -101,8 +102,8 @@ impl Broker {
                 )),
                 deleted: tokio_util::sync::CancellationToken::new(),
                 inboxes: InboxClaims::default(),
-                schemas: Arc::default(),
-                plugins: Arc::default(),
+                plugins: Arc::new(crate::plugins::TenantPlugins::reading(Arc::clone(&schemas))),
+                schemas,
                 streams: Arc::default(),
                 taps: Arc::default(),
                 groups: super::groups::TenantGroups::default(),

@@ -163,6 +163,9 @@ pub struct Plugin {
     pub calls: AtomicU64,
     pub faults: AtomicU64,
     last_fault: parking_lot::Mutex<Option<String>>,
+    /// Its tenant's schema bindings, for the `schema` host function (set when it is
+    /// made current in a tenant's set).
+    schemas: std::sync::OnceLock<Arc<crate::schemas::TenantSchemas>>,
 }
 
 impl Plugin {
@@ -210,6 +213,7 @@ impl Plugin {
             calls: AtomicU64::new(0),
             faults: AtomicU64::new(0),
             last_fault: parking_lot::Mutex::new(None),
+            schemas: std::sync::OnceLock::new(),
         })
     }
 
@@ -261,7 +265,11 @@ impl Plugin {
             ));
         }
         self.calls.fetch_add(1, Atomic::Relaxed);
-        match self.runtime.call(hook, subject, headers, payload, reader) {
+        let schema = self.schemas.get().and_then(|s| s.for_subject(subject));
+        match self
+            .runtime
+            .call(hook, (subject, headers, payload), reader, schema)
+        {
             Ok(verdict) => {
                 self.faults_in_a_row.store(0, Atomic::Relaxed);
                 verdict
@@ -390,6 +398,8 @@ pub struct TenantPlugins {
     /// Some plugin serves deliveries: routing looks no further when not.
     any_deliver: AtomicBool,
     current: RwLock<Arc<Plugins>>,
+    /// The tenant's schema bindings, which its plugins may read.
+    schemas: Option<Arc<crate::schemas::TenantSchemas>>,
 }
 
 impl TenantPlugins {
@@ -403,8 +413,22 @@ impl TenantPlugins {
         Arc::clone(&self.current.read())
     }
 
+    /// A tenant's (empty) set whose plugins read the schemas of `schemas`.
+    pub fn reading(schemas: Arc<crate::schemas::TenantSchemas>) -> TenantPlugins {
+        TenantPlugins {
+            schemas: Some(schemas),
+            ..TenantPlugins::default()
+        }
+    }
+
     /// Makes `plugins` current.
     pub fn set(&self, plugins: Plugins) {
+        if let Some(schemas) = &self.schemas {
+            for plugin in &plugins.all {
+                // A plugin belongs to one tenant: set once, never to another's.
+                let _ = plugin.schemas.set(Arc::clone(schemas));
+            }
+        }
         let any = !plugins.is_empty();
         let deliver = plugins.all.iter().any(|p| p.serves(Hook::Deliver));
         *self.current.write() = Arc::new(plugins);

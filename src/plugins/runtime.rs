@@ -79,6 +79,8 @@ struct HostState {
     emitted_bytes: usize,
     logged: u32,
     plugin: Arc<str>,
+    /// The schema binding of the subject of the call, for `schema`.
+    schema: Option<Arc<crate::schemas::Binding>>,
 }
 
 /// `on_publish`: `(ptr, subject_len, headers_len, payload_len) -> verdict`.
@@ -195,6 +197,7 @@ impl Runtime {
                 emitted_bytes: 0,
                 logged: 0,
                 plugin: Arc::clone(&self.name),
+                schema: None,
             },
         );
         store.limiter(|state| &mut state.limits);
@@ -243,10 +246,9 @@ impl Runtime {
     pub fn call(
         &self,
         hook: Hook,
-        subject: &str,
-        headers: &[u8],
-        payload: &[u8],
+        (subject, headers, payload): (&str, &[u8], &[u8]),
         reader: &str,
+        schema: Option<Arc<crate::schemas::Binding>>,
     ) -> Result<Verdict, Fault> {
         use std::sync::atomic::Ordering::Relaxed;
         let taken = self.idle.lock().pop();
@@ -268,7 +270,10 @@ impl Runtime {
                 }
             }
         };
-        match self.run(&mut loaded, hook, (subject, headers, payload), reader) {
+        loaded.store.data_mut().schema = schema;
+        let ran = self.run(&mut loaded, hook, (subject, headers, payload), reader);
+        loaded.store.data_mut().schema = None;
+        match ran {
             Ok(verdict) => {
                 self.idle.lock().push(loaded);
                 Ok(verdict)
@@ -458,6 +463,41 @@ fn define_host(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
                 0 => tracing::debug!(%plugin, "{line}"),
                 1 => tracing::info!(%plugin, "{line}"),
                 _ => tracing::warn!(%plugin, "{line}"),
+            }
+        },
+    )?;
+    // The JSON Schema bound to the subject of the call: its length (0: none), copied
+    // to `ptr` only when it fits in `len`; -1 when `ptr` is outside the memory.
+    linker.func_wrap(
+        "canopy",
+        "schema",
+        |mut caller: Caller<'_, HostState>, ptr: i32, len: i32| -> i32 {
+            let Some(text) = caller
+                .data()
+                .schema
+                .as_ref()
+                .and_then(|binding| binding.stored.schema.as_ref())
+                .map(|schema| schema.to_string())
+            else {
+                return 0;
+            };
+            let size = i32::try_from(text.len()).unwrap_or(i32::MAX);
+            if size > len {
+                return size;
+            }
+            let memory = caller.get_export("memory").and_then(Extern::into_memory);
+            let (Some(memory), Ok(start)) = (memory, usize::try_from(ptr)) else {
+                return -1;
+            };
+            match memory
+                .data_mut(&mut caller)
+                .get_mut(start..start.saturating_add(text.len()))
+            {
+                Some(room) => {
+                    room.copy_from_slice(text.as_bytes());
+                    size
+                }
+                None => -1,
             }
         },
     )?;

@@ -463,3 +463,28 @@ async fn the_cli_seals_rotates_lists_and_shreds() {
     assert!(listed.is_empty(), "{listed}");
     server.stop().await;
 }
+
+/// `/api/encryption`: the same operations over HTTP.
+#[tokio::test]
+async fn data_keys_are_managed_over_http() {
+    use crate::common::http_request;
+    let folder = tempfile::tempdir().expect("tempdir");
+    let keys = key_file(folder.path(), &[KEY_A]);
+    let server = start(with_keys(test_config(), &keys)).await;
+    let http = server.http_addr.expect("http on");
+    let (status, body) = http_request(http, "PUT", "/api/encryption/w.%3E", &[], "").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""pattern":"w.>""#), "{body}");
+    let (status, body) = http_request(http, "GET", "/api/encryption", &[], "").await;
+    assert_eq!(status, 200, "{body}");
+    let listed: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(listed["keys"].as_array().map(Vec::len), Some(1), "{listed}");
+    let (status, body) = http_request(http, "POST", "/api/encryption/w.%3E/stop", &[], "").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = http_request(http, "DELETE", "/api/encryption/w.%3E", &[], "").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("shredded"), "{body}");
+    let (status, body) = http_request(http, "DELETE", "/api/encryption/w.%3E", &[], "").await;
+    assert_eq!(status, 404, "{body}");
+    server.stop().await;
+}

@@ -668,3 +668,77 @@ async fn an_mqtt_subscriber_gets_a_plugins_fan_out() {
     let _ = mqtt.disconnect().await;
     server.stop().await;
 }
+
+/// `/api/plugins`: the same operations over HTTP, the module as the request body.
+#[tokio::test]
+async fn plugins_are_bound_listed_and_deleted_over_http() {
+    use crate::common::http_request;
+    let server = start_default().await;
+    let client = connect(&server).await;
+    let http = server.http_addr.expect("http on");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/plugins/edit.wat");
+    let module = std::fs::read_to_string(path).expect("edit.wat");
+    let (status, body) = http_request(
+        http,
+        "PUT",
+        "/api/plugins/h.%3E?hooks=publish&on_error=pass",
+        &[],
+        &module,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let put: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(
+        (put["pattern"].clone(), put["on_error"].clone()),
+        (json!("h.>"), json!("pass")),
+        "{put}"
+    );
+    let (status, body) = http_request(http, "GET", "/api/plugins", &[], "").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""pattern":"h.>""#), "{body}");
+    let js = async_nats::jetstream::new(client.clone());
+    js_publish_to_tenant(&js, "default", "h.x", "loud")
+        .await
+        .expect("stored");
+    assert_eq!(replay_texts(&client, "h.x").await, ["LOUD"]);
+    let (status, body) = http_request(http, "PUT", "/api/plugins/h2.%3E", &[], "(module)").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("cannot run"), "{body}");
+    let (status, body) = http_request(http, "DELETE", "/api/plugins/h.%3E", &[], "").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = http_request(http, "GET", "/api/plugins/h.%3E", &[], "").await;
+    assert_eq!(status, 404, "{body}");
+    server.stop().await;
+}
+
+/// The `schema` host function: a plugin reads the JSON Schema bound to its subject
+/// (here it publishes it in place of the message), and gets 0 where none is bound.
+#[tokio::test]
+async fn a_plugin_reads_the_schema_bound_to_its_subject() {
+    let server = start_default().await;
+    let client = connect(&server).await;
+    let (status, answer) = api(
+        &client,
+        "schema.put",
+        json!({"pattern": "sch.>", "schema": {"type": "object"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    put(&client, "sch.>", "schema.wat", json!({})).await;
+    put(&client, "nos.>", "schema.wat", json!({})).await;
+    let js = async_nats::jetstream::new(client.clone());
+    js_publish_to_tenant(&js, "default", "sch.a", r#"{"a":1}"#)
+        .await
+        .expect("stored");
+    js_publish_to_tenant(&js, "default", "nos.a", "as sent")
+        .await
+        .expect("stored");
+    let stored: Vec<Value> = replay_texts(&client, "sch.a")
+        .await
+        .iter()
+        .map(|t| serde_json::from_str(t).expect("JSON"))
+        .collect();
+    assert_eq!(stored, [json!({"type": "object"})]);
+    assert_eq!(replay_texts(&client, "nos.a").await, ["as sent"]);
+    server.stop().await;
+}

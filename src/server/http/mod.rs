@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{ConnectInfo, State};
+use axum::extract::{ConnectInfo, Path, State};
 
 use super::tls::Peer;
 use axum::http::StatusCode;
@@ -30,6 +30,7 @@ mod cluster_api;
 mod console;
 mod forward;
 mod metrics;
+mod plugin_api;
 mod schema_api;
 mod tenant_api;
 
@@ -38,6 +39,7 @@ pub use metrics::{MetricsScope, render};
 use caller::{Caller, login_rules};
 use console::{CONSOLE_PAGE, CONSOLE_SCRIPT, CONSOLE_STYLE, client_module, console_file};
 use metrics::metrics;
+use plugin_api::Kind;
 use schema_api::{
     asyncapi_document, delete_schema, get_schema, list_schemas, put_schema, schema_errors,
     schema_history,
@@ -103,6 +105,57 @@ pub fn router(state: HttpState) -> Router {
         .route("/api/schemas/{pattern}/history", get(schema_history))
         .route("/api/schema-errors", get(schema_errors))
         .route("/api/asyncapi", get(asyncapi_document))
+        .route(
+            "/api/plugins",
+            get(|State(s): State<HttpState>, Caller(c): Caller| {
+                plugin_api::list(s, c, Kind::Plugin)
+            }),
+        )
+        .route(
+            "/api/plugins/{pattern}",
+            get(
+                |State(s): State<HttpState>, Caller(c): Caller, Path(p): Path<String>| {
+                    plugin_api::on_pattern(s, c, p, (Kind::Plugin, "get"))
+                },
+            )
+            .put(plugin_api::put_plugin)
+            .delete(
+                |State(s): State<HttpState>, Caller(c): Caller, Path(p): Path<String>| {
+                    plugin_api::on_pattern(s, c, p, (Kind::Plugin, "delete"))
+                },
+            )
+            // A module's bytes: past its bound axum answers 413 itself.
+            .layer(axum::extract::DefaultBodyLimit::max(
+                crate::plugins::MAX_MODULE_BYTES,
+            )),
+        )
+        .route(
+            "/api/encryption",
+            get(|State(s): State<HttpState>, Caller(c): Caller| {
+                plugin_api::list(s, c, Kind::Encryption)
+            }),
+        )
+        .route(
+            "/api/encryption/{pattern}",
+            axum::routing::put(
+                |State(s): State<HttpState>, Caller(c): Caller, Path(p): Path<String>| {
+                    plugin_api::on_pattern(s, c, p, (Kind::Encryption, "seal"))
+                },
+            )
+            .delete(
+                |State(s): State<HttpState>, Caller(c): Caller, Path(p): Path<String>| {
+                    plugin_api::on_pattern(s, c, p, (Kind::Encryption, "shred"))
+                },
+            ),
+        )
+        .route(
+            "/api/encryption/{pattern}/stop",
+            axum::routing::post(
+                |State(s): State<HttpState>, Caller(c): Caller, Path(p): Path<String>| {
+                    plugin_api::on_pattern(s, c, p, (Kind::Encryption, "stop"))
+                },
+            ),
+        )
         .route(
             "/api/tenants/{name}",
             get(describe_tenant)
