@@ -5,7 +5,8 @@
 //!     SERVER=nats://127.0.0.1:4222 MSGS=200000 cargo bench --bench asyncnats_durable
 //!
 //! CONNS (1) connections keep IN_FLIGHT (256) publishes each awaiting their ack, MSGS
-//! payloads of SIZE (100) bytes in all over SUBJECTS (1,000) subjects `bench.d.<i>`,
+//! payloads of SIZE (100) bytes in all over SUBJECTS (1,000) subjects `bench.d.<i>`
+//! (one repeated byte; with RANDOM=1 fresh random bytes each, which do not compress),
 //! each connection round-robin over its own share of them. With EXPECT=1 every publish
 //! carries `Nats-Expected-Last-Subject-Sequence` (the subject's last acked sequence), so
 //! a connection's share must be larger than IN_FLIGHT. The stream BENCH (`bench.d.>`,
@@ -35,6 +36,7 @@ async fn publish(
     in_flight: usize,
     expect: bool,
     payload: Bytes,
+    random: bool,
 ) -> Vec<u64> {
     let js = async_nats::jetstream::new(client);
     let mut last: HashMap<usize, u64> = HashMap::new();
@@ -45,7 +47,13 @@ async fn publish(
         while sent < msgs && pending.len() < in_flight {
             let index = (sent % subjects.len() as u64) as usize;
             let mut publish =
-                async_nats::jetstream::message::PublishMessage::build().payload(payload.clone());
+                async_nats::jetstream::message::PublishMessage::build().payload(if random {
+                    let mut fresh = vec![0u8; payload.len()];
+                    fastrand::fill(&mut fresh);
+                    Bytes::from(fresh)
+                } else {
+                    payload.clone()
+                });
             if expect {
                 publish =
                     publish.expected_last_subject_sequence(last.get(&index).copied().unwrap_or(0));
@@ -76,6 +84,7 @@ async fn main() {
     let size = env("SIZE", 100) as usize;
     let subjects = env("SUBJECTS", 1_000).max(conns);
     let expect = env("EXPECT", 0) == 1;
+    let random = env("RANDOM", 0) == 1;
 
     let mut clients = Vec::new();
     for _ in 0..conns {
@@ -113,6 +122,7 @@ async fn main() {
                 in_flight,
                 expect,
                 payload.clone(),
+                random,
             ))
         })
         .collect();

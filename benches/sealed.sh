@@ -9,6 +9,9 @@
 #
 # Every run starts one server alone on a fresh data folder (default config: a local
 # folder, its journal, LZ4), clear and sealed alternating which goes first per round.
+# Payloads are fresh random bytes (RANDOM=1, --random-payload), so that the clear runs
+# do not gain from compressing what sealing makes incompressible; PAYLOAD=repeated
+# measures one repeated byte instead (what compression gains in the clear runs).
 # Runs: async-nats 1 connection x 256 unacked over 1,000 subjects at 100 B and 4 KiB;
 # `canopy bench --shape durable` (4 connections, 128 B); `canopy bench --shape replay`
 # (loads REPLAY_MSGS over 10,000 subjects, then reads one subject's first 100 messages,
@@ -25,9 +28,17 @@ LARGE_MSGS=$((${LARGE_MSGS:-50000} / SCALE))
 DURABLE_MSGS=$((${DURABLE_MSGS:-500000} / SCALE))
 REPLAY_MSGS=$((${REPLAY_MSGS:-500000} / SCALE))
 out=${OUT:-target/bench-sealed}
+if [[ ${PAYLOAD:-random} == random ]]; then random=1 random_flag=--random-payload; else random=0 random_flag=; fi
 
 cargo build --release --quiet -p canopy -p canopy-bench
-cargo bench --quiet --bench asyncnats_durable --no-run 2>/dev/null
+# The bench binary itself, so that no later build runs between the servers' runs.
+asyncnats=$(cargo bench --bench asyncnats_durable --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "asyncnats_durable" and m.get("executable"):
+        print(m["executable"])')
+[[ -x $asyncnats ]] || { echo "sealed.sh: the asyncnats_durable bench did not build" >&2; exit 1; }
 canopy=${CARGO_TARGET_DIR:-target}/release/canopy
 mkdir -p "$out"
 : >"$out/runs.jsonl"
@@ -65,17 +76,16 @@ one_round() { # mode
   for run in "asyncnats 100B:100:$SMALL_MSGS" "asyncnats 4KiB:4096:$LARGE_MSGS"; do
     IFS=: read -r name size msgs <<<"$run"
     start_canopy "$mode"
-    json=$(SERVER="nats://127.0.0.1:$port" MSGS=$msgs SIZE=$size \
-      cargo bench --quiet --bench asyncnats_durable 2>/dev/null | tail -1)
+    json=$(SERVER="nats://127.0.0.1:$port" MSGS=$msgs SIZE=$size RANDOM=$random "$asyncnats")
     record "$mode" "$name" "$json"
     stop_servers
   done
   start_canopy "$mode"
-  json=$("$canopy" bench --server "nats://127.0.0.1:$port" --shape durable --msgs "$DURABLE_MSGS" --size 128 --json)
+  json=$("$canopy" bench --server "nats://127.0.0.1:$port" --shape durable --msgs "$DURABLE_MSGS" --size 128 $random_flag --json)
   record "$mode" "canopy bench durable" "$json"
   stop_servers
   start_canopy "$mode"
-  json=$("$canopy" bench --server "nats://127.0.0.1:$port" --shape replay --msgs "$REPLAY_MSGS" --size 128 --prefix bench.d.r --json)
+  json=$("$canopy" bench --server "nats://127.0.0.1:$port" --shape replay --msgs "$REPLAY_MSGS" --size 128 --prefix bench.d.r $random_flag --json)
   record "$mode" "canopy bench replay" "$json"
   stop_servers
 }

@@ -155,6 +155,7 @@ impl Publisher {
         let mut total = 0;
         for (index, message) in messages.iter_mut().enumerate() {
             let at = |refusal| AppendRefusal::Message { index, refusal };
+            self.plug_appended(subject, message).map_err(at)?;
             let size = message.headers.len() + message.payload.len();
             self.stage_size(size).map_err(at)?;
             message.headers = match &binding {
@@ -179,6 +180,33 @@ impl Publisher {
         self.stage_quota(Admission::Refusable, subject, messages.len(), total)
             .map_err(refused)?;
         Ok(policy)
+    }
+
+    /// An appended message through the tenant's publish plugins, as any publish: a
+    /// rejection refuses the append, a transform on the same subject stands in for the
+    /// message; a drop or a fan-out cannot be carried by an append (all or nothing,
+    /// one subject, expected versions), so it refuses it too.
+    fn plug_appended(&self, subject: &str, message: &mut NewMessage) -> Result<(), Refusal> {
+        if !self.routes.plugins.any() {
+            return Ok(());
+        }
+        match self
+            .routes
+            .plugins
+            .on_publish(subject, &message.headers, &message.payload)
+        {
+            Outcome::Unchanged => Ok(()),
+            Outcome::Rejected(why) => Err(Refusal::Plugin(why)),
+            Outcome::Replaced(mut made) if made.len() == 1 && made[0].subject == subject => {
+                let one = made.swap_remove(0);
+                (message.headers, message.payload) = (one.headers, one.payload);
+                Ok(())
+            }
+            Outcome::Dropped | Outcome::Replaced(_) => Err(Refusal::Plugin(format!(
+                "a publish plugin drops this message or makes others of it, which an append \
+                 to {subject} (all or nothing, one subject) cannot carry: publish it instead"
+            ))),
+        }
     }
 
     /// Stage 1: the subject's syntax and limits, unless the front end parsed it within the

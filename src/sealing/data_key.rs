@@ -140,11 +140,13 @@ impl DataKey {
     }
 
     /// The header block and payload sealed under `context` (see the module's format).
-    /// Each value has a nonce of its own, 96 random bits: a data key should seal at
+    /// Each value has a nonce of its own, 96 random bits from the thread's CSPRNG
+    /// (rand's ChaCha12, seeded and reseeded from the OS): a data key should seal at
     /// most 2^32 values (rotate it before), beyond which two nonces may meet.
     pub fn seal(&self, context: &[u8], headers: &[u8], payload: &[u8]) -> Result<Bytes, SealError> {
+        use rand::RngCore as _;
         let mut nonce = [0u8; NONCE];
-        aws_lc_rs::rand::fill(&mut nonce).map_err(|_| SealError::Cipher("no randomness".into()))?;
+        rand::rng().fill_bytes(&mut nonce);
         let mut out = BytesMut::with_capacity(OVERHEAD + headers.len() + payload.len());
         out.extend_from_slice(&self.id.to_be_bytes());
         out.extend_from_slice(&nonce);

@@ -321,23 +321,52 @@ impl Publisher {
 
     /// Decides and carries out a publish made on the client's behalf once its
     /// connection is gone (a will): routed, or handed to the sequencer now.
+    /// Like a connection's publishes it goes through the tenant's publish plugins
+    /// first: each message they make is decided (all before any is carried out).
     pub async fn publish_detached(&self, publish: Publish<'_>) -> Result<Published, Refusal> {
-        let size = publish.size() as u64;
-        let decision = self.decide(&publish)?;
-        if decision.charged {
-            self.routes.quota.count_admitted(1, size);
+        let made = match self.run_plugins(&publish)? {
+            None | Some(crate::plugins::Outcome::Unchanged) => Vec::new(),
+            Some(crate::plugins::Outcome::Dropped) => {
+                return Ok(Published::Routed { delivered: 0 });
+            }
+            Some(crate::plugins::Outcome::Rejected(why)) => return Err(Refusal::Plugin(why)),
+            Some(crate::plugins::Outcome::Replaced(made)) => made,
+        };
+        let mut decided = Vec::with_capacity(made.len().max(1));
+        if made.is_empty() {
+            decided.push((self.decide(&publish)?, publish));
+        } else {
+            for message in &made {
+                let one = Publish {
+                    subject: &message.subject,
+                    headers: message.headers.clone(),
+                    payload: message.payload.clone(),
+                    subject_checked: false,
+                    api_calls: false,
+                    ..publish.clone()
+                };
+                decided.push((self.decide(&one)?, one));
+            }
         }
         let mut scratch = RouteScratch::default();
         let mut wakes = Wakes::default();
         let mut appends = Vec::new();
-        let published = self.carry_out(
-            decision,
-            publish,
-            None,
-            &mut scratch,
-            &mut wakes,
-            &mut appends,
-        );
+        let mut first = None;
+        for (decision, publish) in decided {
+            if decision.charged {
+                self.routes.quota.count_admitted(1, publish.size() as u64);
+            }
+            let published = self.carry_out(
+                decision,
+                publish,
+                None,
+                &mut scratch,
+                &mut wakes,
+                &mut appends,
+            );
+            first.get_or_insert(published);
+        }
+        let published = first.unwrap_or(Published::Routed { delivered: 0 });
         wakes.wake_all();
         for append in appends {
             if self.broker.append(append).await.is_err() {

@@ -742,3 +742,70 @@ async fn a_plugin_reads_the_schema_bound_to_its_subject() {
     assert_eq!(replay_texts(&client, "nos.a").await, ["as sent"]);
     server.stop().await;
 }
+
+/// `$CANOPY.append` goes through the publish plugins too: a transform stands in for
+/// the message, a rejection refuses the append, and a drop, which an append cannot
+/// carry, refuses it with why.
+#[tokio::test]
+async fn appends_go_through_publish_plugins() {
+    let server = start_default().await;
+    let client = connect(&server).await;
+    put(&client, "ap.>", "edit.wat", json!({})).await;
+    let append = |data: &'static str| {
+        let client = client.clone();
+        async move {
+            api(
+                &client,
+                "append",
+                json!({"subject": "ap.x", "messages": [{"data": data}]}),
+            )
+            .await
+        }
+    };
+    let (status, answer) = append("quiet").await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(replay_texts(&client, "ap.x").await, ["QUIET"]);
+    let (status, answer) = append("!loud").await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.to_string().contains("no bangs here"), "{answer}");
+    let (status, answer) = append("xdropped").await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer.to_string().contains("publish it instead"),
+        "{answer}"
+    );
+    assert_eq!(replay_texts(&client, "ap.x").await, ["QUIET"]);
+    server.stop().await;
+}
+
+/// A will goes through the publish plugins as its client's publishes do.
+#[tokio::test]
+async fn a_will_goes_through_publish_plugins() {
+    use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
+    let server = start_default().await;
+    let client = connect(&server).await;
+    put(&client, "wl.>", "edit.wat", json!({})).await;
+    let mut sub = watch(&client, "wl.>").await;
+    let addr = mqtt_addr(&server);
+    let mut options = MqttOptions::new("will-holder", addr.ip().to_string(), addr.port());
+    options.set_last_will(LastWill::new("wl/x", "gone", QoS::AtMostOnce, false));
+    let (mqtt, mut events) = AsyncClient::new(options, 16);
+    tokio::time::timeout(WAIT, async {
+        loop {
+            if let Event::Incoming(Packet::ConnAck(_)) = events.poll().await.expect("mqtt") {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("CONNACK within the wait");
+    // Gone without a DISCONNECT: the socket closes, the will is published.
+    drop(events);
+    drop(mqtt);
+    let will = next_message(&mut sub, "the will").await;
+    assert_eq!(
+        (will.subject.as_str(), &will.payload[..]),
+        ("wl.x", &b"GONE"[..])
+    );
+    server.stop().await;
+}
