@@ -472,8 +472,12 @@ impl RunningServer {
     }
 }
 
-/// What a table's writer takes of its tenant: its schema bindings and its taps.
+/// What a table's writer takes of its tenant: its schema bindings, taps and plugins.
 pub(crate) fn table_parts(broker: &Broker, tenant: &str) -> crate::tables::writer::TenantParts {
     let tenant = broker.tenant(tenant);
-    (Arc::clone(&tenant.schemas), Arc::clone(&tenant.taps))
+    crate::tables::writer::TenantParts {
+        schemas: Arc::clone(&tenant.schemas),
+        taps: Arc::clone(&tenant.taps),
+        plugins: Arc::clone(&tenant.plugins),
+    }
 }

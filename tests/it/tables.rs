@@ -401,3 +401,60 @@ async fn a_field_the_schema_gains_becomes_a_column() {
     assert_eq!(batteries, expected, "{found}");
     server.stop().await;
 }
+
+/// A table is read around deliver plugins and encryption at rest, so it is not
+/// written while either covers its pattern: the rows wait, and come (each once) when
+/// the plugin is unbound and the pattern no longer sealed.
+#[tokio::test]
+async fn no_row_is_written_under_a_deliver_plugin_or_a_sealed_pattern() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tables = dir.path().join("tables");
+    let keys = dir.path().join("keys");
+    std::fs::write(
+        &keys,
+        "k:6b3a55e0262cb3a7ae2c35b5d2c1a1b04a8d7e1f09c3f2e4d5b6a79881726354",
+    )
+    .expect("key file");
+    let mut config = config(dir.path());
+    config.store.keys = Some(format!("file:{}", keys.display()));
+    let server = start(config).await;
+    let client = async_nats::connect(server.native_url())
+        .await
+        .expect("connect");
+    publish(&client, 0, 10).await;
+    read_rows(&tables, 10, None).await;
+
+    let module = std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/plugins/redact_for.wat"),
+    )
+    .expect("redact_for.wat");
+    let module = base64::engine::general_purpose::STANDARD.encode(module);
+    let (status, body) = api(
+        &client,
+        "plugin.put",
+        json!({"pattern": "devices.>", "module": module}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    publish(&client, 10, 20).await;
+    // Two commit intervals: rows that must not appear have nothing to wait for.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let found = read(&tables, None).await.expect("the table");
+    assert_eq!(found["rows"].as_array().map(Vec::len), Some(10), "{found}");
+    let (status, body) = api(&client, "plugin.delete", json!({"pattern": "devices.>"})).await;
+    assert_eq!(status, 200, "{body}");
+    read_rows(&tables, 20, None).await;
+
+    let (status, body) = api(&client, "encryption.seal", json!({"pattern": "devices.>"})).await;
+    assert_eq!(status, 200, "{body}");
+    publish(&client, 20, 30).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let found = read(&tables, None).await.expect("the table");
+    assert_eq!(found["rows"].as_array().map(Vec::len), Some(20), "{found}");
+    let (status, body) = api(&client, "encryption.stop", json!({"pattern": "devices.>"})).await;
+    assert_eq!(status, 200, "{body}");
+    let found = read_rows(&tables, 30, None).await;
+    assert_eq!(distinct_offsets(&found).len(), 30, "each message once");
+    server.stop().await;
+}

@@ -186,11 +186,22 @@ struct Writer {
     file_prefix: String,
     /// The tenant's store, asked before each commit whether its subjects are sealed.
     store: Arc<Store>,
+    /// The tenant's plugins, asked before each commit whether a deliver plugin
+    /// filters its subjects.
+    plugins: Arc<crate::plugins::TenantPlugins>,
 }
 
-/// What a writer takes of its tenant: its schema bindings, and the taps its
-/// follower registers with.
-pub type TenantParts = (Arc<crate::schemas::TenantSchemas>, Arc<Taps>);
+/// What a writer takes of its tenant.
+pub struct TenantParts {
+    /// Its schema bindings: the one of the pattern, when the table is made, gives its
+    /// columns.
+    pub schemas: Arc<crate::schemas::TenantSchemas>,
+    /// The taps its follower registers with, to be offered each stored message.
+    pub taps: Arc<Taps>,
+    /// Its plugins: a table is not written under a deliver plugin, which it would go
+    /// around.
+    pub plugins: Arc<crate::plugins::TenantPlugins>,
+}
 
 /// Starts the writer of every configured table; each logs and retries its own
 /// failures, so a table that cannot be written never stops the server.
@@ -203,7 +214,7 @@ pub fn start(
     shutdown: CancellationToken,
 ) {
     for config in tables {
-        let (schemas, taps) = tenant_of(&config.tenant);
+        let parts = tenant_of(&config.tenant);
         let place = Place::of(config, store_config);
         let store = Arc::clone(&store);
         let config = config.clone();
@@ -224,7 +235,7 @@ pub fn start(
         };
         // Tracked with the connections, so the store closes after the last commit.
         tracker.spawn(async move {
-            run(store, config, place, schemas, taps, shutdown).await;
+            run(store, config, place, parts, shutdown).await;
         });
     }
 }
@@ -233,12 +244,12 @@ async fn run(
     store: Arc<Store>,
     config: TableConfig,
     place: Place,
-    schemas: Arc<crate::schemas::TenantSchemas>,
-    taps: Arc<Taps>,
+    parts: TenantParts,
     shutdown: CancellationToken,
 ) {
+    let taps = Arc::clone(&parts.taps);
     let mut writer = loop {
-        match Writer::open(&config, &place, Arc::clone(&schemas), Arc::clone(&store)).await {
+        match Writer::open(&config, &place, &parts, Arc::clone(&store)).await {
             Ok(writer) => break writer,
             Err(error) => {
                 tracing::warn!(table = %config.table, %error, "cannot open the table; retrying");
@@ -277,7 +288,7 @@ impl Writer {
     async fn open(
         config: &TableConfig,
         place: &Place,
-        schemas: Arc<crate::schemas::TenantSchemas>,
+        parts: &TenantParts,
         store: Arc<Store>,
     ) -> Result<Writer, TableError> {
         let pattern = Pattern::parse_native(&config.pattern)
@@ -297,7 +308,8 @@ impl Writer {
             config: config.clone(),
             tenant: config.tenant.clone(),
             pattern,
-            schemas,
+            schemas: Arc::clone(&parts.schemas),
+            plugins: Arc::clone(&parts.plugins),
             columns: Vec::new(),
             catalog,
             ident,
@@ -531,6 +543,19 @@ impl Writer {
     /// What a commit needs of the writer (making the table at the first, and adding
     /// the columns of fields the binding gained since).
     async fn job(&mut self) -> Result<CommitJob, TableError> {
+        // A table is read around any deliver plugin: none is written under one, as
+        // the API refuses history reads under one.
+        let deliver = self.plugins.current();
+        if let Some(plugin) = deliver.all().iter().find(|p| {
+            p.serves(crate::plugins::Hook::Deliver)
+                && crate::streams::filters::overlap(&p.spec.pattern, &self.config.pattern)
+        }) {
+            return Err(TableError::Setup(format!(
+                "a deliver plugin on {} filters what readers of {} see: a table would hold its \
+                 messages unfiltered, so none are written while it is bound",
+                plugin.spec.pattern, self.config.pattern
+            )));
+        }
         // A table is files in clear: the subjects of a sealed pattern never go there.
         if let Some(key) = self.store.data_keys(&self.tenant).iter().find(|k| {
             k.sealing && crate::streams::filters::overlap(&k.pattern, &self.config.pattern)
