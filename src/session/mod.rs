@@ -114,6 +114,14 @@ impl Session {
         self.outbox.conn_id
     }
 
+    /// Makes the connection's per-client pattern buckets those of `client`, a stable
+    /// identity (an MQTT client id) its later connections share: reconnecting does
+    /// not start them full. Without one, a connection's buckets are its own.
+    pub fn share_client_rates(&mut self, client: &str) {
+        let rates = self.publisher.routes.quota.client_rates_of(client);
+        std::sync::Arc::make_mut(&mut self.publisher).client_rates = rates;
+    }
+
     pub fn routes(&self) -> &Arc<Tenant> {
         &self.publisher.routes
     }

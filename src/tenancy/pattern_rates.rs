@@ -173,6 +173,16 @@ pub struct ClientRates {
     buckets: Mutex<HashMap<(u64, usize), (Rate, Rate)>>,
 }
 
+impl ClientRates {
+    /// Whether every bucket is full at `now`: dropping them loses nothing.
+    pub(super) fn rested(&self, now: u64) -> bool {
+        self.buckets
+            .lock()
+            .values()
+            .all(|(messages, bytes)| messages.rested(now) && bytes.rested(now))
+    }
+}
+
 impl std::fmt::Debug for ClientRates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientRates")

@@ -13,6 +13,7 @@
 //! Must never: block, allocate on the publish path, or let one tenant's count touch
 //! another's.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -111,7 +112,17 @@ pub struct Quota {
     throttled: AtomicU64,
     /// The counts at the last rate reading, for `rates`.
     last_reading: parking_lot::Mutex<Reading>,
+    /// Per-client pattern buckets of clients with a stable identity (an MQTT client
+    /// id), so that reconnecting does not start them full; and the size past which
+    /// the ones nobody holds and that are full again are dropped.
+    clients: parking_lot::Mutex<(ClientBook, usize)>,
 }
+
+/// Clients' per-client pattern buckets, by client id.
+type ClientBook = HashMap<Box<str>, Arc<ClientRates>>;
+
+/// Clients' buckets kept before the first pruning.
+const CLIENTS_BEFORE_PRUNING: usize = 64;
 
 #[derive(Debug, Clone, Copy)]
 struct Reading {
@@ -162,6 +173,7 @@ impl Quota {
                 msgs_per_sec: 0.0,
                 bytes_per_sec: 0.0,
             }),
+            clients: parking_lot::Mutex::new((HashMap::new(), CLIENTS_BEFORE_PRUNING)),
         };
         if let Some(limits) = limits {
             quota.set_limits(limits);
@@ -242,6 +254,22 @@ impl Quota {
             self.throttled.fetch_add(1, Ordering::Relaxed);
         }
         tenant.max(pattern)
+    }
+
+    /// The per-client pattern buckets of `client` (a stable identity: an MQTT client
+    /// id), shared by its connections now and later: one that went over its rate and
+    /// reconnects finds its buckets as it left them. Buckets no connection holds are
+    /// dropped once they are full again (then the same as new ones), when the map
+    /// has doubled since the last pruning, so it holds about the clients connected.
+    pub fn client_rates_of(&self, client: &str) -> Arc<ClientRates> {
+        let now = self.nanos();
+        let mut clients = self.clients.lock();
+        let (map, prune_at) = &mut *clients;
+        if map.len() >= *prune_at {
+            map.retain(|_, rates| Arc::strong_count(rates) > 1 || !rates.rested(now));
+            *prune_at = (map.len() * 2).max(CLIENTS_BEFORE_PRUNING);
+        }
+        Arc::clone(map.entry(Box::from(client)).or_default())
     }
 
     fn nanos(&self) -> u64 {
@@ -458,6 +486,28 @@ impl Drop for ConnectionSlot {
 mod tests {
     use super::super::rate::MAX_WAIT;
     use super::*;
+
+    #[test]
+    fn a_clients_buckets_are_shared_while_held_and_dropped_once_full_again() {
+        let quota = Quota::new("t", None, TenantDefaults::default());
+        let held = quota.client_rates_of("device-1");
+        assert!(Arc::ptr_eq(&held, &quota.client_rates_of("device-1")));
+        assert!(!Arc::ptr_eq(&held, &quota.client_rates_of("device-2")));
+        drop(held);
+        // Past the pruning size, released buckets that are full (these took nothing)
+        // go; a held one stays.
+        let kept = quota.client_rates_of("kept");
+        for i in 0..CLIENTS_BEFORE_PRUNING {
+            drop(quota.client_rates_of(&format!("c{i}")));
+        }
+        let clients = quota.clients.lock();
+        assert!(
+            clients.0.len() < CLIENTS_BEFORE_PRUNING,
+            "{}",
+            clients.0.len()
+        );
+        assert!(clients.0.get("kept").is_some_and(|r| Arc::ptr_eq(r, &kept)));
+    }
 
     fn limits(msgs: Option<u64>, bytes: Option<u64>) -> TenantLimits {
         TenantLimits {

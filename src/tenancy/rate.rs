@@ -40,6 +40,12 @@ impl Rate {
         Some(self.limit.load(Ordering::Relaxed)).filter(|l| *l != UNLIMITED)
     }
 
+    /// Whether the bucket is full at `now` (no debt, no unit taken within a whole
+    /// burst): the same as a new one.
+    pub(super) fn rested(&self, now: u64) -> bool {
+        self.tat.load(Ordering::Relaxed) <= now
+    }
+
     /// Gives back `units` taken by a publish that another bucket then refused.
     pub(super) fn refund(&self, units: u64) {
         let limit = self.limit.load(Ordering::Relaxed);

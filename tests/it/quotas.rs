@@ -564,3 +564,54 @@ async fn pattern_rates_limit_their_subjects_shared_or_per_client() {
     );
     server.stop().await;
 }
+
+/// A per-client pattern rate belongs to an MQTT client id, not to one connection of
+/// it: a device that went over its rate and reconnects finds its bucket as it left
+/// it, while another client id has its own.
+#[tokio::test]
+async fn an_mqtt_client_id_keeps_its_per_client_rate_across_reconnects() {
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason};
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+
+    let server = start(test_config()).await;
+    let admin = async_nats::connect(server.native_url())
+        .await
+        .expect("connect");
+    // 10 bytes a second, each client its own: a 100-byte message passes on a full
+    // bucket and leaves ten seconds of debt.
+    limit_default(
+        &admin,
+        json!({"pattern_rates": [{"pattern": "dev.>", "bytes_per_sec": 10, "per_client": true}]}),
+    )
+    .await;
+    let addr = crate::mqtt::mqtt_addr(&server);
+    let publish_once = |id: &'static str| async move {
+        let options = MqttOptions::new(id, addr.ip().to_string(), addr.port());
+        let (client, mut events) = AsyncClient::new(options, 16);
+        client
+            .publish("dev/x", QoS::AtLeastOnce, false, vec![b'x'; 100])
+            .await
+            .expect("queued");
+        let reason = tokio::time::timeout(WAIT, async {
+            loop {
+                match events.poll().await {
+                    Ok(Event::Incoming(Packet::PubAck(ack))) => return ack.reason,
+                    Ok(_) => {}
+                    Err(error) => panic!("mqtt 5 connection failed: {error:?}"),
+                }
+            }
+        })
+        .await
+        .expect("a PUBACK");
+        let _ = client.disconnect().await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), events.poll()).await;
+        reason
+    };
+    assert_eq!(publish_once("device-1").await, PubAckReason::Success);
+    // The same client id again, on a new connection: still in debt.
+    assert_eq!(publish_once("device-1").await, PubAckReason::QuotaExceeded);
+    // Another client id: a bucket of its own.
+    assert_eq!(publish_once("device-2").await, PubAckReason::Success);
+    server.stop().await;
+}

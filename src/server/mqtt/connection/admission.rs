@@ -230,6 +230,7 @@ impl Connection {
             Arc::clone(&context.session_limits),
         );
         session.hold_slot(opening.slot);
+        session.share_client_rates(&opening.key.1);
         Connection {
             id,
             peer,
