@@ -72,6 +72,14 @@ impl Publisher {
         self.stage_size(publish.size())?;
         // A dropped publish may still be answered there.
         self.stage_answer(publish, self.store_policy(publish.subject).is_some())?;
+        // Over the tenant's rate: refused as the decision would, before any plugin
+        // spends time on it. (One that can only be held back runs them, then waits.)
+        if publish.admission == Admission::Refusable {
+            self.routes
+                .quota
+                .would_admit(publish.size())
+                .map_err(Refusal::OverQuota)?;
+        }
         let outcome =
             self.routes
                 .plugins

@@ -315,6 +315,20 @@ impl Quota {
         Ok(())
     }
 
+    /// Whether one publish of `bytes` would be admitted by the tenant's rates now,
+    /// taking nothing: a publish its plugins would run on is refused before they
+    /// run, so a client over the rate costs no plugin time. (Taken and given back;
+    /// the publish's own decision takes it for real.)
+    pub fn would_admit(&self, bytes: usize) -> Result<(), Exceeded> {
+        if self.messages.limit().is_none() && self.bytes.limit().is_none() {
+            return Ok(());
+        }
+        self.admit_publishes(1, bytes)?;
+        self.messages.refund(1);
+        self.bytes.refund(bytes as u64);
+        Ok(())
+    }
+
     /// Adds admitted publishes to the tenant's counts: once per batch a connection
     /// read, not per message, so connections of one tenant do not contend per message.
     pub fn count_admitted(&self, msgs: u64, bytes: u64) {

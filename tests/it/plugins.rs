@@ -809,3 +809,33 @@ async fn a_will_goes_through_publish_plugins() {
     );
     server.stop().await;
 }
+
+/// A publish over the tenant's rate is refused before its plugins run: a client
+/// flooding past its rate costs no plugin time.
+#[tokio::test]
+async fn publishes_over_the_tenants_rate_do_not_run_plugins() {
+    let server = start_default().await;
+    let client = connect(&server).await;
+    crate::quotas::limit_default(&client, json!({"max_publish_msgs_per_sec": 5})).await;
+    put(&client, "rl.>", "edit.wat", json!({})).await;
+    let js = async_nats::jetstream::new(client.clone());
+    let (mut taken, mut refused) = (0u64, 0u64);
+    for _ in 0..30 {
+        match js_publish_to_tenant(&js, "default", "rl.x", "m").await {
+            Ok(_) => taken += 1,
+            Err(error) => {
+                assert!(error.to_string().contains("publish rate"), "{error}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "{taken} taken");
+    let (status, shown) = plugin(&client, "get", json!({"pattern": "rl.>"})).await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(
+        shown["calls"],
+        json!(taken),
+        "one call per admitted publish: {shown}"
+    );
+    server.stop().await;
+}
