@@ -11,8 +11,28 @@ use bytes::Bytes;
 use super::{Outbox, Publish, Published, Refused, Session};
 use crate::broker::Message;
 use crate::broker::durable::StoreRequest;
-use crate::plugins::Outcome;
+use crate::plugins::{Emitted, Outcome};
 use crate::publish::AskAck;
+
+/// The `i`th message the plugins made of `publish`, as a publish of its own: the
+/// first keeps the publish's reply and ack, the others go without one; none is a call
+/// of the server's API (made with the publisher's rights: `$` subjects are refused).
+pub(super) fn made_publish<'m>(publish: &Publish<'m>, i: usize, made: &'m Emitted) -> Publish<'m> {
+    Publish {
+        subject: &made.subject,
+        headers: made.headers.clone(),
+        payload: made.payload.clone(),
+        reply: publish.reply.clone().filter(|_| i == 0),
+        ack: if i == 0 {
+            publish.ack.clone()
+        } else {
+            AskAck::Nobody
+        },
+        subject_checked: false,
+        api_calls: false,
+        ..publish.clone()
+    }
+}
 
 impl Session {
     /// Carries out what the plugins made of `publish`.
@@ -23,11 +43,11 @@ impl Session {
         taken: impl FnOnce(&Outbox),
     ) -> Result<Published, Refused> {
         let messages = match outcome {
-            Outcome::Unchanged => vec![(
-                publish.subject.to_owned(),
-                publish.headers.clone(),
-                publish.payload.clone(),
-            )],
+            Outcome::Unchanged => vec![Emitted {
+                subject: publish.subject.to_owned(),
+                headers: publish.headers.clone(),
+                payload: publish.payload.clone(),
+            }],
             Outcome::Rejected(why) => {
                 return Err(self.refused(&publish, crate::publish::Refusal::Plugin(why)));
             }
@@ -36,31 +56,13 @@ impl Session {
                 self.answer_dropped(&publish);
                 return Ok(Published::Routed { delivered: 0 });
             }
-            Outcome::Replaced(emitted) => emitted
-                .into_iter()
-                .map(|m| (m.subject, m.headers, m.payload))
-                .collect(),
+            Outcome::Replaced(emitted) => emitted,
         };
         // Held apart, so each decision may borrow it while the session carries it out.
         let publisher = std::sync::Arc::clone(&self.publisher);
         let mut decided = Vec::with_capacity(messages.len());
-        for (i, (subject, headers, payload)) in messages.iter().enumerate() {
-            let one = Publish {
-                subject,
-                headers: headers.clone(),
-                payload: payload.clone(),
-                reply: publish.reply.clone().filter(|_| i == 0),
-                ack: if i == 0 {
-                    publish.ack.clone()
-                } else {
-                    AskAck::Nobody
-                },
-                subject_checked: false,
-                // What a plugin makes is a message, never a call of the server's API
-                // (made with the publisher's rights): `$` subjects are refused.
-                api_calls: false,
-                ..publish.clone()
-            };
+        for (i, made) in messages.iter().enumerate() {
+            let one = made_publish(&publish, i, made);
             // All or nothing: one refused message refuses the publish, so nothing
             // the publisher is told was taken goes missing.
             match publisher.decide(&one) {

@@ -336,15 +336,8 @@ impl Publisher {
         if made.is_empty() {
             decided.push((self.decide(&publish)?, publish));
         } else {
-            for message in &made {
-                let one = Publish {
-                    subject: &message.subject,
-                    headers: message.headers.clone(),
-                    payload: message.payload.clone(),
-                    subject_checked: false,
-                    api_calls: false,
-                    ..publish.clone()
-                };
+            for (i, message) in made.iter().enumerate() {
+                let one = super::plugged::made_publish(&publish, i, message);
                 decided.push((self.decide(&one)?, one));
             }
         }

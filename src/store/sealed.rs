@@ -17,7 +17,9 @@ use bytes::Bytes;
 
 use super::NewMessage;
 use super::record::{self, Record};
-use crate::sealing::{self, Opened, TenantKeys};
+use std::sync::Arc;
+
+use crate::sealing::{self, DataKey, Opened, Sealing, TenantKeys};
 
 /// The context of a message or retained message: the key's `tenant 0 subject 0`
 /// (without its kind byte and version), then the version.
@@ -35,16 +37,26 @@ pub(super) fn snapshot_context(tenant: &str, subject: &str, version: u64) -> Vec
     context
 }
 
-/// The form `message` is stored in when `keys` seal its subject: its header block
+/// The data key new messages of `subject` are sealed with, if any: asked once per
+/// append (its messages share the subject), not per message.
+pub(super) fn sealing_key_of(
+    sealing: &Sealing,
+    tenant: &str,
+    subject: &str,
+) -> Option<Arc<DataKey>> {
+    sealing.keys_of(tenant)?.sealing_key(subject).cloned()
+}
+
+/// The form `message` is stored in when `key` seals its subject: its header block
 /// and payload sealed, flagged. `None`: stored as it is.
 pub(super) fn stored_form(
-    keys: Option<&TenantKeys>,
+    key: Option<&DataKey>,
     tenant: &str,
     subject: &str,
     version: u64,
     message: &NewMessage,
 ) -> Option<NewMessage> {
-    let key = keys?.sealing_key(subject)?;
+    let key = key?;
     let context = sealing::message_context(tenant, subject, version);
     let payload = match key.seal(&context, &message.headers, &message.payload) {
         Ok(sealed) => sealed,

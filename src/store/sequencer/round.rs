@@ -150,8 +150,8 @@ struct RoundDraft {
     changed: Vec<Arc<str>>,
     /// How long the engine keeps a msg id key.
     msg_id_ttl_ms: u64,
-    /// The data keys of the tenant of the append being assigned (`store/sealed.rs`).
-    keys: Option<Arc<crate::sealing::TenantKeys>>,
+    /// The data key the append being assigned is sealed with (`store/sealed.rs`).
+    sealing: Option<Arc<crate::sealing::DataKey>>,
 }
 
 impl RoundDraft {
@@ -170,7 +170,7 @@ impl RoundDraft {
             index: SeededMap::default(),
             changed: Vec::new(),
             msg_id_ttl_ms: window_ms.max(1),
-            keys: None,
+            sealing: None,
         }
     }
 
@@ -200,7 +200,7 @@ impl RoundDraft {
             new_head.offset = *next_offset;
             *next_offset += 1;
             let sealed = sealed::stored_form(
-                self.keys.as_deref(),
+                self.sealing.as_deref(),
                 &request.tenant,
                 &request.subject,
                 new_head.version,
@@ -505,7 +505,8 @@ impl Sequencer {
         if !std::mem::replace(&mut state.usage_changed, true) {
             draft.changed.push(Arc::clone(&request.tenant));
         }
-        draft.keys = self.db.sealing().keys_of(&request.tenant);
+        draft.sealing =
+            sealed::sealing_key_of(self.db.sealing(), &request.tenant, &request.subject);
         let new_head = draft.assign(
             state,
             &mut self.dropped_sizes,
