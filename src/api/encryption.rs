@@ -107,18 +107,13 @@ async fn seal(
              (file:PATH or env:NAME)",
         ));
     }
-    let tenant = &call.routes.name;
-    let before = store
-        .data_keys(tenant)
-        .into_iter()
-        .filter(|k| k.sealing && k.pattern == which.pattern)
-        .map(|k| k.id)
-        .collect::<Vec<_>>();
-    let key = store.seal_pattern(tenant, &which.pattern).await?;
+    let (key, rotated) = store
+        .seal_pattern(&call.routes.name, &which.pattern)
+        .await?;
     Ok(json!({
         "pattern": which.pattern,
         "key": key_json(&key),
-        "rotated": before,
+        "rotated": rotated,
     }))
 }
 

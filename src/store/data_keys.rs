@@ -103,12 +103,13 @@ impl Store {
     }
 
     /// Seals new messages of `pattern` with a new data key; the pattern's key before
-    /// (if any) goes on opening what it sealed. Returns the new key.
+    /// (if any) goes on opening what it sealed. Returns the new key and the ids of
+    /// those it took over from.
     pub async fn seal_pattern(
         &self,
         tenant: &str,
         pattern: &str,
-    ) -> Result<Arc<DataKey>, StoreError> {
+    ) -> Result<(Arc<DataKey>, Vec<u32>), StoreError> {
         let provider = self.provider()?;
         let _change = self.key_changes.lock().await;
         let current = self.data_keys(tenant);
@@ -142,7 +143,7 @@ impl Store {
             .collect();
         next.push(Arc::clone(&key));
         self.db.sealing().set(tenant, Some(TenantKeys::new(next)));
-        Ok(key)
+        Ok((key, retired))
     }
 
     /// Stops sealing new messages of `pattern`; its keys go on opening what they
